@@ -1,0 +1,103 @@
+"""The ``kxen-agent`` command line: parse, call the library, render.
+
+No command here decides anything about state: each one calls the library
+and renders its answer as text or ``--json``. Every :class:`KxenError` is
+printed as one line on stderr and mapped to its exit code; see the README's
+exit-code table.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from kxen_agent.errors import KxenError
+from kxen_agent.store import Store, decode_body, fsck as run_fsck
+
+from ._render import Progress, emit_json, err, out, to_jsonable
+
+app = typer.Typer(
+    name="kxen-agent",
+    help="A coding agent whose sessions are durable, forkable and portable.",
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def open_store() -> Store:
+    return Store.open()
+
+
+@app.command("fsck")
+def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON report.")) -> None:
+    """Verify every object, ref and reflog, and the closure between them."""
+    store = open_store()
+    prog = Progress("fsck", enabled=not json_out)
+    rep = run_fsck(store, progress=prog)
+    prog.done()
+    if json_out:
+        emit_json(rep.to_json())
+    else:
+        for p in rep.problems:
+            err(p.line())
+        for d in rep.dangling:
+            out(f"dangling object {d}")
+        status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
+        out(
+            f"fsck {store.root}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
+            f"{rep.refs} refs in {rep.groups} groups, {rep.reachable} reachable, "
+            f"{len(rep.dangling)} dangling: {status}"
+        )
+    if not rep.clean:
+        raise typer.Exit(1)
+
+
+@app.command("cat-object")
+def cat_object_cmd(
+    oid: str = typer.Argument(..., metavar="ID", help="Object id or unique prefix (8+ hex digits)."),
+    json_out: bool = typer.Option(False, "--json", help="Print id, kind, size and value as JSON."),
+) -> None:
+    """Print one object (plumbing, like git cat-file -p)."""
+    store = open_store()
+    obj = store.read_raw(store.resolve(oid))
+    value = decode_body(obj)
+    if json_out:
+        body = value.decode("utf-8", "replace") if obj.kind == "blob" else to_jsonable(value)
+        emit_json({"id": obj.hex, "kind": obj.kind, "size": len(obj.body), "value": body})
+    elif obj.kind == "blob":
+        sys.stdout.buffer.write(value)
+    else:
+        import json
+
+        out(f"{obj.kind} {obj.hex}")
+        out(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app, render errors as one line, return the exit code.
+
+    Typer handles usage errors itself (exit 2); library errors arrive here
+    as :class:`KxenError` and become one line on stderr.
+    """
+    try:
+        app(args=argv, prog_name="kxen-agent")
+        return 0
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except KxenError as e:
+        err(f"kxen-agent: error: {e}")
+        return e.exit_code
+    except KeyboardInterrupt:
+        err("kxen-agent: interrupted")
+        return 130
+    except BrokenPipeError:
+        return 141
+
+
+def entry() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""Agent definition files: parse and validate a TOML definition into a lock body.
+
+This module owns the definition format (keys, types, defaults) and turns a
+file into the plain value a DCPAgent lock stores: only str, int, list, dict
+and None, with the script provider's steps captured as canonical JSON text so
+a session can resume where the steps file does not exist. It reads the
+definition and its steps file and never writes anything; it never reads the
+API key's value either, only the name of the variable that holds it.
+
+Format (paths relative to the definition file)::
+
+    name = "demo"
+    provider = "script"                  # or "openai"
+    script = "steps.json"                # script provider only
+    model = "gpt-4.1-mini"               # required for openai
+    base_url = "http://127.0.0.1:8000/v1"
+    api_key_env = "OPENAI_API_KEY"
+    system = "You are a careful coding agent."
+    tools = ["shell", "read_file", "write_file", "edit_file", "list_files"]
+    [policy]
+    max_turns = 20                       # 1 .. 1_000_000
+    tool_timeout_s = 120                 # > 0 .. 86400, int or float, ms precision
+    cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
+
+Limitations: seconds must be whole milliseconds (``0.0005`` is refused, not
+rounded) so the stored value is exactly what was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+import urllib.parse
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kxen_agent.errors import UsageError
+
+__all__ = [
+    "DEFAULT_SYSTEM",
+    "KNOWN_TOOLS",
+    "PROVIDERS",
+    "AgentDefinitionError",
+    "canonical_steps_json",
+    "default_agent_definition",
+    "load_agent_definition",
+    "parse_agent_definition",
+    "validate_script_steps",
+]
+
+KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
+PROVIDERS = ("script", "openai")
+DEFAULT_SYSTEM = "You are a careful coding agent."
+
+TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy")
+STEP_KEYS = ("tool_calls", "content")
+TOOL_CALL_KEYS = ("id", "name", "arguments")
+
+# (TOML key, lock key, minimum, maximum, minimum is exclusive) — seconds in
+# the file, milliseconds in the lock so no float ever reaches storage.
+_POLICY_SECONDS = (
+    ("tool_timeout_s", "tool_timeout_ms", 0, 86_400, True),
+    ("cancel_window_s", "cancel_window_ms", 0, 3_600, False),
+)
+_MAX_TURNS_RANGE = (1, 1_000_000)
+_POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
+_POLICY_KEYS = tuple(_POLICY_DEFAULTS)
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# Keys that look like an inline secret get a pointed message instead of "unknown key".
+_SECRET_KEY = re.compile(r"(?:.*[_-])?(?:api[_-]?key|token|secret|password|passwd)", re.IGNORECASE)
+
+
+class AgentDefinitionError(UsageError):
+    """An agent definition file (or its steps file) is missing or invalid.
+
+    ``source`` is the definition as the user named it; ``key`` the offending
+    key (dotted for tables), or None for file-level problems.
+    """
+
+    def __init__(self, source: str, key: str | None, problem: str) -> None:
+        where = f"{source}: key '{key}'" if key is not None else source
+        super().__init__(f"{where}: {problem}")
+        self.source = source
+        self.key = key
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__  # TOML dates and times
+
+
+def _json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "number"
+    return _type_name(value)
+
+
+# -- steps ----------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        # 1e400 parses to inf, which canonical JSON cannot write back.
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            # Canonicalizing would silently keep one of the two; refuse instead.
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def canonical_steps_json(steps: list[Any]) -> str:
+    """The canonical JSON text of ``steps`` as stored in the lock body."""
+    return json.dumps(steps, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def validate_script_steps(steps: Any, tools: tuple[str, ...] | list[str], *, source: str) -> None:
+    """Refuse (AgentDefinitionError naming ``source`` and key 'script') steps that are not a valid script.
+
+    A script is a non-empty list of objects, each with ``tool_calls`` (a
+    non-empty list of ``{"name": str, "arguments": object}``, optional
+    ``"id": str``) and/or ``content`` (str); tool names must be in ``tools``.
+    """
+    problem = _steps_problem(steps, tools)
+    if problem is not None:
+        raise AgentDefinitionError(source, "script", problem)
+
+
+def _steps_problem(steps: Any, tools: tuple[str, ...] | list[str]) -> str | None:
+    if not isinstance(steps, list) or not steps:
+        return f"steps must be a non-empty JSON array, got {'an empty array' if steps == [] else _json_type_name(steps)}"
+    for i, step in enumerate(steps):
+        at = f"steps[{i}]"
+        if not isinstance(step, dict):
+            return f"{at} must be an object, got {_json_type_name(step)}"
+        unknown = [k for k in step if k not in STEP_KEYS]
+        if unknown:
+            return f"{at}: unknown key {unknown[0]!r} (expected: {', '.join(STEP_KEYS)})"
+        if "tool_calls" not in step and "content" not in step:
+            return f"{at} needs \"tool_calls\" or \"content\""
+        if "content" in step and not isinstance(step["content"], str):
+            return f"{at}.content must be a string, got {_json_type_name(step['content'])}"
+        if "tool_calls" in step:
+            calls = step["tool_calls"]
+            if not isinstance(calls, list) or not calls:
+                return f"{at}.tool_calls must be a non-empty array"
+            for j, call in enumerate(calls):
+                cat = f"{at}.tool_calls[{j}]"
+                if not isinstance(call, dict):
+                    return f"{cat} must be an object, got {_json_type_name(call)}"
+                unknown = [k for k in call if k not in TOOL_CALL_KEYS]
+                if unknown:
+                    return f"{cat}: unknown key {unknown[0]!r} (expected: {', '.join(TOOL_CALL_KEYS)})"
+                if not isinstance(call.get("name"), str):
+                    return f"{cat}.name must be a string"
+                if call["name"] not in tools:
+                    return f"{cat}.name: tool {call['name']!r} is not in the definition's tools ({', '.join(tools) or 'none'})"
+                if not isinstance(call.get("arguments"), dict):
+                    return f"{cat}.arguments must be an object"
+                if "id" in call and not isinstance(call["id"], str):
+                    return f"{cat}.id must be a string"
+    return None
+
+
+def _read_steps(source: str, base_dir: str, script: str) -> list[Any]:
+    path = os.path.join(base_dir, script)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise AgentDefinitionError(
+            source, "script", f"steps file {path} not found; create it or fix the path (relative to the definition)"
+        ) from None
+    except OSError as e:
+        raise AgentDefinitionError(source, "script", f"cannot read steps file {path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AgentDefinitionError(source, "script", f"steps file {path} is not UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float
+        )
+    except json.JSONDecodeError as e:
+        raise AgentDefinitionError(
+            source, "script", f"steps file {path} is not valid JSON: {e.msg} (at line {e.lineno}, column {e.colno})"
+        ) from None
+    except ValueError as e:
+        raise AgentDefinitionError(source, "script", f"steps file {path} is not valid JSON: {e}") from None
+
+
+# -- definition -----------------------------------------------------------------------------
+
+
+def _string(source: str, doc: dict[str, Any], key: str, *, non_empty: bool = True) -> str | None:
+    if key not in doc:
+        return None
+    value = doc[key]
+    if not isinstance(value, str):
+        raise AgentDefinitionError(source, key, f"expected a string, got {_type_name(value)}")
+    if non_empty and not value.strip():
+        raise AgentDefinitionError(source, key, "must not be empty")
+    return value
+
+
+def _seconds_to_ms(source: str, key: str, value: Any, low: int, high: int, exclusive: bool) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AgentDefinitionError(source, key, f"expected a number of seconds, got {_type_name(value)}")
+    try:
+        # str(float) is the shortest repr, so 0.1 becomes exactly 100 ms, not 100.000000000000005.
+        ms = Decimal(str(value)) * 1000
+    except InvalidOperation:
+        raise AgentDefinitionError(source, key, f"{value!r} is not a number") from None
+    if not ms.is_finite():
+        raise AgentDefinitionError(source, key, f"must be finite, got {value!r}")
+    bound = f"{'greater than' if exclusive else 'at least'} {low} and at most {high}"
+    if ms < low * 1000 or (exclusive and ms == low * 1000) or ms > high * 1000:
+        raise AgentDefinitionError(source, key, f"{value!r} is out of range (must be {bound} seconds)")
+    if ms != ms.to_integral_value():
+        raise AgentDefinitionError(source, key, f"{value!r} is finer than a millisecond; use at most 3 decimals")
+    return int(ms)
+
+
+def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
+    table = doc.get("policy", {})
+    if not isinstance(table, dict):
+        raise AgentDefinitionError(source, "policy", f"expected a table ([policy]), got {_type_name(table)}")
+    for key in table:
+        if key not in _POLICY_KEYS:
+            raise AgentDefinitionError(source, f"policy.{key}", f"unknown key (expected one of: {', '.join(_POLICY_KEYS)})")
+    values = {**_POLICY_DEFAULTS, **table}
+    turns = values["max_turns"]
+    if isinstance(turns, bool) or not isinstance(turns, int):
+        raise AgentDefinitionError(source, "policy.max_turns", f"expected an integer, got {_type_name(turns)}")
+    if not _MAX_TURNS_RANGE[0] <= turns <= _MAX_TURNS_RANGE[1]:
+        raise AgentDefinitionError(
+            source, "policy.max_turns", f"{turns} is out of range (must be {_MAX_TURNS_RANGE[0]} to {_MAX_TURNS_RANGE[1]})"
+        )
+    policy = {"max_turns": turns}
+    for toml_key, lock_key, low, high, exclusive in _POLICY_SECONDS:
+        policy[lock_key] = _seconds_to_ms(source, f"policy.{toml_key}", values[toml_key], low, high, exclusive)
+    return policy
+
+
+def _tools(source: str, doc: dict[str, Any]) -> list[str]:
+    if "tools" not in doc:
+        return list(KNOWN_TOOLS)
+    tools = doc["tools"]
+    if not isinstance(tools, list):
+        raise AgentDefinitionError(source, "tools", f"expected an array of tool names, got {_type_name(tools)}")
+    seen: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, str):
+            raise AgentDefinitionError(source, "tools", f"expected tool names (strings), got {_type_name(tool)}")
+        if tool not in KNOWN_TOOLS:
+            raise AgentDefinitionError(
+                source, "tools", f"unknown tool {tool!r} (expected any of: {', '.join(KNOWN_TOOLS)})"
+            )
+        if tool in seen:
+            raise AgentDefinitionError(source, "tools", f"tool {tool!r} is listed twice; list each tool once")
+        seen.append(tool)
+    return seen
+
+
+def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, Any]:
+    """The lock body of the definition ``text``; ``source`` names it in errors.
+
+    Reads nothing but the script provider's steps file, resolved against
+    ``base_dir``.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise AgentDefinitionError(source, None, f"invalid TOML: {e}") from None
+
+    for key in doc:
+        if key in TOP_LEVEL_KEYS:
+            continue
+        if _SECRET_KEY.fullmatch(key):
+            # Never echo the value: it is probably a live credential.
+            raise AgentDefinitionError(
+                source, key, "secrets must not be written in the definition; put the variable's name in "
+                "api_key_env (e.g. api_key_env = \"OPENAI_API_KEY\") and export the key there"
+            )
+        raise AgentDefinitionError(source, key, f"unknown key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
+
+    name = _string(source, doc, "name")
+    if name is None:
+        raise AgentDefinitionError(source, "name", "missing; add e.g. name = \"my-agent\"")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise AgentDefinitionError(source, "name", "must be one line without control characters")
+
+    provider = _string(source, doc, "provider")
+    if provider is None:
+        raise AgentDefinitionError(source, "provider", f"missing; add provider = \"script\" (one of: {', '.join(PROVIDERS)})")
+    if provider not in PROVIDERS:
+        raise AgentDefinitionError(
+            source, "provider", f"unknown provider {provider!r} (expected one of: {', '.join(PROVIDERS)})"
+        )
+
+    model = _string(source, doc, "model")
+    base_url = _string(source, doc, "base_url")
+    if base_url is not None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise AgentDefinitionError(source, "base_url", "expected an http:// or https:// URL")
+        if "@" in parts.netloc:
+            raise AgentDefinitionError(
+                source, "base_url", "must not contain credentials (user:key@); use api_key_env for the key"
+            )
+    api_key_env = _string(source, doc, "api_key_env")
+    if api_key_env is not None and not _ENV_NAME.fullmatch(api_key_env):
+        raise AgentDefinitionError(
+            source, "api_key_env",
+            "expected an environment variable NAME like OPENAI_API_KEY (A-Z, 0-9, _), not the key itself",
+        )
+    system = _string(source, doc, "system", non_empty=False)
+    tools = _tools(source, doc)
+    policy = _policy(source, doc)
+
+    script_text: str | None = None
+    script = _string(source, doc, "script")
+    if provider == "script":
+        if script is None:
+            raise AgentDefinitionError(source, "script", "missing; the script provider needs script = \"steps.json\"")
+        steps = _read_steps(source, base_dir, script)
+        problem = _steps_problem(steps, tools)
+        if problem is not None:
+            raise AgentDefinitionError(source, "script", f"{script}: {problem}")
+        script_text = canonical_steps_json(steps)
+        if model is None:
+            model = "script"
+    else:
+        if script is not None:
+            raise AgentDefinitionError(source, "script", f"only valid with provider = \"script\", not {provider!r}; remove it")
+        if model is None:
+            raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
+
+    return {
+        "name": name,
+        "provider": provider,
+        "model": model,
+        "base_url": base_url,
+        "api_key_env": api_key_env,
+        "system": DEFAULT_SYSTEM if system is None else system,
+        "tools": tools,
+        "policy": policy,
+        "script": script_text,
+    }
+
+
+def load_agent_definition(path: str) -> dict[str, Any]:
+    """The lock body of the definition file at ``path`` (see :func:`parse_agent_definition`)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise AgentDefinitionError(path, None, "agent definition not found; check the path") from None
+    except IsADirectoryError:
+        raise AgentDefinitionError(path, None, "is a directory, not an agent definition file") from None
+    except OSError as e:
+        raise AgentDefinitionError(path, None, f"cannot read agent definition: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AgentDefinitionError(path, None, f"not UTF-8 (byte {e.start}); TOML files must be UTF-8") from None
+    return parse_agent_definition(text, os.path.dirname(os.path.abspath(path)), path)
+
+
+def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict[str, Any]:
+    """The lock body of a script-provider agent with every default and ``steps`` embedded."""
+    if not isinstance(name, str) or not name.strip():
+        raise AgentDefinitionError("<embedded steps>", "name", "must be a non-empty string")
+    validate_script_steps(steps, KNOWN_TOOLS, source="<embedded steps>")
+    try:
+        script = canonical_steps_json(steps)
+    except (TypeError, ValueError) as e:
+        raise AgentDefinitionError("<embedded steps>", "script", f"steps are not JSON-serializable: {e}") from None
+    return {
+        "name": name,
+        "provider": "script",
+        "model": "script",
+        "base_url": None,
+        "api_key_env": None,
+        "system": DEFAULT_SYSTEM,
+        "tools": list(KNOWN_TOOLS),
+        "policy": {
+            "max_turns": _POLICY_DEFAULTS["max_turns"],
+            "tool_timeout_ms": _POLICY_DEFAULTS["tool_timeout_s"] * 1000,
+            "cancel_window_ms": _POLICY_DEFAULTS["cancel_window_s"] * 1000,
+        },
+        "script": script,
+    }

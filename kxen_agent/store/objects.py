@@ -1,0 +1,200 @@
+"""Object bytes: the kind-and-length header, ids, links and the loose frame.
+
+Pure functions over bytes, no I/O (``objects_spec.md`` §3-§5):
+
+- the *object bytes* are ``b"<kind> <decimal length>\\0"`` followed by the
+  body; the id is BLAKE3-256 of the object bytes;
+- a ``blob`` body is raw bytes; every other kind's body is one strict
+  deterministic CBOR item (:mod:`.codec`) in which every byte string is a
+  link: the 32-byte id of another object;
+- a loose object file is one zstd frame of exactly the object bytes, with
+  the content size in the frame header.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import blake3
+import zstandard
+
+from kxen_agent.errors import KxenError
+
+from . import codec
+
+__all__ = [
+    "CorruptObject",
+    "KINDS",
+    "MAX_OBJECT_SIZE",
+    "ObjectId",
+    "RawObject",
+    "compress_loose",
+    "decode_body",
+    "decompress_loose",
+    "encode_object",
+    "hash_bytes",
+    "links_of",
+    "parse_object",
+]
+
+#: The kinds a store accepts. ``blob`` has a raw body; the others are CBOR.
+KINDS = ("blob", "message", "agent", "session", "run", "journal")
+
+#: Largest body accepted anywhere (write, read, pack, bundle).
+MAX_OBJECT_SIZE = 64 * 1024 * 1024
+
+#: Longest header: the longest kind, a space, 8 digits of length, NUL.
+_MAX_HEADER = 7 + 1 + 8 + 1
+_HEADER_RE = re.compile(rb"([a-z]{1,16}) (0|[1-9][0-9]{0,8})\x00")
+
+ObjectId = bytes  # always exactly 32 bytes; shown as 64 lower-case hex digits
+
+
+class CorruptObject(KxenError):
+    """Bytes that claim to be an object are not a valid one.
+
+    ``where`` names the object (an id, a path or a pack entry) and ``reason``
+    says what rule was broken.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"corrupt object {where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class RawObject:
+    """One object's canonical bytes, split: ``raw = header + body``."""
+
+    id: ObjectId
+    kind: str
+    raw: bytes
+    body_offset: int
+
+    @property
+    def body(self) -> bytes:
+        return self.raw[self.body_offset :]
+
+    @property
+    def hex(self) -> str:
+        return self.id.hex()
+
+
+def hash_bytes(raw: bytes) -> ObjectId:
+    return blake3.blake3(raw).digest()
+
+
+def encode_object(kind: str, value: Any) -> RawObject:
+    """Build the canonical object bytes of ``value`` as an object of ``kind``.
+
+    ``value`` is ``bytes`` for a blob, otherwise a CBOR-model value whose
+    byte strings are 32-byte links. Raises :class:`codec.EncodeError`.
+    """
+    if kind not in KINDS:
+        raise codec.EncodeError(f"unknown object kind {kind!r} (known: {', '.join(KINDS)})")
+    if kind == "blob":
+        if not isinstance(value, (bytes, bytearray)):
+            raise codec.EncodeError("a blob's value must be bytes")
+        body = bytes(value)
+    else:
+        body = codec.encode(value, links_only=True)
+    if len(body) > MAX_OBJECT_SIZE:
+        raise codec.EncodeError(
+            f"{kind} object of {len(body)} bytes exceeds the {MAX_OBJECT_SIZE}-byte limit"
+        )
+    header = b"%s %d\x00" % (kind.encode("ascii"), len(body))
+    raw = header + body
+    return RawObject(hash_bytes(raw), kind, raw, len(header))
+
+
+def parse_object(raw: bytes, where: str, expect_id: ObjectId | None = None) -> RawObject:
+    """Check the header and (when given) the id of object bytes.
+
+    Does not decode the body; :func:`decode_body` does, strictly.
+    """
+    m = _HEADER_RE.match(raw, 0, _MAX_HEADER)
+    if m is None:
+        raise CorruptObject(where, "bad header (expected '<kind> <length>\\0')")
+    kind = m.group(1).decode("ascii")
+    if kind not in KINDS:
+        raise CorruptObject(where, f"unknown kind {kind!r}")
+    length = int(m.group(2))
+    if length > MAX_OBJECT_SIZE:
+        raise CorruptObject(where, f"declared length {length} exceeds the limit {MAX_OBJECT_SIZE}")
+    if len(raw) - m.end() != length:
+        raise CorruptObject(
+            where, f"header declares {length} body bytes but {len(raw) - m.end()} follow"
+        )
+    oid = hash_bytes(raw)
+    if expect_id is not None and oid != expect_id:
+        raise CorruptObject(where, f"content hashes to {oid.hex()}, not to its id")
+    return RawObject(oid, kind, raw, m.end())
+
+
+def decode_body(obj: RawObject) -> Any:
+    """The object's value: ``bytes`` for a blob, else the strictly decoded CBOR."""
+    if obj.kind == "blob":
+        return obj.body
+    try:
+        return codec.decode(obj.raw[obj.body_offset :], links_only=True)
+    except codec.DecodeError as e:
+        raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
+
+
+def links_of(kind: str, value: Any) -> Iterator[ObjectId]:
+    """Every object id that ``value`` links to (its byte strings), in order."""
+    if kind == "blob":
+        return
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is bytes:
+            yield v
+        elif type(v) is dict:
+            stack.extend(reversed(list(v.values())))
+        elif type(v) is list:
+            stack.extend(reversed(v))
+
+
+# ------------------------------------------------------------------ loose frame
+
+_COMPRESSOR_LEVEL = 3
+
+
+def compress_loose(raw: bytes) -> bytes:
+    """One zstd frame of ``raw`` with its content size in the frame header."""
+    return zstandard.ZstdCompressor(
+        level=_COMPRESSOR_LEVEL, write_content_size=True, write_checksum=False
+    ).compress(raw)
+
+
+def decompress_loose(frame: bytes, where: str, limit: int = MAX_OBJECT_SIZE + _MAX_HEADER) -> bytes:
+    """Decompress one loose-object frame, refusing before allocating.
+
+    The declared content size must be present and within ``limit``; the
+    output must be exactly that size; nothing may follow the frame.
+    """
+    try:
+        params = zstandard.get_frame_parameters(frame)
+    except zstandard.ZstdError as e:
+        raise CorruptObject(where, f"not a zstd frame ({e})") from None
+    size = params.content_size
+    if size == zstandard.CONTENTSIZE_UNKNOWN or size == zstandard.CONTENTSIZE_ERROR:
+        raise CorruptObject(where, "zstd frame does not declare its content size")
+    if size > limit:
+        raise CorruptObject(where, f"zstd frame declares {size} bytes, more than the limit {limit}")
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        out = dobj.decompress(frame)
+    except zstandard.ZstdError as e:
+        raise CorruptObject(where, f"zstd frame does not decompress ({e})") from None
+    if not dobj.eof:
+        raise CorruptObject(where, "zstd frame is truncated")
+    if dobj.unused_data:
+        raise CorruptObject(where, f"{len(dobj.unused_data)} bytes follow the zstd frame")
+    if len(out) != size:
+        raise CorruptObject(where, f"zstd frame declares {size} bytes but holds {len(out)}")
+    return out

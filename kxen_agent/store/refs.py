@@ -1,0 +1,402 @@
+"""Mutable refs: named pointers to objects, grouped, with a reflog each group.
+
+A *ref group* is the unit of locking and of atomicity: all refs of one group
+live in one small text file, so a transaction over several refs of a group
+is one atomic rename (``objects_spec.md`` §6-§7). A group is named by two
+path segments (``ns/id``, e.g. one per session); a ref inside it by one to
+four more.
+
+An update is compare-and-swap: under the group's lock, the file is re-read
+(another process may have moved a ref since the caller looked) and every
+expected old value must match. Every committed update also appends to the
+group's reflog; the ref file records how long the committed reflog is, so a
+reflog tail written by a transaction that crashed before its rename is
+recognised as uncommitted and cut off by the next writer.
+
+Each group carries a *fence*: a number that only increases. An update made
+with a fence lower than the group's current one is refused (:class:`StaleFence`)
+— this is what stops a paused lease holder from writing after its lease
+was given to another process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from kxen_agent.errors import KxenError, UsageError
+
+from .fsio import FileIO
+from .locks import file_lock
+
+__all__ = [
+    "ANY",
+    "BadRefName",
+    "CorruptRef",
+    "RefConflict",
+    "RefGroupState",
+    "RefStore",
+    "RefUpdate",
+    "ReflogEntry",
+    "StaleFence",
+    "validate_group",
+    "validate_ref_name",
+]
+
+ZERO = b"\x00" * 32
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_FORMAT_LINE = "kxen-refs 1"
+
+
+class BadRefName(UsageError):
+    """A ref or group name breaks the naming rules (§6.1)."""
+
+
+class CorruptRef(KxenError):
+    """A ref file or reflog cannot be parsed."""
+
+
+class RefConflict(KxenError):
+    """A compare-and-swap found a different value than the caller expected."""
+
+    def __init__(self, group: str, name: str, expected: bytes | None, found: bytes | None) -> None:
+        def show(v: bytes | None) -> str:
+            return "nothing" if v is None else v.hex()[:16]
+
+        super().__init__(
+            f"ref {group}/{name} changed under us: expected {show(expected)}, found {show(found)}; "
+            "another process updated it — re-read and retry"
+        )
+        self.group = group
+        self.name = name
+        self.expected = expected
+        self.found = found
+
+
+class StaleFence(KxenError):
+    """An update carried a fence older than the group's: its lease was lost."""
+
+    exit_code = 75
+
+    def __init__(self, group: str, fence: int, current: int) -> None:
+        super().__init__(
+            f"update to {group} refused: fence {fence} is stale (current fence {current}); "
+            "the run lease was taken over by another process"
+        )
+        self.fence = fence
+        self.current = current
+
+
+def _check_segment(seg: str, what: str, full: str) -> None:
+    if not _SEGMENT.fullmatch(seg) or ".." in seg or seg.endswith(".lock") or seg.endswith("."):
+        raise BadRefName(
+            f"invalid {what} {full!r}: segment {seg!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* "
+            "(at most 64 characters, no '..', not ending in '.' or '.lock')"
+        )
+
+
+def validate_group(group: str) -> str:
+    parts = group.split("/")
+    if len(parts) != 2:
+        raise BadRefName(f"invalid ref group {group!r}: expected two segments 'namespace/id'")
+    for p in parts:
+        _check_segment(p, "ref group", group)
+    return group
+
+
+def validate_ref_name(name: str) -> str:
+    parts = name.split("/")
+    if not 1 <= len(parts) <= 4:
+        raise BadRefName(f"invalid ref name {name!r}: expected one to four segments")
+    for p in parts:
+        _check_segment(p, "ref name", name)
+    return name
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+#: Expected-old value that skips the compare (use sparingly: it is not CAS).
+ANY = _Any()
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    """Set ``name`` to ``new`` (None deletes it) if it is now ``old`` (None: absent)."""
+
+    name: str
+    old: bytes | None | _Any
+    new: bytes | None
+
+
+@dataclass(frozen=True)
+class RefGroupState:
+    """The committed content of one group's ref file."""
+
+    group: str
+    refs: dict[str, bytes] = field(default_factory=dict)
+    fence: int = 0
+    log_size: int = 0
+    deleted_ns: int | None = None
+    exists: bool = False
+
+
+@dataclass(frozen=True)
+class ReflogEntry:
+    old: bytes | None
+    new: bytes | None
+    time_ns: int
+    fence: int
+    name: str
+    reason: str
+
+
+# ------------------------------------------------------------------ formats
+
+
+def format_ref_file(refs: dict[str, bytes], fence: int, log_size: int, deleted_ns: int | None) -> bytes:
+    lines = [_FORMAT_LINE, f"fence {fence}", f"log {log_size}"]
+    if deleted_ns is not None:
+        lines.append(f"deleted {deleted_ns}")
+    for name in sorted(refs):
+        lines.append(f"{refs[name].hex()} {name}")
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise CorruptRef(f"ref file {where} is not ASCII") from None
+    if not text.endswith("\n"):
+        raise CorruptRef(f"ref file {where} does not end with a newline")
+    lines = text[:-1].split("\n")
+    if lines[0] != _FORMAT_LINE:
+        raise CorruptRef(f"ref file {where}: first line must be {_FORMAT_LINE!r}")
+    fence = log = None
+    deleted = None
+    refs: dict[str, bytes] = {}
+    i = 1
+    try:
+        key, val = lines[i].split(" ")
+        assert key == "fence"
+        fence = int(val)
+        i += 1
+        key, val = lines[i].split(" ")
+        assert key == "log"
+        log = int(val)
+        i += 1
+        if i < len(lines) and lines[i].startswith("deleted "):
+            deleted = int(lines[i][8:])
+            i += 1
+    except (ValueError, AssertionError, IndexError):
+        raise CorruptRef(f"ref file {where}: bad header line {i + 1}") from None
+    prev = None
+    for ln in lines[i:]:
+        hexid, _, name = ln.partition(" ")
+        if len(hexid) != 64 or not re.fullmatch(r"[0-9a-f]{64}", hexid):
+            raise CorruptRef(f"ref file {where}: bad id in line {ln!r}")
+        try:
+            validate_ref_name(name)
+        except BadRefName as e:
+            raise CorruptRef(f"ref file {where}: {e}") from None
+        if prev is not None and name <= prev:
+            raise CorruptRef(f"ref file {where}: names not sorted or duplicated at {name!r}")
+        prev = name
+        refs[name] = bytes.fromhex(hexid)
+    return RefGroupState(group, refs, fence, log, deleted, True)
+
+
+def _hex_or_zero(v: bytes | None) -> str:
+    return (v or ZERO).hex()
+
+
+def format_reflog_line(e: ReflogEntry) -> bytes:
+    reason = " ".join(e.reason.split())  # no tabs or newlines inside a line
+    return (
+        f"{_hex_or_zero(e.old)} {_hex_or_zero(e.new)} {e.time_ns} {e.fence} {e.name}\t{reason}\n"
+    ).encode("utf-8")
+
+
+def parse_reflog(data: bytes, where: str) -> list[ReflogEntry]:
+    out = []
+    for n, raw in enumerate(data.split(b"\n")[:-1], 1):
+        try:
+            head, _, reason = raw.decode("utf-8").partition("\t")
+            old, new, t, fence, name = head.split(" ")
+            o, w = bytes.fromhex(old), bytes.fromhex(new)
+            if len(o) != 32 or len(w) != 32:
+                raise ValueError
+            out.append(
+                ReflogEntry(None if o == ZERO else o, None if w == ZERO else w, int(t), int(fence), name, reason)
+            )
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptRef(f"reflog {where}: line {n} is malformed") from None
+    if data and not data.endswith(b"\n"):
+        raise CorruptRef(f"reflog {where}: last line is incomplete")
+    return out
+
+
+# ------------------------------------------------------------------ the store
+
+
+class RefStore:
+    """Ref groups under ``<state>/refs``, reflogs under ``<state>/logs``."""
+
+    def __init__(self, root: str, io: FileIO, lock_timeout: float = 30.0, before_write=None) -> None:
+        self.root = root
+        self.io = io
+        self.lock_timeout = lock_timeout
+        # Called (with no argument) before the first write, so the state dir
+        # is initialised lazily by whoever owns it.
+        self._before_write = before_write
+
+    def ref_path(self, group: str) -> str:
+        return os.path.join(self.root, "refs", *validate_group(group).split("/"))
+
+    def log_path(self, group: str) -> str:
+        return os.path.join(self.root, "logs", *validate_group(group).split("/"))
+
+    def lock_path(self, group: str) -> str:
+        ns, gid = validate_group(group).split("/")
+        return os.path.join(self.root, "locks", ns, gid + ".lock")
+
+    def groups(self, namespace: str | None = None) -> Iterator[str]:
+        base = os.path.join(self.root, "refs")
+        namespaces = [namespace] if namespace else sorted(os.listdir(base)) if os.path.isdir(base) else []
+        for ns in namespaces:
+            d = os.path.join(base, ns)
+            if not os.path.isdir(d):
+                continue
+            for gid in sorted(os.listdir(d)):
+                if gid.startswith("tmp_"):
+                    continue
+                yield f"{ns}/{gid}"
+
+    def read(self, group: str) -> RefGroupState:
+        """The committed state; consistent without the lock (files are renamed in whole)."""
+        path = self.ref_path(group)
+        try:
+            data = self.io.read(path)
+        except FileNotFoundError:
+            return RefGroupState(group)
+        return parse_ref_file(data, group, path)
+
+    def get(self, group: str, name: str) -> bytes | None:
+        return self.read(group).refs.get(validate_ref_name(name))
+
+    def reflog(self, group: str) -> list[ReflogEntry]:
+        """The committed reflog (an uncommitted tail past the recorded size is ignored)."""
+        state = self.read(group)
+        path = self.log_path(group)
+        try:
+            data = self.io.read(path)
+        except FileNotFoundError:
+            data = b""
+        if len(data) < state.log_size:
+            raise CorruptRef(f"reflog {path} is shorter ({len(data)} bytes) than its ref file records ({state.log_size})")
+        return parse_reflog(data[: state.log_size], path)
+
+    def lock(self, group: str, timeout: float | None = None):
+        """The group's lock, for callers that must read-decide-write atomically."""
+        path = self.lock_path(group)
+        if self._before_write:
+            self._before_write()
+        self.io.makedirs(os.path.dirname(path))
+        return file_lock(path, self.lock_timeout if timeout is None else timeout)
+
+    def transaction(
+        self,
+        group: str,
+        updates: Iterable[RefUpdate],
+        *,
+        reason: str,
+        fence: int | None = None,
+        new_fence: int | None = None,
+        deleted_ns: int | None | _Any = ANY,
+        locked: bool = False,
+    ) -> RefGroupState:
+        """Apply ``updates`` to ``group`` all together or not at all.
+
+        ``fence``: refuse with :class:`StaleFence` if the group's fence is
+        higher. ``new_fence``: raise the group's fence (never lower it).
+        ``deleted_ns``: mark (an int) or unmark (None) the group deleted.
+        ``locked``: the caller already holds :meth:`lock`.
+        """
+        updates = list(updates)
+        for u in updates:
+            validate_ref_name(u.name)
+        if not locked:
+            with self.lock(group):
+                return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+        return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+
+    def _commit(self, group, updates, reason, fence, new_fence, deleted_ns) -> RefGroupState:
+        # Re-read under the lock: the caller's view may be stale (the race
+        # compare-and-swap exists to catch).
+        cur = self.read(group)
+        if fence is not None and fence < cur.fence:
+            raise StaleFence(group, fence, cur.fence)
+        refs = dict(cur.refs)
+        for u in updates:
+            found = refs.get(u.name)
+            if u.old is not ANY and found != u.old:
+                raise RefConflict(group, u.name, u.old, found)
+            if u.new is None:
+                refs.pop(u.name, None)
+            else:
+                if len(u.new) != 32:
+                    raise ValueError("ref values are 32-byte object ids")
+                refs[u.name] = u.new
+        out_fence = cur.fence
+        if new_fence is not None:
+            if new_fence <= cur.fence:
+                raise StaleFence(group, new_fence, cur.fence)
+            out_fence = new_fence
+        out_deleted = cur.deleted_ns if deleted_ns is ANY else deleted_ns
+
+        ref_path = self.ref_path(group)
+        log_path = self.log_path(group)
+        if self._before_write:
+            self._before_write()
+        self.io.makedirs(os.path.dirname(ref_path))
+        self.io.makedirs(os.path.dirname(log_path))
+        # Cut a tail left by a transaction that crashed before its rename.
+        try:
+            size = os.path.getsize(log_path)
+            log_existed = True
+        except FileNotFoundError:
+            size, log_existed = 0, False
+        if size > cur.log_size:
+            self.io.truncate(log_path, cur.log_size)
+        elif size < cur.log_size:
+            raise CorruptRef(f"reflog {log_path} is shorter than its ref file records; run fsck")
+        now = time.time_ns()
+        used_fence = fence if fence is not None else out_fence
+        lines = b"".join(
+            format_reflog_line(ReflogEntry(cur.refs.get(u.name), u.new, now, used_fence, u.name, reason))
+            for u in updates
+        )
+        new_log_size = cur.log_size
+        if lines:
+            new_log_size = self.io.append(log_path, lines)
+            if not log_existed:  # the new file's name must be durable too
+                self.io.fsync_dir(os.path.dirname(log_path))
+        data = format_ref_file(refs, out_fence, new_log_size, out_deleted)
+        self.io.write_durable(ref_path, data)  # the commit point
+        return RefGroupState(group, refs, out_fence, new_log_size, out_deleted, True)
+
+    def remove_group(self, group: str) -> None:
+        """Delete a group's ref file and reflog (gc's job, after the grace period)."""
+        with self.lock(group):
+            for p in (self.ref_path(group), self.log_path(group)):
+                try:
+                    self.io.unlink(p)
+                    self.io.fsync_dir(os.path.dirname(p))
+                except FileNotFoundError:
+                    pass
