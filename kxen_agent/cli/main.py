@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from kxen_agent.errors import KxenError
+from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import Store, decode_body, fsck as run_fsck
 
 from ._render import Progress, emit_json, err, out, to_jsonable
@@ -26,6 +26,36 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+from .run_cmds import resume_cmd, run_app  # noqa: E402
+from .session_cmds import session_app  # noqa: E402
+
+app.add_typer(run_app, name="run")
+app.add_typer(session_app, name="session")
+
+
+@app.callback(invoke_without_command=True)
+def root(
+    ctx: typer.Context,
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="SES", help="Continue SES's unfinished run, or start a new one with --task."),
+    task: Optional[str] = typer.Option(None, "--task", help="With --resume: a new consecutive task."),
+    task_file: Optional[str] = typer.Option(None, "--task-file", help="With --resume: the new task from a file."),
+    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="With --resume: the workspace path to check (or rebind)."),
+    rebind_workspace: bool = typer.Option(False, "--rebind-workspace", help="Re-point the binding to --workspace if its identity checks out."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run result as JSON."),
+) -> None:
+    """A coding agent whose sessions are durable, forkable and portable."""
+    if ctx.invoked_subcommand is not None:
+        if resume is not None:
+            raise UsageError("--resume takes no subcommand")
+        return
+    if resume is None:
+        if any([task, task_file, workspace, rebind_workspace]):
+            raise UsageError("--task/--workspace at the top level need --resume SES (or use `kxen-agent run`)")
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out)
 
 
 def open_store() -> Store:

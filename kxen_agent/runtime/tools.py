@@ -565,7 +565,8 @@ class Shell:
         except _BadArguments as e:
             return ToolOutcome(str(e), is_error=True)
         secrets = ctx.secret_values()
-        env = {k: v for k, v in os.environ.items() if k not in set(ctx.secret_env_names)}
+        hidden = set(ctx.secret_env_names)
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", args["command"]],

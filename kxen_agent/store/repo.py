@@ -32,6 +32,11 @@ __all__ = [
 
 FORMAT_VERSION = 1
 FORMAT_FILE = "FORMAT"
+# The FORMAT file's temporary name while it is being written. A process that
+# dies between creating it and renaming it leaves it behind; it must not make
+# the otherwise empty directory look foreign (nor may a concurrent first
+# writer's temp file).
+_FORMAT_TMP_PREFIX = "FORMAT.tmp_"
 _FORMAT_RE = re.compile(rb"kxen-agent-state (\d+)\n")
 
 
@@ -93,7 +98,11 @@ class Store:
         try:
             data = self.io.read(path)
         except FileNotFoundError:
-            if os.path.isdir(self.root) and os.listdir(self.root):
+            if os.path.isdir(self.root) and any(
+                not n.startswith(_FORMAT_TMP_PREFIX) for n in os.listdir(self.root)
+            ):
+                if os.path.exists(path):  # a concurrent first writer just created it
+                    return self._check_format()
                 raise StateDirError(
                     f"{self.root} is not empty and is not a kxen-agent state dir (no {FORMAT_FILE} file); "
                     "point KXEN_AGENT_STATE_DIR at an empty or new directory"
@@ -128,7 +137,18 @@ class Store:
         path = os.path.join(self.root, FORMAT_FILE)
         if not os.path.exists(path):
             self._check_format()  # refuse a foreign non-empty directory
-            self.io.write_durable(path, b"kxen-agent-state %d\n" % FORMAT_VERSION)
+            tmp = self.io.write_tmp(
+                self.root, b"kxen-agent-state %d\n" % FORMAT_VERSION, prefix=_FORMAT_TMP_PREFIX
+            )
+            try:
+                self.io.rename(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            self.io.fsync_dir(self.root)
         self._initialized = True
 
     # ------------------------------------------------------------ packs
@@ -231,6 +251,11 @@ class Store:
         if len(found) > 1:
             raise AmbiguousId(f"object id prefix {h} is ambiguous ({len(found)} objects); give more digits")
         return found.pop()
+
+    @contextmanager
+    def writing(self):
+        """Hold around "write objects, then move refs" (gc's prune excludes it)."""
+        yield
 
     @contextmanager
     def lock_group(self, group: str, timeout: float | None = None):

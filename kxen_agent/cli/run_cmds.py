@@ -1,0 +1,173 @@
+"""``kxen-agent run``, ``--resume`` and ``run show/resolve``: render the runtime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import typer
+
+from kxen_agent.errors import UsageError
+from kxen_agent.runtime.runner import Runner, RunResult
+from kxen_agent.session.agent_def import load_agent_definition
+from kxen_agent.store import Store
+
+from ._render import emit_json, err, out
+
+DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
+
+run_app = typer.Typer(help="Run a task in a new session; show or resolve runs.", no_args_is_help=False)
+
+
+def read_task(task: Optional[str], task_file: Optional[str]) -> Optional[str]:
+    if task is not None and task_file is not None:
+        raise UsageError("give either --task or --task-file, not both")
+    if task_file is not None:
+        try:
+            with open(task_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise UsageError(f"cannot read task file {task_file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"task file {task_file} is not UTF-8 text") from None
+    return task
+
+
+@contextmanager
+def cancellation(json_out: bool) -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM request cooperative cancellation; a second one changes nothing
+    (the journaling in progress always completes)."""
+    event = threading.Event()
+
+    def handler(signum, frame) -> None:
+        if not event.is_set() and not json_out:
+            err(f"kxen-agent: {signal.Signals(signum).name}: canceling the run cooperatively...")
+        event.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield event
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def render_result(res: RunResult, json_out: bool) -> None:
+    if json_out:
+        emit_json(res.to_json())
+    else:
+        out(f"session {res.session} run {res.run}: {res.status} after {res.turn} turn(s) (model {res.model})")
+        if res.result:
+            out(f"result: {res.result}")
+        if res.error:
+            out(f"error: {res.error}")
+        for op in res.unknown_ops:
+            out(
+                f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
+                f"`kxen-agent run resolve {res.session} {res.run} {op} --output TEXT [--is-error]` "
+                f"and `kxen-agent --resume {res.session}`"
+            )
+    raise typer.Exit(res.exit_code)
+
+
+def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
+    return Runner(Store.open(), cancel=cancel, on_event=(lambda line: None) if json_out else (lambda line: err(f"kxen-agent: {line}")))
+
+
+@run_app.callback(invoke_without_command=True)
+def run_cmd(
+    ctx: typer.Context,
+    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="The workspace directory to bind the new session to."),
+    task: Optional[str] = typer.Option(None, "--task", help="The task text."),
+    task_file: Optional[str] = typer.Option(None, "--task-file", help="A file holding the task."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="Agent definition (TOML); default: the bundled demo agent."),
+    json_out: bool = typer.Option(False, "--json", help="Print {session, run, status, ...} as JSON."),
+) -> None:
+    """Create a Session bound to a workspace and run its first task to a terminal state."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if workspace is None:
+        raise UsageError("run needs --workspace DIR and --task TEXT (or --task-file FILE)")
+    text = read_task(task, task_file)
+    if text is None:
+        raise UsageError("run needs a task: --task TEXT or --task-file FILE")
+    lock = load_agent_definition(agent or DEFAULT_AGENT)
+    with cancellation(json_out) as cancel:
+        res = make_runner(cancel, json_out).start(workspace, text, lock)
+    render_result(res, json_out)
+
+
+def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
+               rebind: bool, json_out: bool) -> None:
+    text = read_task(task, task_file)
+    with cancellation(json_out) as cancel:
+        res = make_runner(cancel, json_out).resume(ses, task=text, workspace=workspace, rebind=rebind)
+    render_result(res, json_out)
+
+
+@run_app.command("show")
+def show_cmd(
+    ses: str = typer.Argument(..., metavar="SES"),
+    run: str = typer.Argument(..., metavar="RUN"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """The run's status, model, turns, result and its tool journal."""
+    runner = Runner(Store.open())
+    info = runner.sessions.get(ses)
+    oid, st = runner.run_state(info, run)
+    ops = runner.ops(st)
+    journal = []
+    for op, e in ops.items():
+        journal.append({
+            "op": op, "tool": e["tool"], "arguments": e["arguments"], "state": e["state"],
+            "source": e.get("source"), "turn": e.get("turn"), "callId": e.get("callId"),
+            "sideEffects": e.get("sideEffects"),
+            "outcome": None if e["state"] in ("Started", "OutcomeUnknown") and e.get("source") != "human"
+            else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
+            "note": e.get("note"),
+        })
+    doc = {
+        "session": ses, "run": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
+        "model": st["model"], "turn": st["turn"], "task": st["task"], "result": st.get("result"),
+        "error": st.get("error"), "state": oid.hex(), "journal": journal,
+    }
+    if json_out:
+        emit_json(doc)
+        return
+    out(f"run {run} (session {ses}, #{st['index']}): {st['status']}{'' if st.get('settled') else ' (not settled)'}")
+    out(f"model: {st['model']}   turns: {st['turn']}")
+    out(f"task: {st['task']}")
+    if st.get("result") is not None:
+        out(f"result: {st['result']}")
+    if st.get("error"):
+        out(f"error: {st['error']}")
+    out(f"journal ({len(journal)} operation(s)):")
+    for j in journal:
+        out(f"  {j['op']}  {j['state']:<14} {j['tool']} {j['arguments']}")
+        if j["outcome"] is not None:
+            first = (j["outcome"]["output"] or "").strip().splitlines()
+            tail = f" ({len(first)} lines)" if len(first) > 1 else ""
+            out(f"      {'error' if j['outcome']['isError'] else 'output'}: {first[0] if first else ''}{tail}")
+        elif j["state"] == "OutcomeUnknown":
+            out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {ses} {run} {j['op']} --output TEXT`")
+
+
+@run_app.command("resolve")
+def resolve_cmd(
+    ses: str = typer.Argument(..., metavar="SES"),
+    run: str = typer.Argument(..., metavar="RUN"),
+    op: str = typer.Argument(..., metavar="OP"),
+    output: str = typer.Option(..., "--output", help="The outcome you established (what the tool's output would have said)."),
+    is_error: bool = typer.Option(False, "--is-error", help="The operation failed."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Record a human-established outcome for one UNKNOWN operation (never re-runs it)."""
+    res = Runner(Store.open()).resolve(ses, run, op, output, is_error=is_error)
+    if json_out:
+        emit_json(res)
+    else:
+        out(f"{op} resolved ({'error' if is_error else 'ok'}); continue with `kxen-agent --resume {ses}`")

@@ -1,0 +1,553 @@
+"""DCPRuns: the agent loop, the durable tool journal, recovery and resolution.
+
+Every state change of a run is a new immutable ``run`` object (and, for tool
+calls, a ``journal`` entry) named by the session's ``runs/<run_id>`` ref,
+moved by compare-and-swap with the run lease's fence. The order of durable
+steps is the seed's:
+
+1. the assistant message that asks for tool calls is in the Session before
+   any of them starts (a crash never calls the provider twice for a turn);
+2. per call: ``Started`` is durable before the side effect; when the tool
+   returns, ``OutcomeKnown`` (with the outcome) is durable;
+3. then the turn's tool messages are written into the Session, then every
+   op of the turn is ``Settled``;
+4. the final answer: the terminal result is saved in the run, then the
+   final message is written into the Session idempotently, then the run is
+   marked settled.
+
+Recovery is a pure function of (Session history, journal): a call that is
+``Started`` with no outcome becomes ``OutcomeUnknown`` (or, for a tool
+without side effects, simply runs again), the run waits in
+``input_required``, and only :meth:`Runner.resolve` moves it on. A call
+whose outcome is known is never run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, msg_id, new_id
+from kxen_agent.store import ANY, RefUpdate, Store
+
+from .faults import fault
+from .lease import Lease
+from .providers import AssistantTurn, ProviderError, make_provider
+from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+
+__all__ = [
+    "RunError",
+    "RunResult",
+    "Runner",
+    "TERMINAL",
+]
+
+TERMINAL = ("completed", "failed", "canceled")
+#: Tool output longer than this is kept in a blob object that the journal links.
+OUTPUT_BLOB_THRESHOLD = 1024
+#: Provider calls retried on transient errors (after the SDK's own retries).
+PROVIDER_ATTEMPTS = 3
+
+
+class RunError(KxenError):
+    """A run cannot be started, resumed or resolved as asked."""
+
+
+@dataclass
+class RunResult:
+    session: str
+    run: str
+    status: str
+    turn: int
+    model: str
+    result: str | None
+    error: str | None
+    unknown_ops: list[str] = field(default_factory=list)
+    settled: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return {"completed": 0, "input_required": 3, "canceled": 130}.get(self.status, 1)
+
+    def to_json(self) -> dict:
+        return {
+            "session": self.session,
+            "run": self.run,
+            "status": self.status,
+            "turn": self.turn,
+            "model": self.model,
+            "result": self.result,
+            "error": self.error,
+            "unknownOps": self.unknown_ops,
+            "settled": self.settled,
+        }
+
+
+@dataclass
+class _Op:
+    """The latest journal entry of one operation."""
+
+    op: str
+    entry: dict
+    oid: bytes
+
+
+class _Stop(Exception):
+    """Internal: the loop ends here (the run state already says why)."""
+
+
+class Runner:
+    """Runs, resumes and resolves DCPRuns of the sessions in one store."""
+
+    def __init__(self, store: Store, *, cancel: threading.Event | None = None,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self.sessions = SessionStore(store)
+        self.cancel = cancel or threading.Event()
+        self.on_event = on_event or (lambda line: None)
+
+    # ================================================================ reading
+
+    def run_state(self, info: SessionInfo, run: str) -> tuple[bytes, dict]:
+        oid = info.runs.get(run)
+        if oid is None:
+            raise RunError(f"run {run} is not in session {info.id}; `kxen-agent session show {info.id}` lists its runs")
+        return oid, self.store.get(oid, "run")
+
+    def latest_run(self, info: SessionInfo) -> tuple[str, bytes, dict] | None:
+        best = None
+        for run, oid in info.runs.items():
+            st = self.store.get(oid, "run")
+            if best is None or st["index"] > best[2]["index"]:
+                best = (run, oid, st)
+        return best
+
+    def journal(self, state: dict) -> list[dict]:
+        """Every journal entry of a run, oldest first."""
+        out = []
+        cur = state.get("journal")
+        while cur is not None:
+            e = self.store.get(cur, "journal")
+            out.append(e)
+            cur = e.get("previous")
+        out.reverse()
+        return out
+
+    def ops(self, state: dict) -> dict[str, dict]:
+        """The latest entry of each op, in order of first appearance."""
+        latest: dict[str, dict] = {}
+        for e in self.journal(state):
+            latest[e["op"]] = e
+        return latest
+
+    def entry_output(self, e: dict) -> str | None:
+        if "outputBlob" in e:
+            return self.store.get(e["outputBlob"], "blob").decode("utf-8")
+        return e.get("output")
+
+    def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
+        unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
+        return RunResult(info.id, run, st["status"], st["turn"], st["model"], st.get("result"), st.get("error"),
+                         unknown, st.get("settled", False))
+
+    # ================================================================ entry points
+
+    def start(self, workspace_path: str, task: str, agent_lock: dict) -> RunResult:
+        """Create a Session bound to ``workspace_path`` and run its first task."""
+        from kxen_agent.session.workspace import inspect_workspace
+
+        ws = inspect_workspace(workspace_path)
+        self._check_tools(agent_lock)
+        info = self.sessions.create(agent_lock, ws)
+        self.on_event(f"session {info.id} created, bound to {ws.root}")
+        return self._new_run(info.id, task)
+
+    def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
+               rebind: bool = False) -> RunResult:
+        """Continue the unfinished run of ``ses``, or start a new one with ``task``."""
+        info = self.sessions.get(ses)
+        if rebind:
+            if workspace is None:
+                raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
+            with Lease.acquire(self.store, ses, purpose="rebind") as lease:
+                info = self.sessions.rebind(ses, workspace, fence=lease.fence)
+            self.on_event(f"session {ses} bound to {info.workspace.root}")
+        else:
+            self.sessions.check_workspace(info, workspace, rebind=False)
+        latest = self.latest_run(info)
+        if task is not None:
+            if latest is not None:
+                run, oid, st = latest
+                if st["status"] not in TERMINAL or not st.get("settled"):
+                    raise RunError(
+                        f"run {run} of session {ses} is still {st['status']}; finish it first with "
+                        f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
+                    )
+            return self._new_run(ses, task)
+        if latest is None:
+            raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
+        run, oid, st = latest
+        if st["status"] in TERMINAL and st.get("settled"):
+            raise RunError(
+                f"nothing to resume: run {run} of session {ses} is {st['status']}; "
+                f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
+            )
+        return self._drive(ses, run)
+
+    # ================================================================ a new run
+
+    def _new_run(self, ses: str, task: str) -> RunResult:
+        run = new_id("run")
+        with Lease.acquire(self.store, ses, run=run) as lease:
+            info = self.sessions.get(ses)
+            agent = self.sessions.agent(info)
+            secrets = self._secrets(agent)
+            latest = self.latest_run(info)
+            index = 0 if latest is None else latest[2]["index"] + 1
+            now = time.time_ns()
+            with self.store.writing():
+                head = self.sessions.append_messages(info.head, [{"role": "user", "content": redact(task, secrets), "run": run}])
+                st = {
+                    "id": run, "session": ses, "index": index, "task": redact(task, secrets),
+                    "model": agent.get("model") or agent["provider"], "agent": info.agent_oid,
+                    "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
+                    "startHead": head, "startedNs": now, "updatedNs": now,
+                }
+                oid = self.store.put("run", st)
+                self.store.refs.transaction(
+                    info.group,
+                    [RefUpdate("head", info.head, head), RefUpdate(f"runs/{run}", None, oid)],
+                    reason=f"run {run}: start", fence=lease.fence,
+                )
+            self.on_event(f"run {run} started in session {ses}")
+            return self._loop(ses, run, lease)
+
+    def _drive(self, ses: str, run: str) -> RunResult:
+        with Lease.acquire(self.store, ses, run=run) as lease:
+            return self._loop(ses, run, lease)
+
+    # ================================================================ the loop
+
+    def _loop(self, ses: str, run: str, lease: Lease) -> RunResult:
+        ctx = _RunCtx(self, ses, run, lease)
+        try:
+            ctx.loop()
+        except _Stop:
+            pass
+        info = self.sessions.get(ses)
+        oid, st = self.run_state(info, run)
+        return self.result_of(info, run, oid, st)
+
+    # ================================================================ resolve
+
+    def resolve(self, ses: str, run: str, op: str, output: str, *, is_error: bool = False) -> dict:
+        """Record a human-established outcome for exactly one UNKNOWN op.
+
+        Never re-executes the operation; refuses an op that is not UNKNOWN.
+        """
+        with Lease.acquire(self.store, ses, run=run, purpose="resolve") as lease:
+            info = self.sessions.get(ses)
+            oid, st = self.run_state(info, run)
+            ops = self.ops(st)
+            if op not in ops:
+                raise RunError(f"operation {op} is not in run {run}; `kxen-agent run show {ses} {run}` lists them")
+            e = ops[op]
+            if e["state"] != "OutcomeUnknown":
+                raise RunError(
+                    f"operation {op} is {e['state']}, not OutcomeUnknown: only an UNKNOWN operation can be resolved"
+                )
+            secrets = self._secrets(self.sessions.agent(info))
+            ctx = _RunCtx(self, ses, run, lease)
+            ctx.journal_write(
+                [dict(e, state="OutcomeKnown", source="human", isError=bool(is_error))],
+                outputs=[redact(output, secrets)],
+                reason=f"run {run}: {op} resolved by a human",
+            )
+            return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
+                    "isError": bool(is_error)}
+
+    # ================================================================ helpers
+
+    def _check_tools(self, agent_lock: dict) -> None:
+        for t in agent_lock.get("tools", []):
+            if t not in TOOLS:
+                raise UsageError(f"agent lock names unknown tool {t!r}")
+
+    @staticmethod
+    def _secrets(agent: dict) -> list[str]:
+        name = agent.get("api_key_env")
+        val = os.environ.get(name) if name else None
+        return [val] if val else []
+
+
+class _RunCtx:
+    """One pass of the loop for one run under one lease."""
+
+    def __init__(self, runner: Runner, ses: str, run: str, lease: Lease) -> None:
+        self.r = runner
+        self.store = runner.store
+        self.sessions = runner.sessions
+        self.ses = ses
+        self.run = run
+        self.lease = lease
+        self.info = self.sessions.get(ses)
+        self.agent = self.sessions.agent(self.info)
+        self.secrets = Runner._secrets(self.agent)
+        self.oid, self.st = runner.run_state(self.info, run)
+
+    # ---------------------------------------------------------------- writes
+
+    def refresh(self) -> None:
+        self.info = self.sessions.get(self.ses)
+        self.oid, self.st = self.r.run_state(self.info, self.run)
+
+    def _put_state(self, changes: dict, journal: bytes | None = None) -> tuple[bytes, dict]:
+        st = dict(self.st)
+        st.update(changes)
+        st["previous"] = self.oid
+        st["updatedNs"] = time.time_ns()
+        if journal is not None:
+            st["journal"] = journal
+        return self.store.put("run", st), st
+
+    def update(self, changes: dict, *, reason: str, head: tuple[bytes | None, bytes] | None = None,
+               journal: bytes | None = None) -> None:
+        """One durable step: a new run state (and optionally a head move), atomically."""
+        with self.store.writing():
+            oid, st = self._put_state(changes, journal)
+            updates = [RefUpdate(f"runs/{self.run}", self.oid, oid)]
+            if head is not None:
+                updates.append(RefUpdate("head", head[0], head[1]))
+            self.store.refs.transaction(self.info.group, updates, reason=reason, fence=self.lease.fence)
+        self.oid, self.st = oid, st
+        if head is not None:
+            self.info = self.sessions.get(self.ses)
+
+    def journal_write(self, entries: list[dict], *, reason: str, outputs: list[str | None] | None = None,
+                      changes: dict | None = None) -> None:
+        """Append journal entries (one durable step) and a new run state."""
+        prev = self.st.get("journal")
+        with self.store.writing():
+            with self.store.batch():
+                for i, e in enumerate(entries):
+                    e = {k: v for k, v in e.items() if k not in ("previous", "output", "outputBlob")}
+                    out = outputs[i] if outputs else None
+                    if out is not None:
+                        raw = out.encode("utf-8")
+                        if len(raw) > OUTPUT_BLOB_THRESHOLD:
+                            e["outputBlob"] = self.store.put("blob", raw)
+                        else:
+                            e["output"] = out
+                    if prev is not None:
+                        e["previous"] = prev
+                    e["timeNs"] = time.time_ns()
+                    prev = self.store.put("journal", e)
+            self.update(changes or {}, reason=reason, journal=prev)
+
+    # ---------------------------------------------------------------- the loop
+
+    def loop(self) -> None:
+        while True:
+            st = self.st
+            status = st["status"]
+            if status in TERMINAL:
+                if not st.get("settled"):
+                    self.finish_settlement()
+                raise _Stop
+            ops = self.r.ops(st)
+            if status == "input_required":
+                if any(e["state"] == "OutcomeUnknown" for e in ops.values()):
+                    self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
+                    raise _Stop
+                self.update({"status": "running"}, reason=f"run {self.run}: resumed after resolution")
+                continue
+            head = self.info.head
+            last = self.sessions.read_message(head) if head is not None else None
+            if last is not None and last.run == self.run and last.role == "assistant" and last.tool_calls:
+                self.tool_turn(last, ops)
+                continue
+            if last is not None and last.run == self.run and last.role == "tool":
+                self.settle_turn(ops)
+            self.provider_turn()
+
+    # ---------------------------------------------------------------- provider
+
+    def provider_turn(self) -> None:
+        if self.r.cancel.is_set():
+            self.end("canceled", error="canceled by the user before the next model call")
+        max_turns = self.agent.get("policy", {}).get("max_turns", 20)
+        if self.st["turn"] >= max_turns:
+            self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
+        history = [m.to_provider() for m in self.sessions.history(self.info.head)]
+        messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
+        provider = make_provider(self.agent)
+        specs = tool_specs(self.agent.get("tools", []))
+        turn: AssistantTurn | None = None
+        for attempt in range(PROVIDER_ATTEMPTS):
+            try:
+                turn = provider.complete(messages, specs)
+                break
+            except ProviderError as e:
+                msg = redact(str(e), self.secrets)
+                if not e.transient or attempt == PROVIDER_ATTEMPTS - 1 or self.r.cancel.is_set():
+                    self.end("failed", error=f"provider error: {msg}")
+                self.r.on_event(f"provider error (transient, retrying): {msg}")
+                time.sleep(min(2 ** attempt, 8))
+        assert turn is not None
+        fault("provider:after-response")
+        content = redact(turn.content, self.secrets) if turn.content is not None else None
+        if turn.tool_calls:
+            calls = [
+                {"id": c.id, "name": c.name, "arguments": redact(c.arguments, self.secrets)}
+                for c in turn.tool_calls
+            ]
+            new_head = self.sessions.append_messages(
+                self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
+            )
+            self.update({"turn": self.st["turn"] + 1, "model": turn.model},
+                        reason=f"run {self.run}: turn {self.st['turn'] + 1} asks for {len(calls)} tool call(s)",
+                        head=(self.info.head, new_head))
+            self.r.on_event(f"turn {self.st['turn']}: {', '.join(c['name'] for c in calls)}")
+            return
+        # Final answer, settled in two phases (result, message, settled).
+        self.update({"turn": self.st["turn"] + 1, "model": turn.model, "status": "completed",
+                     "result": content or "", "settled": False},
+                    reason=f"run {self.run}: result saved")
+        fault("run:after-result")
+        self.finish_settlement()
+        raise _Stop
+
+    def finish_settlement(self) -> None:
+        """Write the final message (idempotently) if the run completed, then mark settled."""
+        if self.st["status"] == "completed":
+            content = self.st.get("result") or ""
+            head = self.info.head
+            # Idempotent: the message is a pure function of (parent, content),
+            # so after a crash it is either the head already or written now.
+            last = self.sessions.read_message(head) if head is not None else None
+            if not (last is not None and last.run == self.run and last.role == "assistant"
+                    and not last.tool_calls and last.content == content):
+                final = self.sessions.append_messages(head, [{"role": "assistant", "content": content, "run": self.run}])
+                with self.store.writing():
+                    self.store.refs.transaction(self.info.group, [RefUpdate("head", head, final)],
+                                                reason=f"run {self.run}: final message", fence=self.lease.fence)
+                self.info = self.sessions.get(self.ses)
+            fault("run:after-final-message")
+        self.update({"settled": True}, reason=f"run {self.run}: settled")
+        self.r.on_event(f"run {self.run} {self.st['status']}")
+
+    def end(self, status: str, *, error: str | None = None) -> None:
+        self.update({"status": status, "error": error, "settled": True}, reason=f"run {self.run}: {status}")
+        self.r.on_event(f"run {self.run} {status}" + (f": {error}" if error else ""))
+        raise _Stop
+
+    # ---------------------------------------------------------------- tools
+
+    def tool_turn(self, assistant: Message, ops: dict[str, dict]) -> None:
+        by_call = {e["callId"]: e for e in ops.values() if e.get("message") == assistant.oid}
+        policy = self.agent.get("policy", {})
+        allowed = set(self.agent.get("tools", []))
+        for call in assistant.tool_calls:
+            e = by_call.get(call["id"])
+            if e is None:
+                if self.r.cancel.is_set():
+                    continue  # not started: reported as "not run" below
+                self.execute(assistant, call, allowed, policy)
+                continue
+            state = e["state"]
+            if state == "Started":
+                tool = TOOLS.get(e["tool"])
+                if tool is not None and not tool.side_effects:
+                    self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
+                    self.execute(assistant, call, allowed, policy, op=e["op"])
+                    continue
+                self.journal_write([dict(e, state="OutcomeUnknown", source="recovery")],
+                                   reason=f"run {self.run}: {e['op']} outcome unknown after a crash",
+                                   changes={"status": "input_required"})
+                self.r.on_event(f"{e['op']} ({e['tool']}) was started but its outcome is unknown; "
+                                f"check it and use `kxen-agent run resolve {self.ses} {self.run} {e['op']} --output ...`")
+                raise _Stop
+            if state == "OutcomeUnknown":
+                if self.st["status"] != "input_required":
+                    self.update({"status": "input_required"}, reason=f"run {self.run}: waits for resolution")
+                raise _Stop
+        # Every call has a known outcome (or was never started because of a
+        # cancellation): write the turn's tool messages, then settle.
+        ops = self.r.ops(self.st)
+        by_call = {e["callId"]: e for e in ops.values() if e.get("message") == assistant.oid}
+        msgs = []
+        for call in assistant.tool_calls:
+            e = by_call.get(call["id"])
+            if e is None:
+                out = "[not run: the run was canceled before this call started]"
+            else:
+                out = self.r.entry_output(e) or ""
+            msgs.append({"role": "tool", "content": out, "tool_call_id": call["id"], "run": self.run})
+        new_head = self.sessions.append_messages(self.info.head, msgs)
+        with self.store.writing():
+            self.store.refs.transaction(self.info.group, [RefUpdate("head", self.info.head, new_head)],
+                                        reason=f"run {self.run}: tool results of turn {self.st['turn']}",
+                                        fence=self.lease.fence)
+        self.info = self.sessions.get(self.ses)
+        fault("tool:after-turn")
+        self.settle_turn(ops)
+
+    def settle_turn(self, ops: dict[str, dict]) -> None:
+        pending = [e for e in ops.values() if e["state"] == "OutcomeKnown"]
+        canceled = self.r.cancel.is_set()
+        if pending:
+            self.journal_write([dict(e, state="Settled") for e in pending],
+                               outputs=[self.r.entry_output(e) for e in pending],
+                               reason=f"run {self.run}: {len(pending)} op(s) settled")
+        if canceled:
+            self.end("canceled", error="canceled by the user")
+
+    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None) -> None:
+        name = call["name"]
+        tool = TOOLS.get(name)
+        op = op or new_id("op")
+        base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
+                "arguments": call["arguments"], "message": assistant.oid,
+                "sideEffects": bool(tool.side_effects) if tool else False}
+        self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
+        fault("tool:after-started")
+        if tool is None or name not in allowed:
+            outcome = ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
+        else:
+            try:
+                args = json.loads(call["arguments"] or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("arguments must be a JSON object")
+            except ValueError as ex:
+                outcome = ToolOutcome(f"invalid arguments for {name}: {ex}", True)
+            else:
+                ctx = ToolContext(
+                    workspace=self.info.workspace.root,
+                    timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
+                    cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
+                    cancel=self.r.cancel,
+                    secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+                )
+                self.r.on_event(f"{op}: {name} {call['arguments']}")
+                try:
+                    outcome = tool.run(args, ctx)
+                except ToolOutcomeUnknown as ex:
+                    fault("tool:after-effect")
+                    self.journal_write(
+                        [dict(base, state="OutcomeUnknown", source="cancel", note=redact(ex.message, self.secrets))],
+                        outputs=[redact(ex.output, self.secrets) if ex.output else None],
+                        reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
+                        changes={"status": "input_required"},
+                    )
+                    self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
+                    raise _Stop
+        fault("tool:after-effect")
+        self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
+                           outputs=[redact(outcome.output, self.secrets)],
+                           reason=f"run {self.run}: {op} outcome known")
+        fault("tool:after-outcome")

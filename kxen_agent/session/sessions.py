@@ -1,0 +1,470 @@
+"""Sessions: durable conversations as objects and refs.
+
+A Session is a ref group ``sessions/<ses_id>`` with these refs
+(``objects_spec.md`` §13):
+
+- ``meta``: the Session metadata object (kind ``session``): ids, fork
+  fields, the DCPAgent lock (a link to the ``agent`` object) and the
+  workspace binding. A rebind or import writes a new metadata object that
+  links to the previous one.
+- ``head``: the newest message (kind ``message``); the history is the chain
+  of ``parent`` links from it, like Git commits. Absent while empty.
+- ``runs/<run_id>``: the newest state object of each DCPRun (the runtime's).
+
+A fork is a new group whose ``head`` is the fork point: it shares every
+history object with its parent, so forking costs one metadata object and
+one ref transaction whatever the history's length.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.store import ANY, MissingObject, RefUpdate, Store
+
+from .workspace import WorkspaceIdentity, check_binding, create_worktree, inspect_workspace, remove_worktree
+
+__all__ = [
+    "BLOB_THRESHOLD",
+    "Message",
+    "SessionInfo",
+    "SessionStore",
+    "UnknownSession",
+    "new_id",
+]
+
+#: Message content longer than this (UTF-8 bytes) is stored in a blob object,
+#: so identical tool outputs are stored once.
+BLOB_THRESHOLD = 1024
+
+NS = "sessions"
+_SES_RE = re.compile(r"ses_[0-9a-z]{8,40}")
+_MSG_RE = re.compile(r"msg_([0-9a-fA-F]{8,64})")
+
+
+class UnknownSession(KxenError):
+    """A session id is not in this state dir."""
+
+    def __init__(self, ses: str, state_dir: str) -> None:
+        super().__init__(
+            f"session {ses} is not in state dir {state_dir}: session ids are local to the state dir "
+            "that created them (set KXEN_AGENT_STATE_DIR to it), or bring the session here with "
+            "`kxen-agent session import BUNDLE --workspace DIR`"
+        )
+
+
+class SessionError(KxenError):
+    """A session operation cannot be done as asked."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+def msg_id(oid: bytes) -> str:
+    return "msg_" + oid.hex()
+
+
+@dataclass(frozen=True)
+class Message:
+    """One history message, as read back (``content`` already resolved from its blob)."""
+
+    oid: bytes
+    seq: int
+    role: str
+    content: str | None
+    run: str | None
+    tool_calls: list[dict]
+    tool_call_id: str | None
+    parent: bytes | None
+
+    @property
+    def id(self) -> str:
+        return msg_id(self.oid)
+
+    def to_provider(self) -> dict:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        return d
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "seq": self.seq,
+            "role": self.role,
+            "run": self.run,
+            "content": self.content,
+            "toolCalls": self.tool_calls,
+            "toolCallId": self.tool_call_id,
+        }
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session's metadata and refs, as read at one moment."""
+
+    id: str
+    meta_oid: bytes
+    meta: dict
+    head: bytes | None
+    runs: dict[str, bytes]
+    deleted_ns: int | None
+    fence: int
+
+    @property
+    def workspace(self) -> WorkspaceIdentity:
+        return WorkspaceIdentity.from_record(self.meta["workspace"])
+
+    @property
+    def agent_oid(self) -> bytes:
+        return self.meta["agent"]
+
+    @property
+    def group(self) -> str:
+        return f"{NS}/{self.id}"
+
+    def to_json(self) -> dict:
+        m = self.meta
+        return {
+            "id": self.id,
+            "parentId": m.get("parentId"),
+            "branchRootId": m["branchRootId"],
+            "forkPoint": m.get("forkPoint"),
+            "forkKind": m.get("forkKind"),
+            "createdNs": m["createdNs"],
+            "agentLock": self.agent_oid.hex(),
+            "workspace": _ws_json(m["workspace"]),
+            "head": msg_id(self.head) if self.head else None,
+            "deleted": self.deleted_ns is not None,
+        }
+
+
+def _ws_json(rec: dict) -> dict:
+    keymap = {"repo_root": "repoRoot", "remote_hash": "remoteHash"}
+    return {keymap.get(k, k): v for k, v in rec.items()}
+
+
+class SessionStore:
+    """Sessions, messages and forks over a :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------ lookup
+
+    def group(self, ses: str) -> str:
+        return f"{NS}/{ses}"
+
+    def check_id(self, ses: str) -> str:
+        if not _SES_RE.fullmatch(ses):
+            raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by letters and digits)")
+        return ses
+
+    def get(self, ses: str, *, include_deleted: bool = False) -> SessionInfo:
+        self.check_id(ses)
+        state = self.store.refs.read(self.group(ses))
+        meta_oid = state.refs.get("meta")
+        if meta_oid is None or (state.deleted_ns is not None and not include_deleted):
+            raise UnknownSession(ses, self.store.root)
+        meta = self.store.get(meta_oid, "session")
+        runs = {name[5:]: v for name, v in state.refs.items() if name.startswith("runs/")}
+        return SessionInfo(ses, meta_oid, meta, state.refs.get("head"), runs, state.deleted_ns, state.fence)
+
+    def list(self, *, include_deleted: bool = False) -> list[SessionInfo]:
+        out = []
+        for group in self.store.refs.groups(NS):
+            ses = group.split("/", 1)[1]
+            try:
+                out.append(self.get(ses, include_deleted=include_deleted))
+            except UnknownSession:
+                continue
+        out.sort(key=lambda s: (s.meta["createdNs"], s.id))
+        return out
+
+    def agent(self, info: SessionInfo) -> dict:
+        return self.store.get(info.agent_oid, "agent")
+
+    # ------------------------------------------------------------ messages
+
+    def read_message(self, oid: bytes) -> Message:
+        v = self.store.get(oid, "message")
+        content = v.get("content")
+        if "contentBlob" in v:
+            content = self.store.get(v["contentBlob"], "blob").decode("utf-8")
+        return Message(
+            oid=oid,
+            seq=v["seq"],
+            role=v["role"],
+            content=content,
+            run=v.get("run"),
+            tool_calls=v.get("toolCalls", []),
+            tool_call_id=v.get("toolCallId"),
+            parent=v.get("parent"),
+        )
+
+    def iter_back(self, head: bytes | None) -> Iterator[Message]:
+        """Messages from ``head`` back to the first (newest first; streams)."""
+        cur = head
+        while cur is not None:
+            m = self.read_message(cur)
+            yield m
+            cur = m.parent
+
+    def history(self, head: bytes | None) -> list[Message]:
+        out = list(self.iter_back(head))
+        out.reverse()
+        return out
+
+    def iter_forward(self, head: bytes | None, chunk: int = 4096) -> Iterator[Message]:
+        """Oldest first without holding the whole history: walks back once
+        collecting only ids (32 bytes each), then reads forward."""
+        ids: list[bytes] = []
+        cur = head
+        while cur is not None:
+            ids.append(cur)
+            cur = self.store.get(cur, "message").get("parent")
+        for oid in reversed(ids):
+            yield self.read_message(oid)
+
+    def make_message(
+        self,
+        parent: bytes | None,
+        role: str,
+        content: str | None,
+        *,
+        run: str | None = None,
+        tool_calls: list[dict] | None = None,
+        tool_call_id: str | None = None,
+    ) -> bytes:
+        """Write one message object (not yet on any ref); return its id."""
+        seq = 0 if parent is None else self.store.get(parent, "message")["seq"] + 1
+        return self._put_message(parent, seq, role, content, run, tool_calls, tool_call_id)
+
+    def _put_message(self, parent, seq, role, content, run, tool_calls, tool_call_id) -> bytes:
+        v: dict[str, Any] = {"seq": seq, "role": role}
+        if parent is not None:
+            v["parent"] = parent
+        if content is not None and len(content.encode("utf-8")) > BLOB_THRESHOLD:
+            v["contentBlob"] = self.store.put("blob", content.encode("utf-8"))
+        else:
+            v["content"] = content
+        if run is not None:
+            v["run"] = run
+        if tool_calls:
+            v["toolCalls"] = [
+                {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in tool_calls
+            ]
+        if tool_call_id is not None:
+            v["toolCallId"] = tool_call_id
+        return self.store.put("message", v)
+
+    def append_messages(self, parent: bytes | None, messages: list[dict]) -> bytes | None:
+        """Write a chain of messages after ``parent``; return the new head id."""
+        head = parent
+        seq = -1 if parent is None else self.store.get(parent, "message")["seq"]
+        with self.store.batch():
+            for m in messages:
+                seq += 1
+                head = self._put_message(
+                    head, seq, m["role"], m.get("content"), m.get("run"), m.get("tool_calls"), m.get("tool_call_id")
+                )
+        return head
+
+    def resolve_message(self, info: SessionInfo, text: str) -> bytes:
+        """A ``msg_`` id or unique prefix (8+ hex) in ``info``'s history."""
+        m = _MSG_RE.fullmatch(text.strip())
+        if not m:
+            raise UsageError(f"{text!r} is not a message id (expected msg_ followed by 8 to 64 hex digits)")
+        try:
+            oid = self.store.resolve(m.group(1))
+        except MissingObject:
+            raise UsageError(f"message {text} is not in state dir {self.store.root}") from None
+        if self.store.read_raw(oid).kind != "message":
+            raise UsageError(f"{text} names a {self.store.read_raw(oid).kind} object, not a message")
+        target_seq = self.store.get(oid, "message")["seq"]
+        # Walk back from the head until the target's depth: the message must
+        # be in *this* session's history (forks share objects).
+        cur = info.head
+        while cur is not None:
+            if cur == oid:
+                return oid
+            v = self.store.get(cur, "message")
+            if v["seq"] <= target_seq:
+                break
+            cur = v.get("parent")
+        raise UsageError(f"message {text} is not in the history of session {info.id}")
+
+    # ------------------------------------------------------------ create / fork
+
+    def put_agent(self, lock_body: dict) -> bytes:
+        return self.store.put("agent", lock_body)
+
+    def _meta(
+        self,
+        ses: str,
+        *,
+        agent: bytes,
+        workspace: WorkspaceIdentity,
+        parent_id: str | None,
+        branch_root_id: str,
+        fork_point: str | None,
+        fork_kind: str | None,
+        reason: str,
+        previous: bytes | None = None,
+        created_ns: int | None = None,
+    ) -> dict:
+        v: dict[str, Any] = {
+            "id": ses,
+            "parentId": parent_id,
+            "branchRootId": branch_root_id,
+            "forkPoint": fork_point,
+            "forkKind": fork_kind,
+            "agent": agent,
+            "workspace": workspace.to_record(),
+            "createdNs": created_ns if created_ns is not None else time.time_ns(),
+            "reason": reason,
+            "revisedNs": time.time_ns(),
+        }
+        if previous is not None:
+            v["previous"] = previous
+        return v
+
+    def create(self, agent_lock: dict, workspace: WorkspaceIdentity) -> SessionInfo:
+        """A new root session bound to ``workspace`` with the given DCPAgent lock."""
+        ses = new_id("ses")
+        with self.store.writing():
+            agent = self.put_agent(agent_lock)
+            meta = self.store.put(
+                "session",
+                self._meta(
+                    ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
+                    fork_point=None, fork_kind=None, reason="create",
+                ),
+            )
+            self.store.refs.transaction(
+                self.group(ses), [RefUpdate("meta", None, meta)], reason="session: create"
+            )
+        return self.get(ses)
+
+    def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None) -> SessionInfo:
+        """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
+
+        Never needs the parent's run lease: it reads immutable objects and
+        one consistent snapshot of the parent's refs.
+        """
+        parent = self.get(ses)
+        point = self.resolve_message(parent, at) if at else parent.head
+        workspace = parent.workspace
+        made_worktree = None
+        if worktree is not None:
+            workspace = create_worktree(workspace, worktree)
+            made_worktree = workspace
+        try:
+            new = new_id("ses")
+            with self.store.writing():
+                meta = self.store.put(
+                    "session",
+                    self._meta(
+                        new,
+                        agent=parent.agent_oid,
+                        workspace=workspace,
+                        parent_id=parent.id,
+                        branch_root_id=parent.meta["branchRootId"],
+                        fork_point=msg_id(point) if point else None,
+                        fork_kind="worktree" if worktree else "conversation",
+                        reason="fork",
+                    ),
+                )
+                updates = [RefUpdate("meta", None, meta)]
+                if point is not None:
+                    updates.append(RefUpdate("head", None, point))
+                self.store.refs.transaction(self.group(new), updates, reason=f"session: fork of {ses}")
+        except BaseException:
+            if made_worktree is not None:
+                remove_worktree(made_worktree.repo_root or made_worktree.root, made_worktree.root, f"kxen/{worktree}")
+            raise
+        return self.get(new)
+
+    # ------------------------------------------------------------ binding
+
+    def check_workspace(self, info: SessionInfo, path: str | None, *, rebind: bool) -> WorkspaceIdentity:
+        """Check (and with ``rebind``, return) the workspace a resume would use."""
+        recorded = info.workspace
+        current = inspect_workspace(path if path is not None else recorded.root)
+        check_binding(recorded, current, rebind=rebind)
+        return current
+
+    def rebind(self, ses: str, path: str, *, reason: str = "rebind", fence: int | None = None) -> SessionInfo:
+        """Re-point the binding to ``path`` if the identity check passes there."""
+        info = self.get(ses)
+        current = self.check_workspace(info, path, rebind=True)
+        if current.to_record() == info.meta["workspace"]:
+            return info
+        m = info.meta
+        with self.store.writing():
+            meta = self.store.put(
+                "session",
+                self._meta(
+                    ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
+                    branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
+                    fork_kind=m.get("forkKind"), reason=reason, previous=info.meta_oid,
+                    created_ns=m["createdNs"],
+                ),
+            )
+            self.store.refs.transaction(
+                self.group(ses), [RefUpdate("meta", info.meta_oid, meta)],
+                reason=f"session: {reason} to {current.root}", fence=fence,
+            )
+        return self.get(ses)
+
+    def rebound_meta(self, meta: dict, meta_oid: bytes, workspace: WorkspaceIdentity, reason: str) -> bytes:
+        """Write a new metadata object for an imported session (no ref moved)."""
+        return self.store.put(
+            "session",
+            self._meta(
+                meta["id"], agent=meta["agent"], workspace=workspace, parent_id=meta.get("parentId"),
+                branch_root_id=meta["branchRootId"], fork_point=meta.get("forkPoint"),
+                fork_kind=meta.get("forkKind"), reason=reason, previous=meta_oid,
+                created_ns=meta["createdNs"],
+            ),
+        )
+
+    # ------------------------------------------------------------ delete / tree
+
+    def delete(self, ses: str) -> SessionInfo:
+        """Mark ``ses`` deleted; gc removes its refs after the grace period."""
+        info = self.get(ses)
+        self.store.refs.transaction(self.group(ses), [], reason="session: delete", deleted_ns=time.time_ns())
+        return info
+
+    def tree(self, ses: str) -> tuple[str, dict[str, list[str]], dict[str, SessionInfo]]:
+        """(root id, children by parent id, infos) of the fork family of ``ses``."""
+        info = self.get(ses)
+        root = info.meta["branchRootId"]
+        family = {s.id: s for s in self.list() if s.meta["branchRootId"] == root}
+        children: dict[str, list[str]] = {}
+        for s in family.values():
+            p = s.meta.get("parentId")
+            if p is not None:
+                children.setdefault(p, []).append(s.id)
+        for v in children.values():
+            v.sort(key=lambda i: (family[i].meta["createdNs"], i))
+        return root, children, family
+
+    def message_count(self, info: SessionInfo) -> int:
+        if info.head is None:
+            return 0
+        return self.store.get(info.head, "message")["seq"] + 1
+
+
+def workspace_dir_exists(path: str) -> bool:
+    return os.path.isdir(path)
