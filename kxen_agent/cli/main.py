@@ -31,7 +31,10 @@ app = typer.Typer(
 from .run_cmds import resume_cmd, run_app  # noqa: E402
 from .session_cmds import session_app  # noqa: E402
 
+from . import demo  # noqa: E402
+
 app.add_typer(run_app, name="run")
+demo.register(app)
 app.add_typer(session_app, name="session")
 
 
