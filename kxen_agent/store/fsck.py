@@ -18,7 +18,7 @@ from typing import Callable
 from kxen_agent.errors import KxenError
 
 from .objects import CorruptObject, ObjectId, decode_body, links_of
-from .refs import CorruptRef
+from .refs import BadRefName, CorruptRef
 from .repo import Store
 
 __all__ = ["FsckReport", "Problem", "fsck"]
@@ -126,7 +126,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
         try:
             state = store.refs.read(group)
             log = store.refs.reflog(group)
-        except CorruptRef as e:
+        except (CorruptRef, BadRefName) as e:  # a stray file under refs/ is named, not fatal
             rep.problems.append(Problem("corrupt-ref", group, str(e)))
             continue
         last: dict[str, bytes | None] = {}

@@ -343,10 +343,14 @@ class RefStore:
         if fence is not None and fence < cur.fence:
             raise StaleFence(group, fence, cur.fence)
         refs = dict(cur.refs)
+        # Each reflog line's old value is the ref's value just before that
+        # update, so two updates of one ref in a transaction chain correctly.
+        olds: list[bytes | None] = []
         for u in updates:
             found = refs.get(u.name)
             if u.old is not ANY and found != u.old:
                 raise RefConflict(group, u.name, u.old, found)
+            olds.append(found)
             if u.new is None:
                 refs.pop(u.name, None)
             else:
@@ -379,8 +383,8 @@ class RefStore:
         now = time.time_ns()
         used_fence = fence if fence is not None else out_fence
         lines = b"".join(
-            format_reflog_line(ReflogEntry(cur.refs.get(u.name), u.new, now, used_fence, u.name, reason))
-            for u in updates
+            format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, reason))
+            for u, old in zip(updates, olds)
         )
         new_log_size = cur.log_size
         if lines:
