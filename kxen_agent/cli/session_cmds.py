@@ -130,13 +130,15 @@ def tree_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
         m = info.meta
         extra = f" at {m['forkPoint'][:16]}" if m.get("forkPoint") else ""
         kind = f" [{m['forkKind']}]" if m.get("forkKind") else ""
+        gone = " (deleted)" if info.deleted_ns is not None else ""
         mark = "  <- this session" if sid == ses else ""
-        return f"{sid}{kind}{extra}  {info.workspace.root}{mark}"
+        return f"{sid}{kind}{extra}{gone}  {info.workspace.root}{mark}"
 
     if json_out:
         def node(sid: str) -> dict:
             return {"id": sid, "forkKind": family[sid].meta.get("forkKind") if sid in family else None,
                     "forkPoint": family[sid].meta.get("forkPoint") if sid in family else None,
+                    "deleted": family[sid].deleted_ns is not None if sid in family else True,
                     "children": [node(c) for c in children.get(sid, [])]}
         emit_json(node(root))
         return

@@ -26,9 +26,16 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import ANY, MissingObject, RefUpdate, Store
+from kxen_agent.store import ANY, AmbiguousId, MissingObject, RefUpdate, Store
 
-from .workspace import WorkspaceIdentity, check_binding, create_worktree, inspect_workspace, remove_worktree
+from .workspace import (
+    WorkspaceIdentity,
+    check_binding,
+    create_worktree,
+    inspect_workspace,
+    remove_worktree,
+    validate_worktree_name,
+)
 
 __all__ = [
     "BLOB_THRESHOLD",
@@ -284,12 +291,17 @@ class SessionStore:
         m = _MSG_RE.fullmatch(text.strip())
         if not m:
             raise UsageError(f"{text!r} is not a message id (expected msg_ followed by 8 to 64 hex digits)")
+        listing = f"`kxen-agent session log {info.id}` lists its messages"
         try:
             oid = self.store.resolve(m.group(1))
         except MissingObject:
-            raise UsageError(f"message {text} is not in state dir {self.store.root}") from None
+            raise UsageError(f"message {text} is not in state dir {self.store.root}; {listing}") from None
+        except AmbiguousId:
+            raise UsageError(
+                f"message id prefix {text} is ambiguous in state dir {self.store.root}: give more hex digits; {listing}"
+            ) from None
         if self.store.read_raw(oid).kind != "message":
-            raise UsageError(f"{text} names a {self.store.read_raw(oid).kind} object, not a message")
+            raise UsageError(f"{text} names a {self.store.read_raw(oid).kind} object, not a message; {listing}")
         target_seq = self.store.get(oid, "message")["seq"]
         # Walk back from the head until the target's depth: the message must
         # be in *this* session's history (forks share objects).
@@ -301,7 +313,71 @@ class SessionStore:
             if v["seq"] <= target_seq:
                 break
             cur = v.get("parent")
-        raise UsageError(f"message {text} is not in the history of session {info.id}")
+        newest = f"its newest message is {msg_id(info.head)}" if info.head else "its history is empty"
+        raise UsageError(f"message {text} is not in the history of session {info.id} ({newest}); {listing}")
+
+    def _pending_calls(self, point: bytes) -> tuple[list[str], bytes | None]:
+        """The tool calls asked at or before ``point`` whose results come after it,
+        and the message just before the assistant turn that asked them.
+
+        Reads only back to that turn's assistant message, so the cost is the
+        turn's size, not the history's.
+        """
+        answered: set[str] = set()
+        cur: bytes | None = point
+        while cur is not None:
+            v = self.store.get(cur, "message")
+            if v["role"] == "tool":
+                if v.get("toolCallId") is not None:
+                    answered.add(v["toolCallId"])
+                cur = v.get("parent")
+                continue
+            if v["role"] == "assistant" and v.get("toolCalls"):
+                return [c["id"] for c in v["toolCalls"] if c["id"] not in answered], v.get("parent")
+            break
+        return [], None
+
+    def _next_valid_point(self, head: bytes, point: bytes) -> bytes | None:
+        """The oldest message after ``point`` (up to ``head``) where no tool call is pending.
+
+        Only used to word an error: it walks the history between the two.
+        """
+        newer: list[bytes] = []
+        cur: bytes | None = head
+        while cur is not None and cur != point:
+            newer.append(cur)
+            cur = self.store.get(cur, "message").get("parent")
+        pending = set(self._pending_calls(point)[0])
+        for oid in reversed(newer):
+            v = self.store.get(oid, "message")
+            if v["role"] == "tool":
+                pending.discard(v.get("toolCallId"))
+            elif v["role"] == "assistant" and v.get("toolCalls"):
+                pending = {c["id"] for c in v["toolCalls"]}
+            if not pending:
+                return oid
+        return None
+
+    def _check_fork_point(self, info: SessionInfo, point: bytes, explicit: bool) -> None:
+        """Refuse a fork point that would split an assistant's tool calls from their results."""
+        pending, before = self._pending_calls(point)
+        if not pending:
+            return
+        calls = ", ".join(pending)
+        before_txt = f"{msg_id(before)} (before that turn)" if before else "none before it (the turn opens the history)"
+        if not explicit:
+            instead = f"fork --at {msg_id(before)} (before that turn)" if before else "there is no earlier valid point"
+            raise SessionError(
+                f"cannot fork session {info.id} at its newest message {msg_id(point)}: it asks for tool call(s) "
+                f"{calls} whose results are not in the history yet (a run is in progress or waits for "
+                f"`kxen-agent run resolve`); {instead}, or fork once the turn is finished"
+            )
+        after = self._next_valid_point(info.head, point) if info.head is not None else None
+        after_txt = f"{msg_id(after)} (after its results)" if after else "none after it yet (the turn is unfinished)"
+        raise UsageError(
+            f"cannot fork session {info.id} at {msg_id(point)}: it would split tool call(s) {calls} from their "
+            f"results; the nearest valid fork points are {before_txt} and {after_txt}"
+        )
 
     # ------------------------------------------------------------ create / fork
 
@@ -359,14 +435,25 @@ class SessionStore:
         """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
 
         Never needs the parent's run lease: it reads immutable objects and
-        one consistent snapshot of the parent's refs.
+        one consistent snapshot of the parent's refs. A fork point that would
+        split an assistant's tool calls from their results is refused, naming
+        the nearest valid points. With ``worktree``, the new worktree starts
+        at the bound workspace's current HEAD.
         """
         parent = self.get(ses)
         point = self.resolve_message(parent, at) if at else parent.head
+        if point is not None:
+            self._check_fork_point(parent, point, explicit=at is not None)
         workspace = parent.workspace
         made_worktree = None
         if worktree is not None:
-            workspace = create_worktree(workspace, worktree)
+            validate_worktree_name(worktree)
+            # The worktree starts at the workspace's *current* HEAD (the
+            # recorded one is only the HEAD at creation), and only from the
+            # workspace the session is bound to.
+            current = inspect_workspace(workspace.root)
+            check_binding(workspace, current, rebind=False)
+            workspace = create_worktree(current, worktree)
             made_worktree = workspace
         try:
             new = new_id("ses")
@@ -450,14 +537,19 @@ class SessionStore:
         """(root id, children by parent id, infos) of the fork family of ``ses``."""
         info = self.get(ses)
         root = info.meta["branchRootId"]
-        family = {s.id: s for s in self.list() if s.meta["branchRootId"] == root}
+        # Deleted sessions stay in the family (marked by ``deleted_ns``) so
+        # that the forks of a deleted fork are still drawn under it.
+        family = {s.id: s for s in self.list(include_deleted=True) if s.meta["branchRootId"] == root}
         children: dict[str, list[str]] = {}
         for s in family.values():
             p = s.meta.get("parentId")
             if p is not None:
                 children.setdefault(p, []).append(s.id)
+        # A parent gone altogether (its refs removed) is drawn as a placeholder under the root.
+        for p in [p for p in children if p not in family and p != root]:
+            children.setdefault(root, []).append(p)
         for v in children.values():
-            v.sort(key=lambda i: (family[i].meta["createdNs"], i))
+            v.sort(key=lambda i: (family[i].meta["createdNs"] if i in family else 0, i))
         return root, children, family
 
     def message_count(self, info: SessionInfo) -> int:
