@@ -37,23 +37,68 @@ def read_task(task: Optional[str], task_file: Optional[str]) -> Optional[str]:
     return task
 
 
+#: The signals that request cooperative cancellation of a run.
+CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
 def cancellation(json_out: bool) -> Iterator[threading.Event]:
-    """SIGINT/SIGTERM request cooperative cancellation; a second one changes nothing
-    (the journaling in progress always completes)."""
+    """SIGINT/SIGTERM set the yielded event: the runner cancels cooperatively.
+
+    The Python-level handler does nothing; the interpreter's C handler writes
+    the signal number to a wakeup pipe, and a watcher thread sets the event
+    and prints the note. Doing either inside the handler is unsafe: the
+    handler runs in the main thread between any two bytecodes, possibly while
+    that thread holds the very Event's internal lock (``set`` would deadlock)
+    or stderr's buffer lock (a print raises "reentrant call" into the middle
+    of a journal write). A second signal changes nothing but a note: the
+    journaling in progress always completes, so the state on disk is always
+    one the seed names.
+    """
     event = threading.Event()
+    rfd, wfd = os.pipe()
+    os.set_blocking(wfd, False)
 
-    def handler(signum, frame) -> None:
-        if not event.is_set() and not json_out:
-            err(f"kxen-agent: {signal.Signals(signum).name}: canceling the run cooperatively...")
-        event.set()
+    def watch() -> None:
+        seen = 0
+        while True:
+            try:
+                data = os.read(rfd, 64)
+            except OSError:
+                return
+            if not data:  # the write end was closed: the command is done
+                return
+            for signum in data:
+                if signum not in CANCEL_SIGNALS:
+                    continue
+                seen += 1
+                event.set()
+                if json_out:
+                    continue
+                name = signal.Signals(signum).name
+                if seen == 1:
+                    err(f"kxen-agent: {name}: canceling the run cooperatively; a running tool gets its "
+                        "cancellation window to stop, then its outcome is journaled...")
+                elif seen == 2:
+                    err(f"kxen-agent: {name} again: still canceling — the journal is being written and "
+                        "will not be skipped; the process ends on its own within the tool's cancellation window")
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    watcher = threading.Thread(target=watch, name="kxen-cancel", daemon=True)
+    watcher.start()
+    old_handlers = {}
+    old_wakeup = -1
     try:
+        old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        for s in CANCEL_SIGNALS:
+            old_handlers[s] = signal.signal(s, lambda signum, frame: None)
         yield event
     finally:
-        for s, h in old.items():
+        for s, h in old_handlers.items():
             signal.signal(s, h)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wfd)
+        watcher.join(timeout=5)
+        os.close(rfd)
 
 
 def render_result(res: RunResult, json_out: bool) -> None:

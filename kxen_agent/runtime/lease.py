@@ -1,25 +1,49 @@
 """The run lease: at most one active run (or mutation) per Session.
 
 This is the library API that the CLI and any long-running server embedding
-kxen-agent must both use (``Lease.acquire``); the rule is in the README's
-"Run lease" section and ``objects_spec.md`` §14.
+kxen-agent must both use (``Lease.acquire``); the README's "One run at a
+time: the run lease" section documents it for users and embedders.
 
-A lease is two things:
+A lease is three things:
 
-1. An exclusive ``fcntl`` lock on ``locks/sessions/<ses>.lease``, held for
-   as long as the run lasts. On one host the kernel releases it the moment
-   the holder dies (SIGKILL, crash), so a dead holder never blocks anyone.
-2. A *grant*: the session group's fence raised by one (a ref transaction),
-   and a holder record ``leases/sessions/<ses>`` (pid, host, run, since,
-   fence, expiry). Every ref update made for the run carries the fence; the
-   store refuses one whose fence is lower than the group's.
+1. A *grant*: under the session's ref-group lock, the group's fence is
+   raised by one and a holder record ``leases/sessions/<ses>`` is written
+   (pid, host, boot id, run, purpose, since, fence, expiry, whether the
+   holder has the ``fcntl`` lock). Every ref update made for the run carries
+   the fence; the store refuses one whose fence is lower than the group's
+   (:class:`~kxen_agent.store.StaleFence`). The fence is the safety; the two
+   things below only decide *when* a new grant may be made.
+2. An exclusive ``fcntl`` lock on ``locks/sessions/<ses>.lease`` held for the
+   lease's life when it can be had. On one host the kernel drops it the
+   moment the holder dies (SIGKILL, crash), so a dead holder is seen at once.
+3. An expiry, pushed forward every ``ttl/3`` by a renewer thread
+   (``KXEN_AGENT_LEASE_TTL_S``, default 30 s). It is what frees a session
+   whose holder is paused (SIGSTOP, a frozen VM) or on another host of a
+   shared volume, where ``fcntl`` says nothing reliable.
 
-Rule for taking a lease: free if the ``fcntl`` lock can be taken and the
-holder record (if any) is from this host or has expired; or, when the lock
-cannot be taken, if the holder record has expired — a holder that stopped
-renewing (paused, partitioned, on another host of a shared volume) loses the
-lease at its expiry, and its next write is refused by the fence. The holder
-renews its expiry every ``ttl/3`` from a background thread.
+Rule for a new grant, decided under the group lock from the holder record
+(:func:`blocking_reason` is the whole rule):
+
+- no record, or a record whose fence is not the group's current fence (the
+  holder released it, or died between raising the fence and writing it):
+  free;
+- the record's expiry has passed (by the taker's clock): free — the old
+  holder is fenced out and its next write is refused;
+- recorded on another host (hostname or boot id differ): busy until expiry;
+- same host, the holder had the ``fcntl`` lock: free if we could take it
+  (the kernel released it, so the holder is dead) or if its pid is gone;
+- same host, the holder had no ``fcntl`` lock (it took over from a paused
+  holder that still kept it): free iff its pid is gone (or reused).
+
+Pids are trusted only within the holder's pid namespace (containers on one
+host may share a hostname); elsewhere an unexpired record counts as alive.
+A grant taken without the ``fcntl`` lock picks it up at a later renewal, once
+the paused holder lets go of it. Limitations: the group lock itself is an
+``fcntl`` lock, so a holder paused *inside* a ref transaction blocks grants
+(they fail with ``LockBusy``, exit 75) until it continues or dies; hosts on a
+shared volume must keep their clocks within ``2*ttl/3`` of each other or a
+healthy holder can be fenced out early (never two writers, but a needless
+abort).
 """
 
 from __future__ import annotations
@@ -29,86 +53,211 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Callable
 
-from kxen_agent.errors import KxenError
+from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.sessions import UnknownSession
 from kxen_agent.store import Store
 from kxen_agent.store.locks import FileLock, LockBusy, _get as _lock_for  # one lock object per path
 
-__all__ = ["Lease", "LeaseBusy", "LeaseLost", "lease_ttl_s"]
+__all__ = ["DEFAULT_TTL_S", "Lease", "LeaseBusy", "LeaseLost", "blocking_reason", "lease_ttl_s"]
 
 DEFAULT_TTL_S = 30.0
+#: How long a grant or release waits for the session's ref-group lock, which
+#: writers hold for milliseconds; only a holder paused inside a transaction
+#: makes this run out.
+GROUP_LOCK_WAIT_S = 10.0
 
 
 def lease_ttl_s() -> float:
-    try:
-        return float(os.environ.get("KXEN_AGENT_LEASE_TTL_S", DEFAULT_TTL_S))
-    except ValueError:
+    """The lease expiry from ``KXEN_AGENT_LEASE_TTL_S`` (seconds, > 0; default 30)."""
+    raw = os.environ.get("KXEN_AGENT_LEASE_TTL_S")
+    if raw is None or raw.strip() == "":
         return DEFAULT_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = -1.0
+    if not 0 < ttl <= 86_400:
+        raise UsageError(f"KXEN_AGENT_LEASE_TTL_S={raw!r} is not a number of seconds in (0, 86400]; unset it for 30")
+    return ttl
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[bytes, int] | None:
+    """(state letter, start time in clock ticks since boot) of a process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parens; fields resume after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_start(pid: int) -> int | None:
+    st = _proc_stat(pid)
+    return None if st is None else st[1]
+
+
+def _pid_alive(pid: object, start: object) -> bool:
+    """Whether ``pid`` (of this pid namespace) still names the process that wrote the record."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # unreadable: assume alive, the expiry still frees it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    st = _proc_stat(pid)
+    if st is None:
+        return True  # no /proc: trust kill()
+    state, started = st
+    # A zombie has no effects left; another start time means the pid was reused.
+    return state not in (b"Z", b"X") and (start is None or started == start)
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+_HOST = socket.gethostname()
+_BOOT = _boot_id()
+_PIDNS = _pid_namespace()
+
+
+def _since(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
 
 
 class LeaseBusy(KxenError):
-    """Another process holds the session's run lease."""
+    """Another process (or thread) holds the session's run lease; raised at once, never after waiting.
+
+    ``holder`` is the holder record (a dict, see :meth:`Lease.holder`) or None.
+    """
 
     exit_code = 75
 
-    def __init__(self, ses: str, holder: dict | None) -> None:
+    def __init__(self, ses: str, holder: dict | None, why: str = "") -> None:
         if holder:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("sinceNs", 0) / 1e9))
+            what = holder.get("purpose", "run")
+            target = f"run {holder['run']}" if holder.get("run") else "the session"
+            doing = target if what == "run" else f"{what} of {target}"
+            left = (holder.get("expiresNs", 0) - time.time_ns()) / 1e9
             who = (
-                f"pid {holder.get('pid')} on {holder.get('host')}, "
-                f"{holder.get('purpose', 'run')} {holder.get('run') or '-'}, since {since}"
+                f"pid {holder.get('pid')} on host {holder.get('host')} ({doing}, since "
+                f"{_since(holder.get('sinceNs', 0))}, expires in {max(left, 0):.0f}s unless renewed)"
             )
         else:
-            who = "another process (holder record not written yet)"
+            who = "another process"
         super().__init__(
-            f"session {ses} is busy: its run lease is held by {who}; wait for it to finish "
-            "or stop that process"
+            f"session {ses} is busy: its run lease is held by {who}{'; ' + why if why else ''}; "
+            "wait for it to finish or stop that process (a holder that dies frees the session)"
         )
+        self.ses = ses
         self.holder = holder
 
 
 class LeaseLost(KxenError):
-    """This process's lease was taken over (it paused past its expiry)."""
+    """This process's lease was taken over: it paused past its expiry and another process was granted it."""
 
     exit_code = 75
+
+    def __init__(self, ses: str, fence: int, current: int) -> None:
+        super().__init__(
+            f"run lease of session {ses} was taken over by another process (our fence {fence}, "
+            f"current {current}); this process must stop writing for it"
+        )
+        self.ses = ses
+        self.fence = fence
+        self.current = current
 
 
 @dataclass
 class _Record:
     pid: int
     host: str
+    boot: str | None
+    pidStart: int | None
+    pidns: str | None
     run: str | None
     purpose: str
-    since_ns: int
+    sinceNs: int
     fence: int
-    expires_ns: int
+    expiresNs: int
+    ttlMs: int
+    locked: bool
 
-    def to_json(self) -> dict:
-        return {
-            "pid": self.pid,
-            "host": self.host,
-            "run": self.run,
-            "purpose": self.purpose,
-            "sinceNs": self.since_ns,
-            "fence": self.fence,
-            "expiresNs": self.expires_ns,
-        }
+
+def blocking_reason(holder: dict | None, fence: int, *, have_fcntl: bool, now_ns: int) -> str | None:
+    """Why ``holder`` still holds the lease (None: a new grant may be made).
+
+    ``fence`` is the group's current fence; ``have_fcntl`` whether the caller
+    could take the ``fcntl`` lease lock. This is the whole takeover rule.
+    """
+    if holder is None or holder.get("fence") != fence:
+        return None
+    if holder.get("expiresNs", 0) <= now_ns:
+        return None
+    if holder.get("host") != _HOST or holder.get("boot") != _BOOT:
+        return "it is on another host: it frees the session when it ends or at its expiry"
+    # Same kernel: fcntl locks are shared. Pids mean something only in the
+    # same pid namespace (containers on one host may share a hostname).
+    pid_known = holder.get("pidns") == _PIDNS
+    alive = not pid_known or _pid_alive(holder.get("pid"), holder.get("pidStart"))
+    if holder.get("locked"):
+        # It holds the fcntl lock while it lives. Free lock: it died. Busy
+        # lock but a dead pid: another process is mid-grant; the group lock
+        # decides between us.
+        return None if have_fcntl or not alive else "it is alive"
+    return "it is alive" if alive else None
 
 
 class Lease:
-    """A granted run lease; use as a context manager or call :meth:`release`."""
+    """A granted run lease; use as a context manager or call :meth:`release`.
 
-    def __init__(self, store: Store, ses: str, fence: int, record: _Record, lock: FileLock | None, ttl: float) -> None:
+    ``fence`` goes with every ref update made for the run. ``lost`` is set
+    when the renewer finds the lease taken over (the holder paused past its
+    expiry); ``on_lost`` (if given) is then called once, from that thread.
+    """
+
+    def __init__(self, store: Store, ses: str, record: _Record, flock: FileLock, have_fcntl: bool,
+                 ttl: float, on_lost: Callable[[], None] | None) -> None:
         self.store = store
         self.ses = ses
-        self.fence = fence
+        self.fence = record.fence
         self.record = record
-        self._lock = lock
-        self._ttl = ttl
+        self.ttl = ttl
+        self.lost = threading.Event()
+        self._flock = flock
+        self._have_fcntl = have_fcntl
+        self._on_lost = on_lost
+        # Serialises renew and release (the renewer may pick up the fcntl
+        # lock while the owner releases).
+        self._mu = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.released = False
+
+    @property
+    def group(self) -> str:
+        return f"sessions/{self.ses}"
 
     # ---------------------------------------------------------------- paths
 
@@ -122,49 +271,69 @@ class Lease:
 
     @staticmethod
     def holder(store: Store, ses: str) -> dict | None:
+        """The holder record as written (it may be stale: see :func:`blocking_reason`), or None."""
         try:
-            return json.loads(store.io.read(Lease.record_path(store, ses)))
+            rec = json.loads(store.io.read(Lease.record_path(store, ses)))
         except (FileNotFoundError, ValueError):
             return None
+        # A record that is not ours to read is void; the fence still guards.
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), int) for k in ("fence", "expiresNs", "sinceNs")):
+            return None
+        return rec
 
     # ---------------------------------------------------------------- acquire
 
     @classmethod
-    def acquire(cls, store: Store, ses: str, *, run: str | None = None, purpose: str = "run") -> "Lease":
-        """Take the lease now or raise :class:`LeaseBusy` (never waits)."""
+    def acquire(cls, store: Store, ses: str, *, run: str | None = None, purpose: str = "run",
+                ttl: float | None = None, on_lost: Callable[[], None] | None = None) -> "Lease":
+        """Take the lease of session ``ses`` now or raise :class:`LeaseBusy` (never waits for a holder).
+
+        ``purpose`` names what the holder does (``run``, ``resolve``,
+        ``rebind``, ``import``...); ``ttl`` defaults to :func:`lease_ttl_s`.
+        """
+        ttl = lease_ttl_s() if ttl is None else ttl
         group = f"sessions/{ses}"
         store.ensure_initialized()
         lock_path = cls.lock_path(store, ses)
         store.io.makedirs(os.path.dirname(lock_path))
-        lock: FileLock | None = _lock_for(lock_path)
+        flock = _lock_for(lock_path)
         try:
-            lock.acquire(timeout=0)
+            flock.acquire(timeout=0)
+            have_fcntl = True
         except LockBusy:
-            lock = None
-        host = socket.gethostname()
-        ttl = lease_ttl_s()
+            have_fcntl = False  # a live holder, or one paused or remote: the record decides
         try:
-            with store.refs.lock(group):
+            if not have_fcntl:
+                # Refuse at once from a snapshot, without queueing on the
+                # group lock: both files are replaced whole, and refusing is
+                # always safe.
+                holder = cls.holder(store, ses)
+                why = blocking_reason(holder, store.refs.read(group).fence, have_fcntl=False, now_ns=time.time_ns())
+                if why:
+                    raise LeaseBusy(ses, holder, why)
+            with store.refs.lock(group, timeout=GROUP_LOCK_WAIT_S):
+                # Decide again under the lock: the snapshot may be stale (the race).
+                state = store.refs.read(group)
+                if not state.exists or "meta" not in state.refs:
+                    raise UnknownSession(ses, store.root)
                 now = time.time_ns()
                 holder = cls.holder(store, ses)
-                expired = holder is not None and holder.get("expiresNs", 0) < now
-                if lock is None and not expired:
-                    raise LeaseBusy(ses, holder)
-                if lock is not None and holder is not None and holder.get("host") != host and not expired:
-                    # fcntl across hosts of a shared volume may not see the
-                    # other host's lock: respect its unexpired record.
-                    raise LeaseBusy(ses, holder)
-                state = store.refs.read(group)
+                why = blocking_reason(holder, state.fence, have_fcntl=have_fcntl, now_ns=now)
+                if why:
+                    raise LeaseBusy(ses, holder, why)
                 fence = state.fence + 1
-                store.refs.transaction(group, [], reason=f"lease: {purpose} {run or ''} pid {os.getpid()}",
+                rec = _Record(os.getpid(), _HOST, _BOOT, _pid_start(os.getpid()), _PIDNS, run, purpose, now, fence,
+                              now + int(ttl * 1e9), int(ttl * 1000), have_fcntl)
+                # Fence first: a crash between the two leaves a record whose
+                # fence is behind the group's, which the rule reads as free.
+                store.refs.transaction(group, [], reason=f"lease: {purpose} {run or '-'} pid {os.getpid()} on {_HOST}",
                                        new_fence=fence, locked=True)
-                rec = _Record(os.getpid(), host, run, purpose, now, fence, now + int(ttl * 1e9))
                 cls._write_record(store, ses, rec)
         except BaseException:
-            if lock is not None:
-                lock.release()
+            if have_fcntl:
+                flock.release()
             raise
-        lease = cls(store, ses, fence, rec, lock, ttl)
+        lease = cls(store, ses, rec, flock, have_fcntl, ttl, on_lost)
         lease._start_renewer()
         return lease
 
@@ -172,55 +341,105 @@ class Lease:
     def _write_record(store: Store, ses: str, rec: _Record) -> None:
         path = Lease.record_path(store, ses)
         store.io.makedirs(os.path.dirname(path))
-        store.io.write_durable(path, json.dumps(rec.to_json()).encode())
+        store.io.write_durable(path, json.dumps(asdict(rec), sort_keys=True).encode())
 
-    # ---------------------------------------------------------------- renew / release
+    # ---------------------------------------------------------------- renew / check / release
 
     def _start_renewer(self) -> None:
         def loop() -> None:
-            while not self._stop.wait(self._ttl / 3):
+            interval = self.ttl / 3
+            while not self._stop.wait(interval):
                 try:
                     self.renew()
-                except KxenError:
+                    interval = self.ttl / 3
+                except LeaseLost:
+                    self.lost.set()
+                    if self._on_lost is not None:
+                        self._on_lost()
                     return
+                except (KxenError, OSError):
+                    # Transient (group lock busy, I/O error): try again soon;
+                    # the lease is lost only if this keeps failing past expiry.
+                    interval = min(self.ttl / 3, 0.5)
 
-        self._renewer = threading.Thread(target=loop, name=f"lease-{self.ses}", daemon=True)
+        self._renewer = threading.Thread(target=loop, name=f"kxen-lease-{self.ses}", daemon=True)
         self._renewer.start()
 
     def renew(self) -> None:
-        """Push the expiry forward, unless the lease has been taken over."""
-        with self.store.refs.lock(f"sessions/{self.ses}"):
-            cur = self.holder(self.store, self.ses)
-            if cur is None or cur.get("fence") != self.fence:
-                raise LeaseLost(f"run lease of session {self.ses} was taken over by another process")
-            self.record.expires_ns = time.time_ns() + int(self._ttl * 1e9)
-            self._write_record(self.store, self.ses, self.record)
+        """Push the expiry forward (and take the ``fcntl`` lock if it is free now).
+
+        Raises :class:`LeaseLost` if the lease has been taken over.
+        """
+        with self._mu:
+            if self.released:
+                return
+            if not self._have_fcntl:
+                try:
+                    self._flock.acquire(timeout=0)
+                    self._have_fcntl = True
+                except LockBusy:
+                    pass
+            self.record.expiresNs = time.time_ns() + int(self.ttl * 1e9)
+            self.record.locked = self._have_fcntl
+            path = self.record_path(self.store, self.ses)
+            directory = os.path.dirname(path)
+            # The slow part (write, fsync) happens outside the group lock, so
+            # a holder paused mid-renewal almost never sits inside it.
+            tmp: str | None = self.store.io.write_tmp(directory, json.dumps(asdict(self.record), sort_keys=True).encode())
+            try:
+                with self.store.refs.lock(self.group, timeout=self.ttl / 3):
+                    # Under the lock, so a stale holder never overwrites a
+                    # newer holder's record.
+                    current = self.store.refs.read(self.group).fence
+                    if current != self.fence:
+                        raise LeaseLost(self.ses, self.fence, current)
+                    self.store.io.rename(tmp, path)
+                    tmp = None
+            finally:
+                if tmp is not None:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+            self.store.io.fsync_dir(directory)
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if another process now holds the lease."""
-        if self.store.refs.read(f"sessions/{self.ses}").fence != self.fence:
-            raise LeaseLost(f"run lease of session {self.ses} was taken over by another process")
+        """Raise :class:`LeaseLost` if another process now holds the lease (a cheap read, no lock)."""
+        current = self.store.refs.read(self.group).fence
+        if current != self.fence:
+            raise LeaseLost(self.ses, self.fence, current)
 
     def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
+        """Give the lease back; idempotent. Never removes a newer holder's record."""
+        with self._mu:
+            if self.released:
+                return
+            self.released = True
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join(timeout=5)
+            self._renewer.join()
+        path = self.record_path(self.store, self.ses)
         try:
-            with self.store.refs.lock(f"sessions/{self.ses}"):
+            removed = False
+            with self.store.refs.lock(self.group, timeout=GROUP_LOCK_WAIT_S):
                 cur = self.holder(self.store, self.ses)
                 if cur is not None and cur.get("fence") == self.fence:
-                    path = self.record_path(self.store, self.ses)
                     self.store.io.unlink(path)
-                    self.store.io.fsync_dir(os.path.dirname(path))
+                    removed = True
+            if removed:
+                self.store.io.fsync_dir(os.path.dirname(path))
+        except (LockBusy, OSError):
+            # The record stays: on this host it is void once the fcntl lock
+            # or the process is gone, elsewhere at its expiry.
+            pass
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            with self._mu:
+                if self._have_fcntl:
+                    self._have_fcntl = False
+                    self._flock.release()
 
     def __enter__(self) -> "Lease":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
