@@ -3,6 +3,10 @@
 At the N-th time (default: first) the process reaches POINT it kills itself
 with SIGKILL — no cleanup, no flush, exactly like a crash. Tests and anyone
 checking the guarantees use it; the points are listed in the README.
+
+A spec naming an unknown point or a bad N is refused (:func:`check_spec`,
+called by the runner before it writes anything): a misspelt point would
+otherwise never fire, and a crash test would pass without crashing.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["POINTS", "fault"]
+from kxen_agent.errors import UsageError
+
+__all__ = ["POINTS", "FaultSpecError", "check_spec", "fault"]
 
 POINTS = (
     "provider:after-response",
@@ -25,13 +31,28 @@ POINTS = (
 _counts: dict[str, int] = {}
 
 
+class FaultSpecError(UsageError):
+    """``KXEN_AGENT_FAULT`` names an unknown point or a bad occurrence number."""
+
+
 def _targets() -> dict[str, int]:
     spec = os.environ.get("KXEN_AGENT_FAULT", "")
     out: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        point, _, n = part.partition("@")
-        out[point] = int(n) if n.isdigit() and int(n) > 0 else 1
+        point, at, n = part.partition("@")
+        if point not in POINTS:
+            raise FaultSpecError(
+                f"KXEN_AGENT_FAULT={spec!r}: unknown fault point {point!r}; known points: {', '.join(POINTS)}"
+            )
+        if at and not (n.isdigit() and int(n) > 0):
+            raise FaultSpecError(f"KXEN_AGENT_FAULT={spec!r}: {part!r} needs a positive occurrence number after '@'")
+        out[point] = int(n) if at else 1
     return out
+
+
+def check_spec() -> None:
+    """Raise :class:`FaultSpecError` if ``KXEN_AGENT_FAULT`` is set but invalid."""
+    _targets()
 
 
 def fault(point: str) -> None:

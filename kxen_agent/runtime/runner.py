@@ -35,7 +35,7 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, msg_id, new_id
 from kxen_agent.store import ANY, RefUpdate, Store
 
-from .faults import fault
+from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease
 from .providers import AssistantTurn, ProviderError, make_provider
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
@@ -110,6 +110,7 @@ class Runner:
         self.sessions = SessionStore(store)
         self.cancel = cancel or threading.Event()
         self.on_event = on_event or (lambda line: None)
+        self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
 
     # ================================================================ reading
 
@@ -128,15 +129,22 @@ class Runner:
         return best
 
     def journal(self, state: dict) -> list[dict]:
-        """Every journal entry of a run, oldest first."""
-        out = []
-        cur = state.get("journal")
-        while cur is not None:
+        """Every journal entry of a run, oldest first (callers must not mutate the entries)."""
+        head = state.get("journal")
+        # Entries are immutable objects chained by id, so the list read last
+        # time is a valid prefix once the walk back reaches its head: each
+        # step of the loop reads only the new entries, not the whole journal
+        # again (which made a long run quadratic).
+        cached_head, cached = self._journal_cache
+        newer = []
+        cur = head
+        while cur is not None and cur != cached_head:
             e = self.store.get(cur, "journal")
-            out.append(e)
+            newer.append(e)
             cur = e.get("previous")
-        out.reverse()
-        return out
+        out = (cached if cur is not None else []) + newer[::-1]
+        self._journal_cache = (head, out)
+        return list(out)
 
     def ops(self, state: dict) -> dict[str, dict]:
         """The latest entry of each op, in order of first appearance."""
@@ -161,15 +169,19 @@ class Runner:
         """Create a Session bound to ``workspace_path`` and run its first task."""
         from kxen_agent.session.workspace import inspect_workspace
 
+        check_fault_spec()  # a misspelt fault point is refused before anything is written
         ws = inspect_workspace(workspace_path)
         self._check_tools(agent_lock)
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
-        return self._new_run(info.id, task)
+        run = new_id("run")
+        with Lease.acquire(self.store, info.id, run=run) as lease:
+            return self._new_run(info.id, run, task, lease)
 
     def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
                rebind: bool = False) -> RunResult:
         """Continue the unfinished run of ``ses``, or start a new one with ``task``."""
+        check_fault_spec()
         info = self.sessions.get(ses)
         if rebind:
             if workspace is None:
@@ -179,57 +191,65 @@ class Runner:
             self.on_event(f"session {ses} bound to {info.workspace.root}")
         else:
             self.sessions.check_workspace(info, workspace, rebind=False)
-        latest = self.latest_run(info)
-        if task is not None:
-            if latest is not None:
-                run, oid, st = latest
-                if st["status"] not in TERMINAL or not st.get("settled"):
-                    raise RunError(
-                        f"run {run} of session {ses} is still {st['status']}; finish it first with "
-                        f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
-                    )
-            return self._new_run(ses, task)
-        if latest is None:
-            raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
-        run, oid, st = latest
-        if st["status"] in TERMINAL and st.get("settled"):
-            raise RunError(
-                f"nothing to resume: run {run} of session {ses} is {st['status']}; "
-                f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
-            )
-        return self._drive(ses, run)
+        new_run = new_id("run") if task is not None else None
+        snapshot = self.latest_run(info)  # names the run in the lease record; decided below
+        with Lease.acquire(self.store, ses, run=new_run or (snapshot[0] if snapshot else None)) as lease:
+            # Decide under the lease, never from the snapshot: another process
+            # may have started or finished a run since (two `--task` racing
+            # must not both start one; a busy session is LeaseBusy, not "still running").
+            info = self.sessions.get(ses)
+            latest = self.latest_run(info)
+            if new_run is not None:
+                assert task is not None
+                if latest is not None:
+                    run, oid, st = latest
+                    if st["status"] in TERMINAL and not st.get("settled"):
+                        raise RunError(
+                            f"run {run} of session {ses} is {st['status']} but its settlement was interrupted; "
+                            f"finish it with `kxen-agent --resume {ses}` (no model or tool is called) before giving a new task"
+                        )
+                    if st["status"] not in TERMINAL:
+                        raise RunError(
+                            f"run {run} of session {ses} is still {st['status']}; finish it first with "
+                            f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
+                        )
+                return self._new_run(ses, new_run, task, lease)
+            if latest is None:
+                raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
+            run, oid, st = latest
+            if st["status"] in TERMINAL and st.get("settled"):
+                raise RunError(
+                    f"nothing to resume: run {run} of session {ses} is {st['status']}; "
+                    f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
+                )
+            return self._loop(ses, run, lease)
 
     # ================================================================ a new run
 
-    def _new_run(self, ses: str, task: str) -> RunResult:
-        run = new_id("run")
-        with Lease.acquire(self.store, ses, run=run) as lease:
-            info = self.sessions.get(ses)
-            agent = self.sessions.agent(info)
-            secrets = self._secrets(agent)
-            latest = self.latest_run(info)
-            index = 0 if latest is None else latest[2]["index"] + 1
-            now = time.time_ns()
-            with self.store.writing():
-                head = self.sessions.append_messages(info.head, [{"role": "user", "content": redact(task, secrets), "run": run}])
-                st = {
-                    "id": run, "session": ses, "index": index, "task": redact(task, secrets),
-                    "model": agent.get("model") or agent["provider"], "agent": info.agent_oid,
-                    "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
-                    "startHead": head, "startedNs": now, "updatedNs": now,
-                }
-                oid = self.store.put("run", st)
-                self.store.refs.transaction(
-                    info.group,
-                    [RefUpdate("head", info.head, head), RefUpdate(f"runs/{run}", None, oid)],
-                    reason=f"run {run}: start", fence=lease.fence,
-                )
-            self.on_event(f"run {run} started in session {ses}")
-            return self._loop(ses, run, lease)
-
-    def _drive(self, ses: str, run: str) -> RunResult:
-        with Lease.acquire(self.store, ses, run=run) as lease:
-            return self._loop(ses, run, lease)
+    def _new_run(self, ses: str, run: str, task: str, lease: Lease) -> RunResult:
+        """Start run ``run`` of ``ses`` with ``task`` (the caller holds the lease) and run it."""
+        info = self.sessions.get(ses)
+        agent = self.sessions.agent(info)
+        secrets = self._secrets(agent)
+        latest = self.latest_run(info)
+        index = 0 if latest is None else latest[2]["index"] + 1
+        now = time.time_ns()
+        with self.store.writing():
+            head = self.sessions.append_messages(info.head, [{"role": "user", "content": redact(task, secrets), "run": run}])
+            st = {
+                "id": run, "session": ses, "index": index, "task": redact(task, secrets),
+                "model": agent.get("model") or agent["provider"], "agent": info.agent_oid,
+                "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
+                "startHead": head, "startedNs": now, "updatedNs": now,
+            }
+            oid = self.store.put("run", st)
+            self.store.refs.transaction(
+                info.group,
+                [RefUpdate("head", info.head, head), RefUpdate(f"runs/{run}", None, oid)],
+                reason=f"run {run}: start", fence=lease.fence,
+            )
+        self.on_event(f"run {run} started in session {ses}")
+        return self._loop(ses, run, lease)
 
     # ================================================================ the loop
 
@@ -283,6 +303,21 @@ class Runner:
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
         return [val] if val else []
+
+
+def _refusal(call: dict, allowed: set[str]) -> ToolOutcome | None:
+    """The error outcome of a call that is refused before it runs (a tool the
+    agent may not use, arguments that are not a JSON object), or None."""
+    name = call["name"]
+    if name not in TOOLS or name not in allowed:
+        return ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
+    try:
+        args = json.loads(call["arguments"] or "{}")
+        if not isinstance(args, dict):
+            raise ValueError("arguments must be a JSON object")
+    except ValueError as ex:
+        return ToolOutcome(f"invalid arguments for {name}: {ex}", True)
+    return None
 
 
 class _RunCtx:
@@ -397,15 +432,30 @@ class _RunCtx:
                 if not e.transient or attempt == PROVIDER_ATTEMPTS - 1 or self.r.cancel.is_set():
                     self.end("failed", error=f"provider error: {msg}")
                 self.r.on_event(f"provider error (transient, retrying): {msg}")
-                time.sleep(min(2 ** attempt, 8))
+                # Ctrl-C during the back-off cancels now, not after it.
+                if self.r.cancel.wait(min(2 ** attempt, 8)):
+                    self.end("canceled", error=f"canceled by the user while retrying the model provider ({msg})")
         assert turn is not None
         fault("provider:after-response")
+        if self.r.cancel.is_set() and not turn.tool_calls:
+            # A final answer that arrives after Ctrl-C does not complete the
+            # run (tool calls are recorded, and reported "not run", below).
+            self.end("canceled", error="canceled by the user while the model was answering; its answer was not recorded")
         content = redact(turn.content, self.secrets) if turn.content is not None else None
         if turn.tool_calls:
-            calls = [
-                {"id": c.id, "name": c.name, "arguments": redact(c.arguments, self.secrets)}
-                for c in turn.tool_calls
-            ]
+            calls = []
+            seen: set[str] = set()
+            for n, c in enumerate(turn.tool_calls):
+                # The journal and the history pair a result with its call by
+                # id; some OpenAI-compatible servers omit ids or repeat them
+                # within a turn, so those calls get a unique id of ours.
+                cid = c.id
+                if not cid or cid in seen:
+                    cid = f"call_{self.st['turn'] + 1}_{n}"
+                    while cid in seen:
+                        cid += "_"
+                seen.add(cid)
+                calls.append({"id": cid, "name": c.name, "arguments": redact(c.arguments, self.secrets)})
             new_head = self.sessions.append_messages(
                 self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
             )
@@ -462,6 +512,11 @@ class _RunCtx:
             state = e["state"]
             if state == "Started":
                 tool = TOOLS.get(e["tool"])
+                if _refusal(call, allowed) is not None:
+                    # Refused before it could run: nothing can have happened.
+                    self.r.on_event(f"{e['op']}: {e['tool']} was refused, not run; refusing it again after the crash")
+                    self.execute(assistant, call, allowed, policy, op=e["op"])
+                    continue
                 if tool is not None and not tool.side_effects:
                     self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
                     self.execute(assistant, call, allowed, policy, op=e["op"])
@@ -516,36 +571,32 @@ class _RunCtx:
                 "sideEffects": bool(tool.side_effects) if tool else False}
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
         fault("tool:after-started")
-        if tool is None or name not in allowed:
-            outcome = ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
+        refused = _refusal(call, allowed)
+        if refused is not None:
+            outcome = refused
         else:
+            assert tool is not None
+            args = json.loads(call["arguments"] or "{}")
+            ctx = ToolContext(
+                workspace=self.info.workspace.root,
+                timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
+                cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
+                cancel=self.r.cancel,
+                secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+            )
+            self.r.on_event(f"{op}: {name} {call['arguments']}")
             try:
-                args = json.loads(call["arguments"] or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError("arguments must be a JSON object")
-            except ValueError as ex:
-                outcome = ToolOutcome(f"invalid arguments for {name}: {ex}", True)
-            else:
-                ctx = ToolContext(
-                    workspace=self.info.workspace.root,
-                    timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
-                    cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
-                    cancel=self.r.cancel,
-                    secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+                outcome = tool.run(args, ctx)
+            except ToolOutcomeUnknown as ex:
+                fault("tool:after-effect")
+                self.journal_write(
+                    [dict(base, state="OutcomeUnknown", source="cancel", note=redact(ex.message, self.secrets))],
+                    outputs=[redact(ex.output, self.secrets) if ex.output else None],
+                    reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
+                    changes={"status": "input_required"},
                 )
-                self.r.on_event(f"{op}: {name} {call['arguments']}")
-                try:
-                    outcome = tool.run(args, ctx)
-                except ToolOutcomeUnknown as ex:
-                    fault("tool:after-effect")
-                    self.journal_write(
-                        [dict(base, state="OutcomeUnknown", source="cancel", note=redact(ex.message, self.secrets))],
-                        outputs=[redact(ex.output, self.secrets) if ex.output else None],
-                        reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
-                        changes={"status": "input_required"},
-                    )
-                    self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
-                    raise _Stop
+                self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
+                raise _Stop
         fault("tool:after-effect")
         self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
                            outputs=[redact(outcome.output, self.secrets)],

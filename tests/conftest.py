@@ -1,0 +1,37 @@
+"""Fixtures shared by the end-to-end tests: a state dir that does not exist
+yet, the installed CLI bound to it, and a fresh Git workspace."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# tests/ is not a package, so pytest puts only tests/ (not the repository
+# root) on sys.path; the root makes ``tests.helpers`` importable the same way
+# from every test directory, whatever the invocation (pytest or python -m pytest).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.helpers import Cli, git_workspace
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    """A state dir that does not exist yet (the first write creates it)."""
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def cli(state_dir: Path) -> Iterator[Cli]:
+    c = Cli(state_dir)
+    yield c
+    c.kill_spawned()
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    return git_workspace(tmp_path / "ws")

@@ -1,0 +1,247 @@
+"""Test helpers for end-to-end tests: real Git workspaces, agent definitions,
+and the installed ``kxen-agent`` CLI run as a subprocess.
+
+Everything here touches real files and real processes; nothing is mocked.
+The CLI under test is the console script next to the interpreter running
+the tests (the project's venv), so an editable install is tested as users
+run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "CLI_TIMEOUT_S",
+    "KXEN_AGENT",
+    "Cli",
+    "Proc",
+    "agent_toml",
+    "git",
+    "git_workspace",
+    "object_bytes",
+    "read_lines",
+    "tool_result_counts",
+    "wait_for_file",
+    "write_agent",
+]
+
+#: The installed console script, next to the interpreter running the tests.
+KXEN_AGENT = str(Path(sys.executable).with_name("kxen-agent"))
+
+#: No CLI call in these tests should take anywhere near this; a hang fails the test.
+CLI_TIMEOUT_S = 60
+
+_GIT_ID = ["-c", "user.name=kxen test", "-c", "user.email=test@kxen.invalid", "-c", "commit.gpgsign=false"]
+
+
+def git(cwd: Path | str, *args: str) -> str:
+    """Run git with a fixed identity; return stdout (raises on failure)."""
+    done = subprocess.run(["git", *_GIT_ID, *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def git_workspace(path: Path, files: Mapping[str, str] | None = None) -> Path:
+    """A Git repository at ``path`` with one commit holding ``files`` (default: a README)."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in (files or {"README.md": "# test workspace\n"}).items():
+        f = path / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+def _toml_value(v: Any) -> str:
+    # json.dumps of str/int/float/bool/list is valid TOML for these values.
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)
+
+
+def agent_toml(
+    *,
+    name: str = "test-agent",
+    provider: str = "script",
+    script: str | None = "steps.json",
+    tools: Sequence[str] = ("shell", "read_file", "write_file", "edit_file", "list_files"),
+    policy: Mapping[str, Any] | None = None,
+    **keys: Any,
+) -> str:
+    """The text of an agent definition; ``keys`` are extra top-level keys (model, base_url, ...)."""
+    lines = [f"name = {_toml_value(name)}", f"provider = {_toml_value(provider)}"]
+    if script is not None:
+        lines.append(f"script = {_toml_value(script)}")
+    for k, v in keys.items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    lines.append(f"tools = {_toml_value(list(tools))}")
+    pol = {"max_turns": 10, "tool_timeout_s": 20, "cancel_window_s": 1, **(policy or {})}
+    lines.append("[policy]")
+    lines.extend(f"{k} = {_toml_value(v)}" for k, v in pol.items())
+    return "\n".join(lines) + "\n"
+
+
+def write_agent(directory: Path, steps: list[dict] | None = None, **kw: Any) -> Path:
+    """Write ``agent.toml`` (and ``steps.json`` for the script provider) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if steps is not None:
+        (directory / "steps.json").write_text(json.dumps(steps, indent=1))
+    if kw.get("provider", "script") != "script":
+        kw.setdefault("script", None)
+    path = directory / "agent.toml"
+    path.write_text(agent_toml(**kw))
+    return path
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One finished CLI process."""
+
+    args: tuple[str, ...]
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.out)
+        except json.JSONDecodeError as e:
+            raise AssertionError(f"not JSON ({e}) from {self}") from None
+
+    def jsonl(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
+
+    @property
+    def killed(self) -> bool:
+        return self.rc == -signal.SIGKILL
+
+    def __str__(self) -> str:
+        return f"kxen-agent {' '.join(self.args)} -> rc {self.rc}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
+
+
+class Cli:
+    """The installed CLI bound to one state dir and a base environment."""
+
+    def __init__(self, state_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        base = {k: v for k, v in os.environ.items() if not k.startswith("KXEN_AGENT_")}
+        # The fake model servers listen on 127.0.0.1; a proxy must not intercept them.
+        for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            base.pop(k, None)
+        base["NO_PROXY"] = base["no_proxy"] = "127.0.0.1,localhost"
+        base["KXEN_AGENT_STATE_DIR"] = str(state_dir)
+        base.update(env or {})
+        self.env = base
+        self.spawned: list[subprocess.Popen[str]] = []
+
+    def __call__(self, *args: str, env: Mapping[str, str] | None = None, expect: int | None = None,
+                 cwd: Path | str | None = None) -> Proc:
+        """Run ``kxen-agent ARGS``; with ``expect``, assert the exit code (showing the output if not)."""
+        full = dict(self.env)
+        full.update(env or {})
+        done = subprocess.run([KXEN_AGENT, *args], capture_output=True, text=True, env=full, cwd=cwd,
+                              timeout=CLI_TIMEOUT_S)
+        p = Proc(tuple(args), done.returncode, done.stdout, done.stderr)
+        if expect is not None:
+            assert p.rc == expect, str(p)
+        return p
+
+    def spawn(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start ``kxen-agent ARGS`` without waiting (to signal it); text pipes."""
+        full = dict(self.env)
+        full.update(env or {})
+        proc = subprocess.Popen([KXEN_AGENT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=full)
+        self.spawned.append(proc)
+        return proc
+
+    def kill_spawned(self) -> None:
+        """SIGKILL whatever :meth:`spawn` started that is still running (a failed test's leftovers)."""
+        for proc in self.spawned:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+    # ------------------------------------------------------------ conveniences
+
+    def run_json(self, workspace: Path, task: str, agent: Path, *, env: Mapping[str, str] | None = None,
+                 expect: int | None = None) -> Proc:
+        return self("run", "--workspace", str(workspace), "--task", task, "--agent", str(agent), "--json",
+                    env=env, expect=expect)
+
+    def resume(self, ses: str, *extra: str, env: Mapping[str, str] | None = None, expect: int | None = None) -> Proc:
+        return self("--resume", ses, *extra, "--json", env=env, expect=expect)
+
+    def run_show(self, ses: str, run: str) -> dict:
+        return self("run", "show", ses, run, "--json", expect=0).json()
+
+    def session_show(self, ses: str) -> dict:
+        return self("session", "show", ses, "--json", expect=0).json()
+
+    def log(self, ses: str) -> list[dict]:
+        return self("session", "log", ses, "--json", expect=0).jsonl()
+
+    def sessions(self) -> list[dict]:
+        return self("session", "list", "--json", expect=0).json()["sessions"]
+
+    def fsck_clean(self) -> None:
+        p = self("fsck", "--json")
+        assert p.rc == 0, str(p)
+        rep = p.json()
+        assert rep["clean"] and rep["problems"] == [], rep
+
+
+def tool_result_counts(log: Iterable[dict]) -> tuple[list[str], Counter]:
+    """(every tool call id asked for by an assistant message, tool messages per toolCallId)."""
+    asked: list[str] = []
+    results: Counter = Counter()
+    for m in log:
+        if m["role"] == "assistant":
+            asked.extend(c["id"] for c in m["toolCalls"])
+        elif m["role"] == "tool":
+            results[m["toolCallId"]] += 1
+    return asked, results
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout_s: float = 30) -> None:
+    """Block until ``path`` exists (the process under test reached that point).
+
+    This is synchronization on an event the test needs, not a sleep that
+    hides a race: it fails if the process exits first or the deadline passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited ({proc.returncode}) before {path} appeared\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout_s}s")
+        time.sleep(0.01)
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def object_bytes(state_dir: Path) -> Iterable[tuple[Path, bytes]]:
+    """Every file in the state dir with its content; loose objects decompressed.
+
+    Uses the ``zstd`` command line, not the store's own reader, so the check
+    does not trust the code under test.
+    """
+    for path in sorted(p for p in state_dir.rglob("*") if p.is_file()):
+        raw = path.read_bytes()
+        if path.parent.parent.name == "objects" and len(path.name) == 62:
+            raw = subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True).stdout
+        yield path, raw

@@ -1,0 +1,223 @@
+"""The openai provider end to end: the installed CLI against a local HTTP
+server speaking Chat Completions (``fake_openai.FakeOpenAI``), with real
+tool calls in a real Git workspace.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Cli, read_lines, tool_result_counts, write_agent
+
+from .fake_openai import FakeOpenAI
+
+KEY_ENV = "KXEN_TEST_OPENAI_KEY"
+KEY = "sk-openai-test-5f0c1d2e3a4b"
+
+
+class SequencedOpenAI(FakeOpenAI):
+    """A FakeOpenAI that answers with its queued behaviours in order; the
+    last one repeats. ``reply_*`` and ``drop_connection`` queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: list = []
+
+    def _set(self, behaviour) -> None:
+        with self._lock:
+            self._queue.append(behaviour)
+
+    def _current(self):
+        with self._lock:
+            if len(self._queue) > 1:
+                return self._queue.pop(0)
+            return self._queue[0] if self._queue else self._behaviour
+
+    def clear(self) -> None:
+        """Forget the queued behaviours (the next ``reply_*`` is what it answers)."""
+        with self._lock:
+            self._queue.clear()
+
+    def chat_requests(self) -> list[dict]:
+        return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+
+
+@pytest.fixture
+def server():
+    with SequencedOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def okey(state_dir: Path) -> Cli:
+    """The CLI with the provider key in its environment."""
+    return Cli(state_dir, env={KEY_ENV: KEY})
+
+
+def openai_agent(tmp_path: Path, server: FakeOpenAI, **kw) -> Path:
+    return write_agent(tmp_path / "agent", None, provider="openai", model="gpt-test", base_url=server.base_url,
+                       api_key_env=KEY_ENV, **kw)
+
+
+def test_tool_call_then_final_answer(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_w1", "shell", json.dumps({"command": "echo built > out.txt"}))], content="on it")
+    server.reply_content("the file is written", model="gpt-test-0613")
+    agent = openai_agent(tmp_path, server)
+
+    res = okey.run_json(workspace, "write out.txt", agent, expect=0).json()
+    assert (res["status"], res["result"], res["model"], res["turn"]) == ("completed", "the file is written", "gpt-test-0613", 2)
+    assert (workspace / "out.txt").read_text() == "built\n"
+
+    reqs = server.chat_requests()
+    assert len(reqs) == 2
+    assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
+    first, second = reqs
+    assert first["model"] == "gpt-test"
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert {t["function"]["name"] for t in first["tools"]} == {"shell", "read_file", "write_file", "edit_file", "list_files"}
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assistant, tool = second["messages"][2:]
+    assert assistant["tool_calls"] == [{"id": "call_w1", "type": "function",
+                                        "function": {"name": "shell", "arguments": '{"command": "echo built > out.txt"}'}}]
+    assert tool == {"role": "tool", "content": "[exit code 0]", "tool_call_id": "call_w1"}
+
+    log = okey.log(res["session"])
+    assert [m["role"] for m in log] == ["user", "assistant", "tool", "assistant"]
+    show = okey.run_show(res["session"], res["run"])
+    assert [(j["tool"], j["state"], j["callId"]) for j in show["journal"]] == [("shell", "Settled", "call_w1")]
+    okey.fsck_clean()
+
+
+def test_http_400_fails_the_run_and_keeps_the_history(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_a", "shell", json.dumps({"command": "echo once >> effects.log"}))])
+    server.reply_error(400, "context_length_exceeded: too many tokens")
+    agent = openai_agent(tmp_path, server)
+
+    p = okey.run_json(workspace, "do a thing", agent, expect=1)
+    res = p.json()
+    assert res["status"] == "failed" and res["settled"] is True
+    assert "HTTP 400" in res["error"] and "context_length_exceeded" in res["error"] and server.base_url in res["error"]
+    assert len(server.chat_requests()) == 2, "a 400 is not retried"
+
+    log = okey.log(res["session"])
+    assert [(m["role"], m["content"]) for m in log][:1] == [("user", "do a thing")]
+    assert [m["role"] for m in log] == ["user", "assistant", "tool"]
+    assert read_lines(workspace / "effects.log") == ["once"]
+    show = okey.run_show(res["session"], res["run"])
+    assert [j["state"] for j in show["journal"]] == ["Settled"]
+
+    # The history carries on: a new task sends all of it to the (now healthy) server.
+    server.clear()
+    server.reply_content("recovered")
+    nxt = okey.resume(res["session"], "--task", "try again", expect=0).json()
+    assert nxt["result"] == "recovered"
+    last = server.chat_requests()[-1]
+    assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "tool", "user"]
+    assert read_lines(workspace / "effects.log") == ["once"]
+
+
+def test_missing_key_fails_clearly(cli: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    agent = openai_agent(tmp_path, server)
+    res = cli.run_json(workspace, "anything", agent, expect=1).json()
+    assert res["status"] == "failed" and KEY_ENV in res["error"]
+    assert server.requests == []
+    assert [m["role"] for m in cli.log(res["session"])] == ["user"]
+
+
+def test_dropped_connection_is_retried(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    server.drop_connection()
+    server.reply_content("answer after a hiccup")
+    agent = openai_agent(tmp_path, server)
+    res = okey.run_json(workspace, "hello", agent, expect=0).json()
+    assert res["result"] == "answer after a hiccup"
+    assert len(server.chat_requests()) == 2
+    log = okey.log(res["session"])
+    assert [(m["role"], m["content"]) for m in log] == [("user", "hello"), ("assistant", "answer after a hiccup")]
+
+
+def test_connection_always_dropped_fails_without_losing_history(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_r", "read_file", json.dumps({"path": "README.md"}))])
+    server.drop_connection()
+    agent = openai_agent(tmp_path, server)
+    p = okey.run_json(workspace, "read the readme", agent, expect=1)
+    res = p.json()
+    assert res["status"] == "failed"
+    assert "cannot reach model provider" in res["error"] and server.base_url in res["error"]
+    assert len(server.chat_requests()) > 2, "a dropped connection is transient: retried"
+    log = okey.log(res["session"])
+    assert [m["role"] for m in log] == ["user", "assistant", "tool"]
+    assert log[2]["content"] == "# test workspace\n"
+
+
+def test_tool_not_in_the_agent_is_refused_not_run(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran.txt"
+    server.reply_tool_calls([
+        ("call_x", "shell", json.dumps({"command": f"touch '{marker}'"})),
+        ("call_y", "delete_everything", "{}"),
+        ("call_z", "read_file", "not json"),
+    ])
+    server.reply_content("ok")
+    agent = openai_agent(tmp_path, server, tools=["read_file"])
+    res = okey.run_json(workspace, "try it", agent, expect=0).json()
+    assert not marker.exists()
+    assert [t["function"]["name"] for t in server.chat_requests()[0]["tools"]] == ["read_file"]
+    log = okey.log(res["session"])
+    tools = {m["toolCallId"]: m["content"] for m in log if m["role"] == "tool"}
+    assert "'shell' is not allowed" in tools["call_x"] and "read_file" in tools["call_x"]
+    assert "'delete_everything' is not allowed" in tools["call_y"]
+    assert "invalid arguments for read_file" in tools["call_z"]
+    show = okey.run_show(res["session"], res["run"])
+    assert [(j["state"], j["outcome"]["isError"]) for j in show["journal"]] == [("Settled", True)] * 3
+
+
+def test_crash_before_a_disallowed_call_is_not_unknown(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    """A call the agent may not make never runs, so a crash after its Started cannot leave an UNKNOWN."""
+    marker = tmp_path / "ran.txt"
+    server.reply_tool_calls([("call_x", "shell", json.dumps({"command": f"touch '{marker}'"}))])
+    server.reply_content("ok")
+    agent = openai_agent(tmp_path, server, tools=["read_file"])
+    crashed = okey.run_json(workspace, "try it", agent, env={"KXEN_AGENT_FAULT": "tool:after-started"})
+    assert crashed.killed, str(crashed)
+    [s] = okey.sessions()
+    res = okey.resume(s["id"], expect=0).json()
+    assert res["unknownOps"] == [] and not marker.exists()
+    log = okey.log(s["id"])
+    assert [m["content"] for m in log if m["role"] == "tool"][0].startswith("tool 'shell' is not allowed")
+
+
+def test_duplicate_call_ids_from_the_server_each_get_one_result(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    """Some OpenAI-compatible servers reuse or omit tool call ids; every call must still run once."""
+    effects = tmp_path / "effects.log"
+    server.reply_tool_calls([
+        ("call_0", "shell", json.dumps({"command": f"echo a >> '{effects}'"})),
+        ("call_0", "shell", json.dumps({"command": f"echo b >> '{effects}'"})),
+    ])
+    server.reply_content("ok")
+    agent = openai_agent(tmp_path, server)
+    res = okey.run_json(workspace, "two calls", agent, expect=0).json()
+    assert read_lines(effects) == ["a", "b"]
+    log = okey.log(res["session"])
+    asked, results = tool_result_counts(log)
+    assert len(asked) == 2 and len(set(asked)) == 2, asked
+    assert {c: results[c] for c in asked} == {c: 1 for c in asked}
+    # What the server gets back pairs each result with its call.
+    msgs = server.chat_requests()[-1]["messages"]
+    sent_ids = [c["id"] for c in msgs[2]["tool_calls"]]
+    assert [m["tool_call_id"] for m in msgs[3:]] == sent_ids
+
+
+def test_crash_after_response_calls_the_provider_again_once(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    """provider:after-response: the answer was not durable, so resume asks again — and records it once."""
+    server.reply_content("final words")
+    agent = openai_agent(tmp_path, server)
+    crashed = okey.run_json(workspace, "say it", agent, env={"KXEN_AGENT_FAULT": "provider:after-response"})
+    assert crashed.killed, str(crashed)
+    [s] = okey.sessions()
+    assert [m["role"] for m in okey.log(s["id"])] == ["user"]
+    res = okey.resume(s["id"], expect=0).json()
+    assert res["result"] == "final words"
+    assert len(server.chat_requests()) == 2
+    assert [m["role"] for m in okey.log(s["id"])] == ["user", "assistant"]
