@@ -2,14 +2,17 @@
 
 Pure functions over bytes: nothing here touches a file. The rules (normative
 text in ``objects_spec.md`` §2) are RFC 8949 §4.2.1 core deterministic
-encoding tightened as DAG-CBOR does:
+encoding, tightened in the spirit of DAG-CBOR (but it is not DAG-CBOR: a link
+is a plain 32-byte byte string, never tag 42):
 
 - major types 0-5 and the simple values false, true, null only: no tags,
   no floats, no undefined, no other simple values;
 - definite lengths only, every integer and length in its shortest form;
 - map keys are text strings, unique, sorted by encoded length then bytewise
   (for text keys that is: by UTF-8 length, then bytewise);
-- integers in [-2**64, 2**64 - 1].
+- integers in [-2**64, 2**64 - 1];
+- at most :data:`MAX_DEPTH` nested arrays and maps, and at most
+  :data:`MAX_ITEMS` elements in any one array or map.
 
 The encoder refuses any value outside that model (:class:`EncodeError`).
 The decoder never trusts a declared length: a length is checked against the
@@ -28,12 +31,18 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "MAX_DEPTH",
+    "MAX_ITEMS",
     "decode",
     "encode",
 ]
 
 #: Deepest nesting of arrays and maps accepted, on encode and decode.
 MAX_DEPTH = 64
+
+#: Most elements in one array or entries in one map, on encode and decode
+#: (§2.7): the encoder refuses what a decoder would refuse, so that every
+#: store can read what any writer wrote.
+MAX_ITEMS = 1 << 24
 
 _UINT64_MAX = (1 << 64) - 1
 
@@ -113,12 +122,16 @@ def _enc(value: Any, out: bytearray, depth: int, links_only: bool) -> None:
     elif type(value) is list or type(value) is tuple:
         if depth >= MAX_DEPTH:
             raise EncodeError(f"nesting deeper than {MAX_DEPTH}")
+        if len(value) > MAX_ITEMS:
+            raise EncodeError(f"array of {len(value)} elements, more than the limit {MAX_ITEMS}")
         _head(4, len(value), out)
         for item in value:
             _enc(item, out, depth + 1, links_only)
     elif type(value) is dict:
         if depth >= MAX_DEPTH:
             raise EncodeError(f"nesting deeper than {MAX_DEPTH}")
+        if len(value) > MAX_ITEMS:
+            raise EncodeError(f"map of {len(value)} entries, more than the limit {MAX_ITEMS}")
         items = []
         for k, v in value.items():
             if type(k) is not str:
@@ -254,8 +267,10 @@ class _Decoder:
                 raise DecodeError(f"nesting deeper than {MAX_DEPTH}", start)
             # Every element takes at least one byte: a declared length past
             # the remaining bytes is refused before any list is grown.
-            if arg > self.n - pos or arg > self.max_items:
+            if arg > self.n - pos:
                 raise DecodeError(f"array declares {arg} elements, more than the data can hold", start)
+            if arg > self.max_items:
+                raise DecodeError(f"array declares {arg} elements, more than the limit {self.max_items}", start)
             out = []
             for _ in range(arg):
                 v, pos = self.item(pos, depth + 1)
@@ -264,8 +279,10 @@ class _Decoder:
         if major == 5:
             if depth >= MAX_DEPTH:
                 raise DecodeError(f"nesting deeper than {MAX_DEPTH}", start)
-            if 2 * arg > self.n - pos or arg > self.max_items:
+            if 2 * arg > self.n - pos:
                 raise DecodeError(f"map declares {arg} entries, more than the data can hold", start)
+            if arg > self.max_items:
+                raise DecodeError(f"map declares {arg} entries, more than the limit {self.max_items}", start)
             d: dict[str, Any] = {}
             prev: bytes | None = None
             data = self.data
@@ -294,19 +311,20 @@ class _Decoder:
         raise AssertionError("unreachable")  # majors 6 and 7 handled above
 
 
-def decode(data: bytes, *, links_only: bool = False, max_items: int = 1 << 24) -> Any:
+def decode(data: bytes, *, links_only: bool = False, max_items: int | None = None) -> Any:
     """Decode exactly one strict deterministic CBOR item filling ``data``.
 
     Raises :class:`DecodeError` on the first rule broken: non-minimal heads,
     indefinite lengths, tags, floats, unsorted or duplicate keys, invalid
-    UTF-8, nesting past :data:`MAX_DEPTH`, lengths past the data, and
+    UTF-8, nesting past :data:`MAX_DEPTH`, lengths past the data, arrays or
+    maps of more than ``max_items`` (default :data:`MAX_ITEMS`) elements, and
     trailing bytes. Whatever is accepted re-encodes to ``data`` exactly
     (a property the tests check).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("decode() takes bytes")
     data = bytes(data)
-    dec = _Decoder(data, links_only, max_items)
+    dec = _Decoder(data, links_only, MAX_ITEMS if max_items is None else max_items)
     value, pos = dec.item(0, 0)
     if pos != len(data):
         raise DecodeError(f"{len(data) - pos} trailing bytes after the item", pos)

@@ -6,7 +6,9 @@ bytes do not hash to its name or do not decode strictly, a ref or reflog
 that does not parse, a ref whose reflog disagrees with it, an object that a
 reachable object links to but that is missing. Dangling objects (written,
 never referenced: normal after a crash or a failed import) are reported as
-information only, as ``git fsck`` does.
+information only, as ``git fsck`` does, and so are stray files: temp files a
+crashed writer left anywhere in the state dir, and names under ``objects/``
+that are not objects (``objects_spec.md`` §11).
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ from typing import Callable
 
 from kxen_agent.errors import KxenError
 
+from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, decode_body, links_of
-from .refs import BadRefName, CorruptRef
+from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file
 from .repo import Store
+
+#: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
+#: ``FORMAT.tmp_…`` (the FORMAT file's, §10.3).
+_TEMP_PREFIXES = (TEMP_PREFIX, "FORMAT." + TEMP_PREFIX)
 
 __all__ = ["FsckReport", "Problem", "fsck"]
 
@@ -73,11 +80,12 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
     rep = FsckReport(store.root)
     links: dict[ObjectId, list[ObjectId]] = {}
 
+    strays: set[str] = set()
+
     # 1. Every loose object: name == hash, strict header and body.
-    for path in store.loose.iter_paths():
-        name = os.path.basename(path)
-        if len(name) != 62:
-            rep.stray_files.append(path)
+    for path, named in store.loose.scan():
+        if named is None:  # a temp file, an upper-case or odd name: lookups never see it
+            strays.add(path)
             continue
         try:
             obj = store.loose.read_path(path)
@@ -124,8 +132,10 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
     for group in store.refs.groups():
         rep.groups += 1
         try:
+            # One snapshot: the reflog is checked against this very ref file
+            # (read first), so a concurrent commit cannot fake a mismatch.
             state = store.refs.read(group)
-            log = store.refs.reflog(group)
+            log = store.refs.reflog(group, state)
         except (CorruptRef, BadRefName) as e:  # a stray file under refs/ is named, not fatal
             rep.problems.append(Problem("corrupt-ref", group, str(e)))
             continue
@@ -182,4 +192,25 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
         alive.add(cur)
         stack.extend(c for c in links[cur] if c in links and c not in alive)
     rep.dangling = sorted(oid.hex() for oid in links if oid not in alive)
+
+    # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
+    strays.update(_temp_files(store.root))
+    rep.stray_files = sorted(strays)
     return rep
+
+
+def _temp_files(root: str) -> list[str]:
+    """Temp files under ``root``, but in the fan-out dirs (step 1 listed those)."""
+    objects_dir = os.path.join(root, "objects")
+    refs_dir = os.path.join(root, "refs")
+    out = []
+    for d, dirs, files in os.walk(root):
+        if d == objects_dir:
+            dirs[:] = [x for x in dirs if x == PACK_DIR_NAME]
+        for f in files:
+            path = os.path.join(d, f)
+            # In refs/<ns>/ only what RefStore.groups() skips is a temp file;
+            # any other name there was checked as a group in step 3.
+            if is_temp_file(path) if os.path.dirname(d) == refs_dir else f.startswith(_TEMP_PREFIXES):
+                out.append(path)
+    return out

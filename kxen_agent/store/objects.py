@@ -45,9 +45,13 @@ KINDS = ("blob", "message", "agent", "session", "run", "journal")
 #: Largest body accepted anywhere (write, read, pack, bundle).
 MAX_OBJECT_SIZE = 64 * 1024 * 1024
 
-#: Longest header: the longest kind, a space, 8 digits of length, NUL.
+#: Longest legal header: the longest kind, a space, 8 digits of length, NUL.
 _MAX_HEADER = 7 + 1 + 8 + 1
-_HEADER_RE = re.compile(rb"([a-z]{1,16}) (0|[1-9][0-9]{0,8})\x00")
+# The header is matched within a wider window than the longest legal one, so
+# that an over-long length is refused as "exceeds the limit" (what is wrong
+# with it) rather than as a malformed header; 20 digits cover 2**64.
+_HEADER_SCAN = 16 + 1 + 20 + 1
+_HEADER_RE = re.compile(rb"([a-z]{1,16}) (0|[1-9][0-9]{0,19})\x00")
 
 ObjectId = bytes  # always exactly 32 bytes; shown as 64 lower-case hex digits
 
@@ -115,7 +119,7 @@ def parse_object(raw: bytes, where: str, expect_id: ObjectId | None = None) -> R
 
     Does not decode the body; :func:`decode_body` does, strictly.
     """
-    m = _HEADER_RE.match(raw, 0, _MAX_HEADER)
+    m = _HEADER_RE.match(raw, 0, _HEADER_SCAN)
     if m is None:
         raise CorruptObject(where, "bad header (expected '<kind> <length>\\0')")
     kind = m.group(1).decode("ascii")

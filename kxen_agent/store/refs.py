@@ -35,6 +35,7 @@ from .locks import file_lock
 __all__ = [
     "ANY",
     "BadRefName",
+    "BadRefValue",
     "CorruptRef",
     "RefConflict",
     "RefGroupState",
@@ -42,21 +43,37 @@ __all__ = [
     "RefUpdate",
     "ReflogEntry",
     "StaleFence",
+    "is_temp_file",
     "validate_group",
     "validate_ref_name",
+    "validate_update",
 ]
 
 ZERO = b"\x00" * 32
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _FORMAT_LINE = "kxen-refs 1"
+#: Names beginning with this are temp files (``fsio.FileIO.write_tmp``): no
+#: segment may begin with it, so a listing can skip temp files safely.
+TEMP_PREFIX = "tmp_"
+_TEMP_NAME = re.compile(r"tmp_[0-9a-f]{16}")
+# Strict number and id syntax (§1.1): int() would also take "+1", "007",
+# "1_0", " 1" and "1\r".
+_DECIMAL = r"(0|[1-9][0-9]*)"
+_HEADER_LINE = re.compile(r"(fence|log|deleted) " + _DECIMAL)
+_REF_LINE = re.compile(r"([0-9a-f]{64}) (.*)", re.S)
+_REFLOG_HEAD = re.compile(r"([0-9a-f]{64}) ([0-9a-f]{64}) " + _DECIMAL + " " + _DECIMAL + r" ([^ ]*)")
 
 
 class BadRefName(UsageError):
     """A ref or group name breaks the naming rules (§6.1)."""
 
 
+class BadRefValue(KxenError, ValueError):
+    """A ref update's value is not a 32-byte object id, or is the all-zero id (§6.4)."""
+
+
 class CorruptRef(KxenError):
-    """A ref file or reflog cannot be parsed."""
+    """A ref file or reflog cannot be read or parsed."""
 
 
 class RefConflict(KxenError):
@@ -91,10 +108,16 @@ class StaleFence(KxenError):
 
 
 def _check_segment(seg: str, what: str, full: str) -> None:
-    if not _SEGMENT.fullmatch(seg) or ".." in seg or seg.endswith(".lock") or seg.endswith("."):
+    if (
+        not _SEGMENT.fullmatch(seg)
+        or ".." in seg
+        or seg.endswith(".lock")
+        or seg.endswith(".")
+        or seg.startswith(TEMP_PREFIX)
+    ):
         raise BadRefName(
             f"invalid {what} {full!r}: segment {seg!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* "
-            "(at most 64 characters, no '..', not ending in '.' or '.lock')"
+            f"(at most 64 characters, no '..', not ending in '.' or '.lock', not starting with {TEMP_PREFIX!r})"
         )
 
 
@@ -156,6 +179,33 @@ class ReflogEntry:
     reason: str
 
 
+def validate_update(u: RefUpdate) -> RefUpdate:
+    """Check an update's name and values before anything is locked or written."""
+    validate_ref_name(u.name)
+    for what, v in (("new", u.new), ("expected old", u.old)):
+        if v is None or v is ANY and what == "expected old":
+            continue
+        if type(v) is not bytes or len(v) != 32:
+            raise BadRefValue(f"ref {u.name!r}: {what} value {v!r} is not a 32-byte object id")
+        if v == ZERO:
+            raise BadRefValue(
+                f"ref {u.name!r}: {what} value is the all-zero id, which reflogs use for 'absent'; "
+                "use None to delete or to expect no ref"
+            )
+    return u
+
+
+def is_temp_file(path: str) -> bool:
+    """Whether ``path`` is a temp file as :meth:`.fsio.FileIO.write_tmp` makes them.
+
+    Named ``tmp_`` and 16 hex digits, and not a directory; since no segment
+    may begin with ``tmp_`` (§6.1), it can never be a ref group's file. One
+    that has vanished counts too: a writer renamed it into place between a
+    listing and this check.
+    """
+    return _TEMP_NAME.fullmatch(os.path.basename(path)) is not None and not os.path.isdir(path)
+
+
 # ------------------------------------------------------------------ formats
 
 
@@ -178,29 +228,30 @@ def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
     lines = text[:-1].split("\n")
     if lines[0] != _FORMAT_LINE:
         raise CorruptRef(f"ref file {where}: first line must be {_FORMAT_LINE!r}")
-    fence = log = None
-    deleted = None
+
+    def header(i: int, key: str) -> int | None:
+        m = _HEADER_LINE.fullmatch(lines[i]) if i < len(lines) else None
+        if m is None or m.group(1) != key:
+            return None
+        return int(m.group(2))
+
+    fence = header(1, "fence")
+    if fence is None:
+        raise CorruptRef(f"ref file {where}: line 2 must be 'fence <decimal>'")
+    log = header(2, "log")
+    if log is None:
+        raise CorruptRef(f"ref file {where}: line 3 must be 'log <decimal>'")
+    deleted = header(3, "deleted")
+    i = 3 if deleted is None else 4
     refs: dict[str, bytes] = {}
-    i = 1
-    try:
-        key, val = lines[i].split(" ")
-        assert key == "fence"
-        fence = int(val)
-        i += 1
-        key, val = lines[i].split(" ")
-        assert key == "log"
-        log = int(val)
-        i += 1
-        if i < len(lines) and lines[i].startswith("deleted "):
-            deleted = int(lines[i][8:])
-            i += 1
-    except (ValueError, AssertionError, IndexError):
-        raise CorruptRef(f"ref file {where}: bad header line {i + 1}") from None
     prev = None
     for ln in lines[i:]:
-        hexid, _, name = ln.partition(" ")
-        if len(hexid) != 64 or not re.fullmatch(r"[0-9a-f]{64}", hexid):
-            raise CorruptRef(f"ref file {where}: bad id in line {ln!r}")
+        m = _REF_LINE.fullmatch(ln)
+        if m is None:
+            raise CorruptRef(f"ref file {where}: line {ln!r} is not '<64 lower-case hex> <name>'")
+        hexid, name = m.groups()
+        if hexid == ZERO.hex():
+            raise CorruptRef(f"ref file {where}: ref {name!r} holds the all-zero id, which means 'absent'")
         try:
             validate_ref_name(name)
         except BadRefName as e:
@@ -227,16 +278,24 @@ def parse_reflog(data: bytes, where: str) -> list[ReflogEntry]:
     out = []
     for n, raw in enumerate(data.split(b"\n")[:-1], 1):
         try:
-            head, _, reason = raw.decode("utf-8").partition("\t")
-            old, new, t, fence, name = head.split(" ")
-            o, w = bytes.fromhex(old), bytes.fromhex(new)
-            if len(o) != 32 or len(w) != 32:
-                raise ValueError
-            out.append(
-                ReflogEntry(None if o == ZERO else o, None if w == ZERO else w, int(t), int(fence), name, reason)
+            head, tab, reason = raw.decode("utf-8").partition("\t")
+        except UnicodeDecodeError:
+            raise CorruptRef(f"reflog {where}: line {n} is not UTF-8") from None
+        m = _REFLOG_HEAD.fullmatch(head)
+        if not tab or m is None:
+            raise CorruptRef(
+                f"reflog {where}: line {n} is not '<old> <new> <time-ns> <fence> <name>TAB<reason>' "
+                "(lower-case hex ids, plain decimals)"
             )
-        except (ValueError, UnicodeDecodeError):
-            raise CorruptRef(f"reflog {where}: line {n} is malformed") from None
+        old, new, t, fence, name = m.groups()
+        try:
+            validate_ref_name(name)
+        except BadRefName as e:
+            raise CorruptRef(f"reflog {where}: line {n}: {e}") from None
+        if reason != " ".join(reason.split()):
+            raise CorruptRef(f"reflog {where}: line {n}: reason has uncollapsed whitespace")
+        o, w = bytes.fromhex(old), bytes.fromhex(new)
+        out.append(ReflogEntry(None if o == ZERO else o, None if w == ZERO else w, int(t), int(fence), name, reason))
     if data and not data.endswith(b"\n"):
         raise CorruptRef(f"reflog {where}: last line is incomplete")
     return out
@@ -255,6 +314,9 @@ class RefStore:
         # Called (with no argument) before the first write, so the state dir
         # is initialised lazily by whoever owns it.
         self._before_write = before_write
+        # refs/<ns>, logs/<ns> and refs/, logs/ whose own names this
+        # instance has made durable in their parents (see _ensure_dir).
+        self._durable_dirs: set[str] = set()
 
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))
@@ -267,6 +329,14 @@ class RefStore:
         return os.path.join(self.root, "locks", ns, gid + ".lock")
 
     def groups(self, namespace: str | None = None) -> Iterator[str]:
+        """Every name under ``refs/<ns>/`` except temp files.
+
+        Only a temp file (:func:`is_temp_file`) is skipped: no group may be
+        named so (§6.1). Anything else is yielded even if it is not a valid
+        group (a directory, a bad name), so that reading it fails loudly —
+        in fsck, and in gc, which must not prune what an unreadable group
+        might keep alive (§6.2).
+        """
         base = os.path.join(self.root, "refs")
         namespaces = [namespace] if namespace else sorted(os.listdir(base)) if os.path.isdir(base) else []
         for ns in namespaces:
@@ -274,7 +344,7 @@ class RefStore:
             if not os.path.isdir(d):
                 continue
             for gid in sorted(os.listdir(d)):
-                if gid.startswith("tmp_"):
+                if is_temp_file(os.path.join(d, gid)):
                     continue
                 yield f"{ns}/{gid}"
 
@@ -285,19 +355,32 @@ class RefStore:
             data = self.io.read(path)
         except FileNotFoundError:
             return RefGroupState(group)
+        except OSError as e:  # a directory, no permission: not a ref file we can use
+            raise CorruptRef(f"cannot read ref file {path}: {e.strerror}") from None
         return parse_ref_file(data, group, path)
 
     def get(self, group: str, name: str) -> bytes | None:
         return self.read(group).refs.get(validate_ref_name(name))
 
-    def reflog(self, group: str) -> list[ReflogEntry]:
-        """The committed reflog (an uncommitted tail past the recorded size is ignored)."""
-        state = self.read(group)
+    def reflog(self, group: str, state: RefGroupState | None = None) -> list[ReflogEntry]:
+        """The committed reflog (an uncommitted tail past the recorded size is ignored).
+
+        ``state`` is a :meth:`read` of the group made earlier, to check the
+        reflog against that one snapshot (fsck does); else the ref file is
+        read now. Either way the reflog is read after the ref file, so a
+        commit in between can only make it longer, never shorter (§6.4).
+        """
+        if state is None:
+            state = self.read(group)
+        elif state.group != group:
+            raise ValueError(f"state of {state.group} given for the reflog of {group}")
         path = self.log_path(group)
         try:
             data = self.io.read(path)
         except FileNotFoundError:
             data = b""
+        except OSError as e:
+            raise CorruptRef(f"cannot read reflog {path}: {e.strerror}") from None
         if len(data) < state.log_size:
             raise CorruptRef(f"reflog {path} is shorter ({len(data)} bytes) than its ref file records ({state.log_size})")
         return parse_reflog(data[: state.log_size], path)
@@ -330,7 +413,7 @@ class RefStore:
         """
         updates = list(updates)
         for u in updates:
-            validate_ref_name(u.name)
+            validate_update(u)
         if not locked:
             with self.lock(group):
                 return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
@@ -354,8 +437,6 @@ class RefStore:
             if u.new is None:
                 refs.pop(u.name, None)
             else:
-                if len(u.new) != 32:
-                    raise ValueError("ref values are 32-byte object ids")
                 refs[u.name] = u.new
         out_fence = cur.fence
         if new_fence is not None:
@@ -368,8 +449,8 @@ class RefStore:
         log_path = self.log_path(group)
         if self._before_write:
             self._before_write()
-        self.io.makedirs(os.path.dirname(ref_path))
-        self.io.makedirs(os.path.dirname(log_path))
+        self._ensure_dir(os.path.dirname(ref_path))
+        self._ensure_dir(os.path.dirname(log_path))
         # Cut a tail left by a transaction that crashed before its rename.
         try:
             size = os.path.getsize(log_path)
@@ -389,11 +470,30 @@ class RefStore:
         new_log_size = cur.log_size
         if lines:
             new_log_size = self.io.append(log_path, lines)
-            if not log_existed:  # the new file's name must be durable too
+            # The reflog's name must be durable before the commit. It is if a
+            # committed ref file counts bytes of it (that commit synced it);
+            # a file with no committed bytes may have been created by a
+            # transaction that died before syncing its directory.
+            if not log_existed or cur.log_size == 0:
                 self.io.fsync_dir(os.path.dirname(log_path))
         data = format_ref_file(refs, out_fence, new_log_size, out_deleted)
         self.io.write_durable(ref_path, data)  # the commit point
         return RefGroupState(group, refs, out_fence, new_log_size, out_deleted, True)
+
+    def _ensure_dir(self, d: str) -> None:
+        """Create ``refs/<ns>`` or ``logs/<ns>`` if missing, with a durable name.
+
+        ``makedirs`` syncs the parent of a directory it creates; one found
+        existing may have been made by a process that has not synced its
+        parent yet or died before it did (and "I made it" cannot be told
+        from "I lost the race to make it"). So the first time this instance
+        uses a directory it syncs its parent and grandparent (§9.1).
+        """
+        self.io.makedirs(d)
+        named = [p for p in (d, os.path.dirname(d)) if p not in self._durable_dirs]
+        for p in named:
+            self.io.fsync_dir(os.path.dirname(p))
+        self._durable_dirs.update(named)
 
     def remove_group(self, group: str) -> None:
         """Delete a group's ref file and reflog (gc's job, after the grace period)."""

@@ -111,7 +111,7 @@ def test_declared_size_must_match_the_content():
     [
         (b"blob %d\x00" % (objects.MAX_OBJECT_SIZE + 1), "exceeds the limit"),
         (b"blob 999999999\x00", "declared length 999999999 exceeds the limit"),
-        (b"message 999999999\x00", "bad header"),  # longer than any legal header
+        (b"message 999999999\x00", "declared length 999999999 exceeds the limit"),  # longer than any legal header
         (b"blob 05\x00hello", "bad header"),
         (b"blob 5 \x00hello", "bad header"),
         (b"Blob 5\x00hello", "bad header"),

@@ -1,0 +1,328 @@
+"""Findings of the spec review: each test failed before its fix (objects_spec.md §§ cited)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kxen_agent.errors import KxenError
+from kxen_agent.store import BadRefName, CorruptObject, CorruptRef, FileIO, MissingObject, RefUpdate, Store, fsck
+from kxen_agent.store import codec, objects
+from kxen_agent.store.codec import DecodeError, EncodeError
+from kxen_agent.store.objects import compress_loose, encode_object
+from kxen_agent.store.refs import (
+    BadRefValue,
+    ReflogEntry,
+    format_reflog_line,
+    parse_ref_file,
+    parse_reflog,
+    validate_group,
+    validate_ref_name,
+)
+
+G = "sessions/s1"
+TEMP = "tmp_0123456789abcdef"  # what FileIO.write_tmp names a temp file
+
+
+class TracingIO(FileIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []
+        self.hook = lambda op, path: self.ops.append((op, path))
+
+
+def _blob_in(prefix: str) -> objects.RawObject:
+    i = 0
+    while True:
+        obj = encode_object("blob", b"hardening %d" % i)
+        if obj.id.hex().startswith(prefix):
+            return obj
+        i += 1
+
+
+def _touch(path: str, data: bytes = b"") -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+@pytest.fixture
+def populated(store: Store) -> dict[str, bytes]:
+    a, b = store.put("blob", b"a"), store.put("blob", b"b")
+    store.refs.transaction(G, [RefUpdate("head", None, a)], reason="first")
+    return {"a": a, "b": b}
+
+
+# ------------------------------------------------- 1. tmp_ names (§6.1, §6.2)
+
+
+@pytest.mark.parametrize("group", ["sessions/tmp_x", "tmp_ns/s1", f"sessions/{TEMP}"])
+def test_group_segment_starting_with_tmp_is_refused(store: Store, group):
+    with pytest.raises(BadRefName, match="not starting with 'tmp_'"):
+        validate_group(group)
+    with pytest.raises(BadRefName):
+        store.refs.transaction(group, [RefUpdate("head", None, b"\x01" * 32)], reason="x")
+    assert not os.path.exists(store.root)
+
+
+@pytest.mark.parametrize("name", ["tmp_a", "runs/tmp_r/tip"])
+def test_ref_name_segment_starting_with_tmp_is_refused(name):
+    with pytest.raises(BadRefName):
+        validate_ref_name(name)
+    assert validate_ref_name("x_tmp_a") == "x_tmp_a"
+
+
+def test_groups_skip_only_real_temp_files(store: Store, populated):
+    ns_dir = os.path.dirname(store.refs.ref_path(G))
+    _touch(os.path.join(ns_dir, TEMP), b"half-written ref file")
+    fake = _touch(os.path.join(ns_dir, "tmp_notatemp"), b"kxen-refs 1\nfence 0\nlog 0\n")
+    assert list(store.refs.groups()) == [G, "sessions/tmp_notatemp"]
+    rep = fsck(store)
+    assert [(p.kind, p.where) for p in rep.problems] == [("corrupt-ref", "sessions/tmp_notatemp")]
+    assert rep.stray_files == [os.path.join(ns_dir, TEMP)]
+    assert os.path.exists(fake)
+
+
+# ------------------------------------------------- 2. durability (§5.2, §9.1, §9.3)
+
+
+def test_an_object_found_present_has_its_name_synced(state_dir):
+    obj = _blob_in("5a")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.ensure_initialized()
+    # Another process renamed it in and has not fsynced the directory yet.
+    _touch(store.loose.path(obj.id), compress_loose(obj.raw))
+    fanout = os.path.dirname(store.loose.path(obj.id))
+    io.ops.clear()
+    assert store.put_raw(obj) is False
+    assert ("fsync_dir", fanout) in io.ops
+    assert not any(op in ("create", "rename") for op, _ in io.ops)
+
+    io.ops.clear()
+    with store.batch():
+        assert store.put_raw(obj) is False
+        assert ("fsync_dir", fanout) not in io.ops  # deferred to the barrier
+    assert io.ops.count(("fsync_dir", fanout)) == 1
+
+
+def test_an_existing_fanout_dir_has_its_name_synced(state_dir):
+    Store(str(state_dir)).ensure_initialized()
+    obj = _blob_in("c3")
+    fanout = os.path.join(str(state_dir), "objects", "c3")
+    os.makedirs(fanout)  # made by a process that died before syncing objects/
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    assert store.put_raw(obj) is True
+    syncs = [p for op, p in io.ops if op == "fsync_dir"]
+    assert os.path.join(store.root, "objects") in syncs and store.root in syncs
+    # Once per directory per store: the next object there syncs only its dir.
+    io.ops.clear()
+    store.put_raw(_blob_in("c3f"))
+    assert [p for op, p in io.ops if op == "fsync_dir"] == [fanout]
+
+
+def test_existing_ref_dirs_have_their_names_synced_before_the_commit(state_dir, populated):
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.refs.transaction("sessions/s2", [RefUpdate("head", None, populated["a"])], reason="x")
+    ref_path = store.refs.ref_path("sessions/s2")
+    commit = io.ops.index(("rename", ref_path))
+    before = [p for op, p in io.ops[:commit] if op == "fsync_dir"]
+    for d in ("refs", "logs"):
+        assert os.path.join(store.root, d) in before
+    assert store.root in before
+
+
+def test_a_reflog_no_commit_counts_has_its_name_synced(state_dir, populated):
+    # A transaction died after creating the reflog of a new group, before
+    # its directory fsync and its commit: the file exists, log is 0.
+    log = _touch(os.path.join(str(state_dir), "logs", "sessions", "s3"), b"uncommitted tail\n")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.refs.transaction("sessions/s3", [RefUpdate("head", None, populated["a"])], reason="x")
+    commit = io.ops.index(("rename", store.refs.ref_path("sessions/s3")))
+    assert ("fsync_dir", os.path.dirname(log)) in io.ops[:commit]
+    assert [e.reason for e in store.refs.reflog("sessions/s3")] == ["x"]
+
+
+# ------------------------------------------------- 3. element limit (§2.7)
+
+
+def test_the_element_limit_is_two_to_the_24(store: Store):
+    assert codec.MAX_ITEMS == 2**24
+    body = b"\x9a\x01\x00\x00\x01" + b"\x00" * (2**24 + 1)  # the data could hold it
+    with pytest.raises(DecodeError) as ei:
+        codec.decode(body)
+    assert str(ei.value) == "array declares 16777217 elements, more than the limit 16777216 (at byte 0)"
+
+
+def test_the_encoder_refuses_what_the_decoder_would(monkeypatch):
+    monkeypatch.setattr(codec, "MAX_ITEMS", 3)
+    assert codec.decode(codec.encode([1, 2, 3])) == [1, 2, 3]
+    with pytest.raises(EncodeError, match="array of 4 elements, more than the limit 3"):
+        codec.encode([1, 2, 3, 4])
+    with pytest.raises(EncodeError, match="map of 4 entries, more than the limit 3"):
+        encode_object("message", {"a": 1, "b": 2, "c": 3, "d": 4})
+    with pytest.raises(DecodeError, match="map declares 4 entries, more than the limit 3"):
+        codec.decode(bytes.fromhex("a4616101616202616303616404"))
+
+
+def test_decode_limit_message_names_the_limit():
+    with pytest.raises(DecodeError, match=r"array declares 3 elements, more than the limit 2 \(at byte 1\)"):
+        codec.decode(bytes.fromhex("8183000000"), max_items=2)
+
+
+# ------------------------------------------------- 4. fsck
+
+
+def test_fsck_checks_the_reflog_against_one_snapshot(store: Store, populated):
+    other = Store(store.root)
+    real_read = store.refs.read
+    commits = []
+
+    def read_then_someone_commits(group):
+        state = real_read(group)
+        if not commits:  # a commit lands between the ref file read and the reflog read
+            commits.append(other.refs.transaction(G, [RefUpdate("head", populated["a"], populated["b"])], reason="x"))
+        return state
+
+    store.refs.read = read_then_someone_commits
+    rep = fsck(store)
+    assert commits and rep.problems == []
+
+
+def test_reflog_refuses_a_state_of_another_group(store: Store, populated):
+    with pytest.raises(ValueError):
+        store.refs.reflog("sessions/other", store.refs.read(G))
+
+
+@pytest.mark.parametrize("entry", ["dir", "has space", "x.lock"])
+def test_fsck_survives_odd_entries_under_refs(store: Store, populated, entry):
+    path = os.path.join(os.path.dirname(store.refs.ref_path(G)), entry)
+    if entry == "dir":
+        os.makedirs(os.path.join(path, "inner"))
+    else:
+        _touch(path, b"junk")
+    rep = fsck(store)
+    assert [(p.kind, p.where) for p in rep.problems] == [("corrupt-ref", f"sessions/{entry}")]
+    if entry == "dir":
+        with pytest.raises(CorruptRef, match="Is a directory"):
+            store.refs.read("sessions/dir")
+
+
+def test_a_two_char_plain_file_under_objects_is_a_stray(store: Store, populated):
+    stray = _touch(os.path.join(store.root, "objects", "ab"), b"x")
+    assert len(list(store.iter_ids())) == 2
+    rep = fsck(store)
+    assert rep.clean and rep.stray_files == [stray]
+
+
+def test_temp_files_anywhere_are_strays_not_problems(store: Store, populated):
+    root = store.root
+    strays = sorted(
+        _touch(os.path.join(root, *p))
+        for p in [
+            ("FORMAT.tmp_0123456789abcdef",),
+            ("refs", "sessions", TEMP),
+            ("logs", "sessions", TEMP),
+            ("objects", "pack", "tmp_pack_0123456789abcdef"),
+            ("objects", "00", TEMP),
+        ]
+    )
+    rep = fsck(store)
+    assert rep.clean and rep.stray_files == strays
+    assert rep.to_json()["strayFiles"] == strays
+
+
+# ------------------------------------------------- 5. only lower-case names are objects (§5.1)
+
+
+def test_upper_case_object_names_are_strays(store: Store, populated):
+    h = populated["b"].hex()
+    with open(store.loose.path(populated["b"]), "rb") as f:
+        frame = f.read()
+    upper_file = _touch(os.path.join(store.root, "objects", h[:2], h[2:].upper()), frame)
+    upper_dir = os.path.join(store.root, "objects", h[:2].upper() if h[:2].upper() != h[:2] else "AB")
+    _touch(os.path.join(upper_dir, h[2:]), frame)
+    assert sorted(store.iter_ids()) == sorted(populated.values())
+    rep = fsck(store)
+    assert rep.clean and rep.objects == 2
+    assert rep.stray_files == sorted([upper_file, upper_dir])
+
+
+def test_a_non_hex_name_does_not_break_prefix_lookup(store: Store, populated):
+    _touch(os.path.join(store.root, "objects", "ab", "000000" + "z" * 56))
+    with pytest.raises(MissingObject):
+        store.resolve("ab000000")
+
+
+# ------------------------------------------------- 6. strict ref file and reflog (§6.3, §7.1)
+
+_ID = "ab" * 32
+
+
+@pytest.mark.parametrize("value", ["+1", "007", "1_0", "-5", " 1", "1 ", "1\r", "٣", ""])
+@pytest.mark.parametrize("line", ["fence", "log", "deleted"])
+def test_ref_file_numbers_are_plain_decimals(line, value):
+    fields = {"fence": "1", "log": "0", "deleted": "5"}
+    fields[line] = value
+    text = f"kxen-refs 1\nfence {fields['fence']}\nlog {fields['log']}\ndeleted {fields['deleted']}\n{_ID} head\n"
+    with pytest.raises(CorruptRef):
+        parse_ref_file(text.encode("utf-8"), G, "x")
+    good = text.replace(f"{line} {value}\n", f"{line} 10\n")
+    assert parse_ref_file(good.encode(), G, "x").refs == {"head": bytes.fromhex(_ID)}
+
+
+def _line() -> str:
+    e = ReflogEntry(None, bytes.fromhex(_ID), 1700000000000000000, 3, "head", "a reason")
+    return format_reflog_line(e).decode()
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [(" 3 head\t", " +3 head\t"), (" 3 head\t", " 03 head\t"), (" 3 head\t", " 1_0 head\t"),
+     (" 3 head\t", " -3 head\t"), (" 3 head\t", "  3 head\t"), (" 1700000000000000000 ", " 1_700000000000000000 "),
+     (_ID, _ID.upper()), ("00000000", "0000000O"), (" head\t", " x.lock\t"), (" head\t", " head\r\t"),
+     ("a reason\n", "a reason\r\n"), ("a reason", "a  reason"), ("a reason", " a reason"), ("\ta reason", " a reason")],
+)
+def test_reflog_lines_are_strict(old, new):
+    good = _line()
+    assert parse_reflog(good.encode(), "x")[0].fence == 3
+    bad = good.replace(old, new, 1)
+    assert bad != good
+    with pytest.raises(CorruptRef):
+        parse_reflog(bad.encode(), "x")
+
+
+# ------------------------------------------------- 7. the all-zero id is not a ref value (§6.3, §6.4)
+
+
+@pytest.mark.parametrize("update", [RefUpdate("head", None, bytes(32)), RefUpdate("head", bytes(32), b"\x01" * 32),
+                                    RefUpdate("head", None, b"short")])
+def test_zero_or_malformed_ref_values_are_refused_before_anything_is_written(store: Store, update):
+    with pytest.raises(BadRefValue) as ei:
+        store.refs.transaction(G, [update], reason="x")
+    assert isinstance(ei.value, KxenError) and isinstance(ei.value, ValueError)
+    assert "all-zero" in str(ei.value) or "not a 32-byte object id" in str(ei.value)
+    assert store.refs.read(G).exists is False
+
+
+def test_a_ref_file_holding_the_zero_id_is_corrupt():
+    with pytest.raises(CorruptRef, match="all-zero id"):
+        parse_ref_file(f"kxen-refs 1\nfence 0\nlog 0\n{'0' * 64} head\n".encode(), G, "x")
+
+
+# ------------------------------------------------- 8. the header's length limit message (§3.1)
+
+
+@pytest.mark.parametrize("digits", ["999999999", "67108865", "9" * 20])
+def test_an_over_long_length_is_refused_as_over_the_limit(digits):
+    for kind in ("blob", "message", "journal"):
+        with pytest.raises(CorruptObject) as ei:
+            objects.parse_object(f"{kind} {digits}\0".encode(), "x")
+        assert ei.value.reason == f"declared length {digits} exceeds the limit 67108864"
+    with pytest.raises(CorruptObject, match="bad header"):
+        objects.parse_object(b"blob " + b"9" * 21 + b"\0", "x")
