@@ -35,6 +35,9 @@ from . import demo  # noqa: E402
 
 app.add_typer(run_app, name="run")
 demo.register(app)
+from .store_cmds import register as _register_store_cmds  # noqa: E402
+
+_register_store_cmds(app)
 app.add_typer(session_app, name="session")
 
 
@@ -130,6 +133,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
+    except OSError as e:
+        # A failing disk (ENOSPC, EIO, EROFS...) reaches here as the OSError
+        # the store's FileIO raised. Every store write is atomic and its
+        # commit point comes last, so what was acknowledged before is intact.
+        err(f"kxen-agent: error: {os_error_line(e)}")
+        return 1
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError: what failed, on which path, and what to do."""
+    import errno as _errno
+
+    name = _errno.errorcode.get(e.errno or 0, "")
+    what = e.strerror or str(e)
+    where = f" on {e.filename}" if e.filename else ""
+    hint = "free some space" if e.errno in (_errno.ENOSPC, _errno.EDQUOT) else "check the disk"
+    return " ".join(
+        f"I/O error{where}: {what}{f' ({name})' if name else ''}; nothing acknowledged was lost — "
+        f"{hint}, then retry (`kxen-agent fsck` verifies the state dir, `kxen-agent --resume SES` continues a run)".split()
+    )
 
 
 def entry() -> None:  # pragma: no cover - console script shim

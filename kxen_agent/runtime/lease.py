@@ -398,7 +398,7 @@ class Lease:
             finally:
                 if tmp is not None:
                     try:
-                        os.unlink(tmp)
+                        self.store.io.unlink(tmp)  # through the seam, like every write
                     except OSError:
                         pass
             self.store.io.fsync_dir(directory)

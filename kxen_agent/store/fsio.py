@@ -5,15 +5,71 @@ calls on a :class:`FileIO`: write a temporary file and fsync it, rename it
 into place, fsync the directory. Routing them through one small object lets
 tests count fsyncs, record a trace for crash simulation, or fail the N-th
 operation, without touching the code that decides *what* to write.
+
+Operations are the mutating primitives ``create``, ``write``, ``fsync``,
+``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate`` and
+``mkdir``. :attr:`FileIO.hook` sees each one *before* it happens (it may
+raise to simulate a failing disk); :meth:`FileIO._did` is told of each one
+*after* it happened, with its data. Two subclasses ship here, as trio ships
+its test helpers in the library:
+
+- :class:`TracingIO` records every operation (with the bytes written) as a
+  :class:`TraceOp`; ``tests/reliability/crashsim.py`` replays prefixes of
+  such a trace to build the states a power loss could leave;
+- :class:`FaultyIO` raises ``OSError(ENOSPC or EIO)`` at the N-th
+  operation, once or from then on (a full or dying disk).
+
+``KXEN_AGENT_IO_FAULT=ENOSPC@N`` (or ``EIO@N``; a trailing ``+`` makes it
+persistent: ``EIO@N+``) makes the process-wide :data:`OS_IO` a
+:class:`FaultyIO`, so the same faults can be injected into the installed
+CLI. Unset, :data:`OS_IO` is a plain :class:`FileIO`. Reads are not
+operations: they change nothing.
 """
 
 from __future__ import annotations
 
+import errno as _errno
 import os
+import re
 import secrets
+import threading
+from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["FileIO", "OS_IO"]
+__all__ = [
+    "IO_FAULT_ENV",
+    "MUTATING_OPS",
+    "FaultSpecError",
+    "FaultyIO",
+    "FileIO",
+    "OS_IO",
+    "TraceOp",
+    "TracingIO",
+    "parse_fault_spec",
+]
+
+#: Every operation name a hook can see.
+MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir")
+
+#: The environment variable that injects I/O faults into :data:`OS_IO`.
+IO_FAULT_ENV = "KXEN_AGENT_IO_FAULT"
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """One completed file-system operation, as :class:`TracingIO` records it.
+
+    ``data`` and ``offset``: the bytes a ``write``/``append`` put in the file
+    and where; ``size``: the length a ``truncate`` left; ``dst``: a
+    ``rename``'s target (``path`` is its source).
+    """
+
+    kind: str
+    path: str
+    data: bytes = b""
+    offset: int = 0
+    size: int = 0
+    dst: str | None = None
 
 
 class FileIO:
@@ -21,13 +77,36 @@ class FileIO:
 
     def __init__(self) -> None:
         self.fsyncs = 0
+        #: Operations started (hooked) so far: what a fault's N counts.
+        self.op_count = 0
         self.hook: Callable[[str, str], None] | None = None
 
     def _op(self, op: str, path: str) -> None:
         # A test hook sees every operation before it happens: it may record
         # it, or raise OSError(ENOSPC/EIO) to simulate a failing disk.
+        self.op_count += 1
         if self.hook is not None:
             self.hook(op, path)
+
+    def _did(self, op: str, path: str, *, data: bytes | memoryview = b"", offset: int = 0, size: int = 0,
+             dst: str | None = None) -> None:
+        """Called after each operation completed (:class:`TracingIO` records it)."""
+
+    def _fsync_fd(self, fd: int) -> None:
+        os.fsync(fd)
+        self.fsyncs += 1
+
+    def _discard(self, path: str) -> None:
+        """Best-effort removal of a temp file after a failed step.
+
+        It is an ``unlink`` like any other (a disk that keeps failing fails
+        it too, and the temp file stays: a stray file fsck lists and gc
+        removes), and its error never hides the one being raised.
+        """
+        try:
+            self.unlink(path)
+        except OSError:
+            pass
 
     # -- reading (not traced: reads change nothing)
     def read(self, path: str) -> bytes:
@@ -40,22 +119,23 @@ class FileIO:
         path = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}")
         self._op("create", path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._did("create", path)
         try:
             view = memoryview(data)
+            offset = 0
             while view:
                 self._op("write", path)
                 n = os.write(fd, view)
+                self._did("write", path, data=view[:n], offset=offset)
+                offset += n
                 view = view[n:]
             if sync:
                 self._op("fsync", path)
-                os.fsync(fd)
-                self.fsyncs += 1
+                self._fsync_fd(fd)
+                self._did("fsync", path)
         except BaseException:
             os.close(fd)
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            self._discard(path)
             raise
         os.close(fd)
         return path
@@ -64,27 +144,29 @@ class FileIO:
         self._op("fsync", path)
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.fsync(fd)
-            self.fsyncs += 1
+            self._fsync_fd(fd)
         finally:
             os.close(fd)
+        self._did("fsync", path)
 
     def fsync_dir(self, directory: str) -> None:
         self._op("fsync_dir", directory)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            os.fsync(fd)
-            self.fsyncs += 1
+            self._fsync_fd(fd)
         finally:
             os.close(fd)
+        self._did("fsync_dir", directory)
 
     def rename(self, src: str, dst: str) -> None:
         self._op("rename", dst)
         os.rename(src, dst)
+        self._did("rename", src, dst=dst)
 
     def unlink(self, path: str) -> None:
         self._op("unlink", path)
         os.unlink(path)
+        self._did("unlink", path)
 
     def append(self, path: str, data: bytes, *, sync: bool = True) -> int:
         """Append ``data`` to ``path`` (created if missing); return the new size."""
@@ -95,11 +177,13 @@ class FileIO:
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
+            size = os.fstat(fd).st_size
+            self._did("append", path, data=data, offset=size - len(data))
             if sync:
                 self._op("fsync", path)
-                os.fsync(fd)
-                self.fsyncs += 1
-            return os.fstat(fd).st_size
+                self._fsync_fd(fd)
+                self._did("fsync", path)
+            return size
         finally:
             os.close(fd)
 
@@ -108,9 +192,10 @@ class FileIO:
         fd = os.open(path, os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
+            self._did("truncate", path, size=size)
             self._op("fsync", path)
-            os.fsync(fd)
-            self.fsyncs += 1
+            self._fsync_fd(fd)
+            self._did("fsync", path)
         finally:
             os.close(fd)
 
@@ -125,6 +210,7 @@ class FileIO:
             os.mkdir(path, 0o755)
         except FileExistsError:
             return
+        self._did("mkdir", path)
         self.fsync_dir(parent)
 
     def write_durable(self, path: str, data: bytes) -> None:
@@ -134,12 +220,117 @@ class FileIO:
         try:
             self.rename(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            self._discard(tmp)
             raise
         self.fsync_dir(directory)
 
 
-OS_IO = FileIO()
+class TracingIO(FileIO):
+    """A :class:`FileIO` that records every completed operation in :attr:`trace`.
+
+    ``sync=False`` skips the fsync system calls (they are still hooked,
+    counted and recorded): a crash simulator models durability from the
+    trace, so the real barriers only cost time.
+    """
+
+    def __init__(self, *, sync: bool = True) -> None:
+        super().__init__()
+        self.sync = sync
+        self.trace: list[TraceOp] = []
+        self._trace_lock = threading.Lock()  # a lease renewer thread may write too
+
+    def _did(self, op: str, path: str, *, data: bytes | memoryview = b"", offset: int = 0, size: int = 0,
+             dst: str | None = None) -> None:
+        rec = TraceOp(op, path, bytes(data), offset, size, dst)
+        with self._trace_lock:
+            self.trace.append(rec)
+
+    def _fsync_fd(self, fd: int) -> None:
+        if self.sync:
+            os.fsync(fd)
+        self.fsyncs += 1
+
+    def mark(self) -> int:
+        """The number of operations recorded so far (a crash point)."""
+        with self._trace_lock:
+            return len(self.trace)
+
+
+class FaultSpecError(ValueError):
+    """A fault spec (``KXEN_AGENT_IO_FAULT``) that does not parse."""
+
+
+_ERRNOS = {"ENOSPC": _errno.ENOSPC, "EIO": _errno.EIO}
+_SPEC = re.compile(r"(ENOSPC|EIO)@([1-9][0-9]*)(\+?)")
+
+
+class FaultyIO(FileIO):
+    """A disk that fails: operation number ``fail_at`` (1-based) raises ``OSError(err)``.
+
+    ``persistent``: every operation after it fails too (a full disk stays
+    full); otherwise only that one (a transient error). :meth:`heal` makes
+    the disk good again ("space returns"). ``faults`` counts the errors
+    raised. ``sync=False`` skips the fsync system calls, as in
+    :class:`TracingIO`.
+    """
+
+    def __init__(self, fail_at: int | None, err: int = _errno.ENOSPC, *, persistent: bool = False,
+                 sync: bool = True) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.err = err
+        self.persistent = persistent
+        self.sync = sync
+        self.faults = 0
+
+    def _op(self, op: str, path: str) -> None:
+        super()._op(op, path)
+        n, at = self.op_count, self.fail_at
+        if at is not None and (n == at or (self.persistent and n > at)):
+            self.faults += 1
+            raise OSError(self.err, os.strerror(self.err), path)
+
+    def _fsync_fd(self, fd: int) -> None:
+        if self.sync:
+            os.fsync(fd)
+        self.fsyncs += 1
+
+    def heal(self) -> None:
+        self.fail_at = None
+
+
+def parse_fault_spec(spec: str) -> tuple[int, int, bool]:
+    """``ENOSPC@N``, ``EIO@N``, with ``+`` for persistent: (errno, N, persistent)."""
+    m = _SPEC.fullmatch(spec.strip())
+    if m is None:
+        raise FaultSpecError(
+            f"{IO_FAULT_ENV}={spec!r} is not ENOSPC@N or EIO@N (N >= 1, a trailing '+' keeps failing "
+            f"from the N-th operation on); unset it to run normally"
+        )
+    return _ERRNOS[m.group(1)], int(m.group(2)), m.group(3) == "+"
+
+
+def _os_io_from_env() -> FileIO:
+    spec = os.environ.get(IO_FAULT_ENV, "")
+    if not spec:
+        return FileIO()
+    try:
+        err, at, persistent = parse_fault_spec(spec)
+    except FaultSpecError as e:
+        # Refuse at the first write (not at import, which would be a
+        # traceback): a misspelt spec must not silently run a fault-free test.
+        from kxen_agent.errors import UsageError
+
+        message = str(e)
+        io = FileIO()
+
+        def refuse(op: str, path: str) -> None:
+            raise UsageError(message)
+
+        io.hook = refuse
+        return io
+    return FaultyIO(at, err, persistent=persistent)
+
+
+#: The process-wide FileIO: a plain one unless ``KXEN_AGENT_IO_FAULT`` is set.
+OS_IO = _os_io_from_env()

@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
+
+import fasteners
 
 from kxen_agent.errors import KxenError, UsageError
 
 from .fsio import OS_IO, FileIO
+from .locks import FileLock, LockBusy
 from .loose import LooseObjects
 from .objects import CorruptObject, ObjectId, RawObject, decode_body, encode_object
-from .refs import RefStore
+from .refs import RefStore, validate_group, validate_ref_name
+
+try:
+    from .refs import validate_update as _validate_update
+except ImportError:  # pragma: no cover - older refs.py
+
+    def _validate_update(u):  # type: ignore[misc]
+        return validate_ref_name(u.name)
 
 __all__ = [
     "AmbiguousId",
@@ -27,7 +39,9 @@ __all__ = [
     "ObjectSource",
     "StateDirError",
     "Store",
+    "StoreLock",
     "default_state_dir",
+    "store_lock",
 ]
 
 FORMAT_VERSION = 1
@@ -65,6 +79,181 @@ class ObjectSource(Protocol):
     def with_prefix(self, hexprefix: str) -> list[ObjectId]: ...
 
 
+# ------------------------------------------------------------------ the store lock
+
+#: How long a writer defers to a gc waiting at the gate before going ahead.
+#: The gate gives gc a turn among back-to-back writers; bounding the wait
+#: keeps it from deadlocking a writer that holds a ref-group lock while gc
+#: waits for another writer that wants that group lock.
+GATE_WAIT_S = 1.0
+
+
+class StoreLock:
+    """The store-wide reader/writer lock: writers share it, gc's pruning holds it alone.
+
+    ``locks/gc.lock`` is a ``fasteners`` reader/writer (``fcntl``) lock.
+    ``fcntl`` locks belong to the process, so a second thread asking for the
+    exclusive side would silently convert the process's shared lock: the
+    in-process state here (a condition with a count of sharing threads and
+    the exclusive owner) decides first, and the file lock is only taken
+    when the first thread of this process enters and released when the
+    last leaves. Shared holds are re-entrant per thread; a thread holding
+    the exclusive side may also enter the shared side (gc writes objects).
+
+    Writer preference: gc takes ``locks/gc-gate.lock`` while it waits for
+    the exclusive side, and a writer entering first passes through the gate
+    (waiting at most :data:`GATE_WAIT_S`), so a stream of back-to-back
+    writers cannot starve gc. One instance per path per process
+    (:func:`store_lock`).
+    """
+
+    def __init__(self, path: str, gate_path: str) -> None:
+        self.path = path
+        self._ipl = fasteners.InterProcessReaderWriterLock(path)
+        self._gate = FileLock(gate_path)  # only this object opens the gate file
+        self._cond = threading.Condition()
+        self._sharing = 0  # threads of this process inside the shared side
+        self._owner: int | None = None  # thread holding the exclusive side
+        self._busy = False  # a thread is taking the file lock
+        self._local = threading.local()
+
+    def _wait_idle(self, start: float, deadline: float | None, exclusive: bool) -> None:
+        # Called with the condition held: wait for the other threads of this process.
+        while self._owner is not None or self._busy or (exclusive and self._sharing):
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise LockBusy(self.path, time.monotonic() - start)
+            self._cond.wait(remaining)
+
+    @contextmanager
+    def shared(self, timeout: float | None) -> Iterator[None]:
+        me = threading.get_ident()
+        depth = getattr(self._local, "depth", 0)
+        if depth or self._owner == me:
+            self._local.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._local.depth = depth
+            return
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        with self._cond:
+            self._wait_idle(start, deadline, exclusive=False)
+            if self._sharing:
+                self._sharing += 1
+                first = False
+            else:
+                self._busy = True
+                first = True
+        if first:
+            try:
+                self._take(deadline, exclusive=False, start=start)
+            except BaseException:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+                raise
+            with self._cond:
+                self._busy = False
+                self._sharing = 1
+                self._cond.notify_all()
+        self._local.depth = 1
+        try:
+            yield
+        finally:
+            self._local.depth = 0
+            with self._cond:
+                self._sharing -= 1
+                if self._sharing == 0:
+                    self._ipl.release_read_lock()
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout: float | None) -> Iterator[None]:
+        if getattr(self._local, "depth", 0):
+            raise RuntimeError("the store's exclusive lock cannot be taken inside Store.writing() (it would wait for itself)")
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        with self._cond:
+            self._wait_idle(start, deadline, exclusive=True)
+            self._busy = True
+        try:
+            self._take(deadline, exclusive=True, start=start)
+        except BaseException:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._busy = False
+            self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owner = None
+                self._ipl.release_write_lock()
+                self._cond.notify_all()
+
+    def _take(self, deadline: float | None, *, exclusive: bool, start: float) -> None:
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        gate_wait = remaining()
+        if not exclusive:
+            gate_wait = GATE_WAIT_S if gate_wait is None else min(gate_wait, GATE_WAIT_S)
+        try:
+            self._gate.acquire(gate_wait)
+            gated = True
+        except LockBusy:
+            if exclusive:
+                raise
+            gated = False  # gc has waited at the gate long: go ahead (see GATE_WAIT_S)
+        try:
+            rem = remaining()
+            ok = (self._ipl.acquire_write_lock if exclusive else self._ipl.acquire_read_lock)(
+                blocking=rem is None or rem > 0, delay=0.002, max_delay=0.05, timeout=rem
+            )
+        finally:
+            if gated:
+                self._gate.release()
+        if not ok:
+            raise LockBusy(self.path, time.monotonic() - start)
+
+
+_store_locks_guard = threading.Lock()
+_store_locks: dict[str, StoreLock] = {}
+
+
+def store_lock(root: str) -> StoreLock:
+    """The process's one :class:`StoreLock` for the state dir ``root``."""
+    path = os.path.join(os.path.abspath(root), "locks", "gc.lock")
+    with _store_locks_guard:
+        lock = _store_locks.get(path)
+        if lock is None:
+            lock = _store_locks[path] = StoreLock(path, os.path.join(os.path.dirname(path), "gc-gate.lock"))
+        return lock
+
+
+class _GuardedRefStore(RefStore):
+    """A RefStore whose transactions hold the store's shared lock (gc's prune waits)."""
+
+    def __init__(self, *args: Any, writing: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._writing = writing
+
+    def transaction(self, group, updates, **kw):  # type: ignore[override]
+        # Names are checked before the lock: a refused name writes nothing,
+        # not even the state dir that taking the lock would create.
+        updates = list(updates)
+        validate_group(group)
+        for u in updates:
+            _validate_update(u)
+        with self._writing():
+            return super().transaction(group, updates, **kw)
+
+
 def default_state_dir() -> str:
     env = os.environ.get("KXEN_AGENT_STATE_DIR")
     if env:
@@ -83,8 +272,14 @@ class Store:
         self._initialized = False
         self._check_format()
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
-        self.refs = RefStore(self.root, io, lock_timeout, before_write=self.ensure_initialized)
+        self.lock_timeout = lock_timeout
+        self.refs = _GuardedRefStore(
+            self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing
+        )
         self.packs: list[ObjectSource] = []
+        # Sources read like packs but not listed in objects/pack (an import's
+        # staged pack, before its index is committed): kept across reloads.
+        self._pinned: list[ObjectSource] = []
         self._load_packs()
 
     @classmethod
@@ -149,33 +344,74 @@ class Store:
                     pass
                 raise
             self.io.fsync_dir(self.root)
+            self.io.makedirs(os.path.join(self.root, "locks"))  # for writing(): no mkdir per put
         self._initialized = True
 
     # ------------------------------------------------------------ packs
 
-    def _load_packs(self) -> None:
-        """Open every pack whose index is in place (the index is the commit point)."""
-        pack_dir = os.path.join(self.root, "objects", "pack")
-        if not os.path.isdir(pack_dir):
-            self.packs = []
-            return
-        try:
-            from .pack import PackReader
-        except ImportError:  # packs arrive with the pack module
-            self.packs = []
-            return
-        packs = []
-        for name in sorted(os.listdir(pack_dir)):
-            if name.endswith(".idx"):
-                packs.append(PackReader.open(os.path.join(pack_dir, name[:-4])))
-        self.packs = packs
+    @property
+    def pack_dir(self) -> str:
+        return os.path.join(self.root, "objects", "pack")
 
-    def reload_packs(self) -> None:
-        for p in self.packs:
+    def pack_writer(self, dictionary: bytes | None = None):
+        """A :class:`~.pack.PackWriter` into this store's ``objects/pack``."""
+        from .pack import PackWriter
+
+        self.ensure_initialized()
+        return PackWriter(self.pack_dir, self.io, dictionary, parents=(os.path.join(self.root, "objects"), self.root))
+
+    def _load_packs(self) -> None:
+        """Open every pack whose index is in place (the index is the commit point).
+
+        A pack already open is kept (its mapping stays valid even if gc
+        unlinks it); one that vanished between listing and opening (gc
+        removed it) is skipped; one that does not open is kept as a
+        :class:`~.pack.BrokenPack` so fsck names it and reads go on.
+        """
+        from .pack import BadPack, BrokenPack, PackReader
+
+        old = {getattr(p, "path", id(p)): p for p in self.packs if p not in self._pinned}
+        try:
+            names = sorted(os.listdir(self.pack_dir))
+        except FileNotFoundError:
+            names = []
+        packs: list[ObjectSource] = []
+        for name in names:
+            if not (name.startswith("pack-") and name.endswith(".idx")):
+                continue
+            base = os.path.join(self.pack_dir, name[:-4])
+            kept = old.pop(base + ".pack", None)
+            if kept is not None and not isinstance(kept, BrokenPack):
+                packs.append(kept)
+                continue
+            try:
+                packs.append(PackReader.open(base))
+            except FileNotFoundError:
+                continue
+            except (BadPack, OSError, ValueError) as e:
+                err = e if isinstance(e, BadPack) else BadPack(base + ".idx", f"cannot open: {e}")
+                packs.append(BrokenPack(base + ".pack", err))
+        for p in old.values():
             close = getattr(p, "close", None)
             if close:
                 close()
+        self.packs = packs + self._pinned
+
+    def reload_packs(self) -> None:
+        """See packs written or removed by other processes since the last look."""
         self._load_packs()
+
+    @contextmanager
+    def pinned_source(self, source: ObjectSource) -> Iterator[None]:
+        """Read objects from ``source`` too for the block (an import's staged pack)."""
+        self._pinned.append(source)
+        self.packs.append(source)
+        try:
+            yield
+        finally:
+            self._pinned.remove(source)
+            if source in self.packs:
+                self.packs.remove(source)
 
     # ------------------------------------------------------------ objects
 
@@ -186,9 +422,33 @@ class Store:
         return obj.id
 
     def put_raw(self, obj: RawObject) -> bool:
-        if any(p.has(obj.id) for p in self.packs):
+        """Store ``obj``; False if it was already there (its copy is freshened).
+
+        Holds the shared store lock (:meth:`writing`), so gc's prune never
+        runs in the middle of a write.
+        """
+        with self.writing():
+            for p in self.packs:
+                if p.has(obj.id):
+                    if self._freshen(p):
+                        return False
+                    break  # the pack was removed by gc: write a loose copy
+            return self.loose.write(obj)
+
+    @staticmethod
+    def _freshen(pack: ObjectSource) -> bool:
+        # As git does: an object written again restarts gc's grace period,
+        # here by touching the pack that holds it (the loose store touches
+        # the file). Without this, gc could prune an unreachable packed
+        # object that a writer just "wrote" and is about to reference.
+        path = getattr(pack, "path", None)
+        if path is None:
+            return True
+        try:
+            os.utime(path)
+            return True
+        except OSError:
             return False
-        return self.loose.write(obj)
 
     def batch(self):
         """Share one durability barrier among many :meth:`put` calls (§5.3)."""
@@ -253,9 +513,26 @@ class Store:
         return found.pop()
 
     @contextmanager
-    def writing(self):
-        """Hold around "write objects, then move refs" (gc's prune excludes it)."""
-        yield
+    def writing(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the store's shared lock around "write objects, then move refs".
+
+        gc prunes unreachable objects only under the exclusive side, so an
+        object written inside this block cannot be pruned before the ref
+        that makes it reachable has moved. Re-entrant; :meth:`put_raw` and
+        ref transactions take it themselves. Creates the state dir.
+        """
+        self.ensure_initialized()
+        self.io.makedirs(os.path.join(self.root, "locks"))
+        with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout):
+            yield
+
+    @contextmanager
+    def pruning(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the store's lock exclusively: no writer is inside :meth:`writing` (gc)."""
+        self.ensure_initialized()
+        self.io.makedirs(os.path.join(self.root, "locks"))
+        with store_lock(self.root).exclusive(self.lock_timeout if timeout is None else timeout):
+            yield
 
     @contextmanager
     def lock_group(self, group: str, timeout: float | None = None):

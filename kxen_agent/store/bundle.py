@@ -1,0 +1,1154 @@
+"""Bundles: ref groups and every object reachable from them, in one verifiable file.
+
+A bundle is self-contained (no prerequisites, like ``git bundle create
+--all`` of a closed set): it imports into an empty state dir. Two forms
+(normative text: ``objects_spec.md`` §12.5-§12.7):
+
+- *pack form*: ``KXBUNDLE``, the format version, a strict-CBOR header (the
+  capabilities, the refs with their ids, the object count and size) with a
+  CRC-32, then exactly a pack (:mod:`.pack`) of the objects, then a
+  BLAKE3-256 trailer over every byte before it;
+- *JSON form*: one JSON document with the same header fields and each
+  object's id, kind and canonical bytes (base64), for people who read
+  bundles with ``jq``; a ``digest`` ties the refs to the object ids.
+
+Objects come parents first: each object follows an object that links to
+it or is the target of a ref. So one streaming pass, remembering only ids,
+checks that the bundle holds exactly the closure of its refs — nothing
+missing, nothing extra, nothing twice.
+
+Bundles carry objects reachable from the named refs and nothing else: no
+environment, no configuration, no credentials (the store holds none).
+
+Export, verification and import stream: memory holds ids, never more than
+one object's bytes. Import verifies everything while staging the new
+objects into a temporary pack, then checks the refs (fast-forward only),
+then commits the pack's index, then moves the refs, one transaction per
+group. A bundle that fails any check leaves no ref, no object and no pack.
+Every rejection is one :class:`BadBundle` naming the first problem.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import contextlib
+import json
+import os
+import io
+import re
+import stat
+import struct
+from dataclasses import dataclass, field
+from typing import IO, Any, BinaryIO, Callable, Iterator, Mapping
+
+import blake3
+
+from kxen_agent.errors import KxenError, UsageError
+
+from . import codec
+from .fsio import FileIO
+from .objects import CorruptObject, ObjectId, RawObject, decode_body, links_of, parse_object
+from .pack import (
+    DICT_SAMPLE_MAX_OBJECT,
+    END_MAGIC,
+    END_SIZE,
+    ENTRY_HEADER_SIZE,
+    MAX_RAW_SIZE,
+    PACK_PREFIX_SIZE,
+    TRAILER_SIZE,
+    BadPack,
+    Decompressor,
+    PackStream,
+    PackWriter,
+    check_entry_crc,
+    check_pack_header,
+    crc32,
+    parse_end,
+    parse_entry_header,
+    parse_pack_header_prefix,
+    sample_dictionary,
+)
+from .refs import BadRefName, RefUpdate, validate_group, validate_ref_name
+from .repo import MissingObject, Store
+
+__all__ = [
+    "BUNDLE_MAGIC",
+    "BUNDLE_VERSION",
+    "BadBundle",
+    "BundleInfo",
+    "BundleRefused",
+    "BundleWriteError",
+    "ImportResult",
+    "NoSuchGroup",
+    "export_bundle",
+    "format_for_path",
+    "import_bundle",
+    "iter_bundle_objects",
+    "verify_bundle",
+]
+
+BUNDLE_MAGIC = b"KXBUNDLE"
+BUNDLE_VERSION = 1
+#: Capabilities a version-1 reader understands; any other is refused.
+CAP_ZSTD_DICT = "zstd-dict"  # entries may use the pack's zstd dictionary
+KNOWN_CAPABILITIES = frozenset({CAP_ZSTD_DICT})
+JSON_FORMAT_NAME = "kxen-bundle"
+MAX_HEADER_SIZE = 16 << 20
+
+_PREFIX = struct.Struct(">8sII")  # magic, version, header length
+_U32 = struct.Struct(">I")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_JSON_KEYS = ("format", "version", "capabilities", "refs", "objectCount", "objectBytes", "objects", "digest")
+_JSON_DIGEST_PREFIX = b"kxen-bundle-json 1\n"
+# The longest canonical base64 of the longest object bytes.
+_MAX_B64 = 4 * ((MAX_RAW_SIZE + 2) // 3)
+
+Progress = Callable[[int], None]
+
+
+class BadBundle(KxenError):
+    """A bundle file breaks the format or fails a check; nothing was imported."""
+
+    def __init__(self, where: str, reason: str, offset: int | None = None, unit: str = "byte") -> None:
+        at = f" (at {unit} {offset})" if offset is not None else ""
+        super().__init__(f"bad bundle {where}: {reason}{at}")
+        self.where = where
+        self.reason = reason
+        self.offset = offset
+
+
+class BundleRefused(KxenError):
+    """Import would move a local ref backwards or sideways; nothing was imported."""
+
+    def __init__(self, group: str, ref: str, local: bytes, bundle: bytes | None, why: str) -> None:
+        theirs = "has no such ref" if bundle is None else f"has {bundle.hex()[:16]}"
+        super().__init__(
+            f"import refused: ref {group}/{ref} is {local.hex()[:16]} here and the bundle {theirs}: {why}; "
+            "nothing was imported (fork or delete the local one first)"
+        )
+        self.group = group
+        self.ref = ref
+        self.local = local
+        self.bundle = bundle
+
+
+class BundleWriteError(KxenError):
+    """The bundle file could not be written (nothing is left behind)."""
+
+
+class NoSuchGroup(UsageError):
+    """An export named a ref group that does not exist (or has no refs, or is deleted)."""
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """What a bundle holds, as verified."""
+
+    path: str
+    format: str  # "pack" | "json"
+    version: int
+    capabilities: tuple[str, ...]
+    refs: Mapping[str, Mapping[str, bytes]]
+    objects: int
+    object_bytes: int  # sum of the canonical object sizes
+    pack_bytes: int  # the pack section (pack form), 0 for JSON
+    file_bytes: int
+    digest: str  # the trailer (pack form) or the digest (JSON form), hex
+    kinds: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "version": self.version,
+            "capabilities": list(self.capabilities),
+            "refs": {g: {n: v.hex() for n, v in sorted(r.items())} for g, r in sorted(self.refs.items())},
+            "objects": self.objects,
+            "objectBytes": self.object_bytes,
+            "packBytes": self.pack_bytes,
+            "fileBytes": self.file_bytes,
+            "digest": self.digest,
+            "kinds": dict(sorted(self.kinds.items())),
+        }
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    info: BundleInfo
+    new_objects: int
+    pack: str | None  # the pack written, None when every object was already here
+    groups: Mapping[str, str]  # group -> "created" | "updated" | "unchanged" | "restored"
+    refs: Mapping[str, Mapping[str, bytes]]  # as written (after ``transform``)
+
+    def to_json(self) -> dict:
+        return {
+            "bundle": self.info.to_json(),
+            "newObjects": self.new_objects,
+            "pack": self.pack,
+            "groups": dict(self.groups),
+            "refs": {g: {n: v.hex() for n, v in sorted(r.items())} for g, r in sorted(self.refs.items())},
+        }
+
+
+def format_for_path(path: str, fmt: str | None = None) -> str:
+    """``fmt`` if given, else ``json`` for a ``.json`` file name, else ``pack``."""
+    if fmt is not None:
+        if fmt not in ("pack", "json"):
+            raise UsageError(f"unknown bundle format {fmt!r}: use 'pack' or 'json'")
+        return fmt
+    return "json" if str(path).lower().endswith(".json") else "pack"
+
+
+def _set_total(progress: Progress | None, n: int) -> None:
+    # Duck-typed: the CLI's Progress shows a percentage once it knows the total.
+    if progress is not None and hasattr(progress, "total") and getattr(progress, "total") is None:
+        try:
+            progress.total = n  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+
+
+# ================================================================== header
+
+
+@dataclass(frozen=True)
+class _Header:
+    capabilities: tuple[str, ...]
+    refs: dict[str, dict[str, bytes]]
+    objects: int
+    size: int
+
+    def cbor(self) -> bytes:
+        return codec.encode(
+            {"capabilities": list(self.capabilities), "objects": self.objects, "refs": self.refs, "size": self.size},
+            links_only=True,
+        )
+
+
+def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -> dict[str, dict[str, bytes]]:
+    def bad(reason: str) -> BadBundle:
+        return BadBundle(where, reason, offset, unit)
+
+    if type(refs) is not dict or not refs:
+        raise bad("refs must be a non-empty map of ref groups")
+    out: dict[str, dict[str, bytes]] = {}
+    for group, names in refs.items():
+        try:
+            validate_group(group)
+        except BadRefName as e:
+            raise bad(str(e)) from None
+        if type(names) is not dict or not names:
+            raise bad(f"ref group {group!r} must map at least one ref name to an id")
+        out[group] = {}
+        for name, oid in names.items():
+            try:
+                validate_ref_name(name)
+            except BadRefName as e:
+                raise bad(f"in ref group {group}: {e}") from None
+            if type(oid) is not bytes or len(oid) != 32:
+                raise bad(f"ref {group}/{name} is not a 32-byte object id")
+            out[group][name] = oid
+    return out
+
+
+def _check_header(value: Any, where: str, offset: int) -> _Header:
+    if type(value) is not dict:
+        raise BadBundle(where, "header is not a map", offset)
+    keys = {"capabilities", "objects", "refs", "size"}
+    if set(value) != keys:
+        extra = sorted(set(value) - keys)
+        missing = sorted(keys - set(value))
+        raise BadBundle(where, f"header keys: unknown {extra}, missing {missing}", offset)
+    caps = value["capabilities"]
+    if type(caps) is not list or any(type(c) is not str for c in caps):
+        raise BadBundle(where, "capabilities must be a list of strings", offset)
+    for c in caps:
+        if c not in KNOWN_CAPABILITIES:
+            raise BadBundle(where, f"unknown capability {c!r} (this kxen-agent knows {sorted(KNOWN_CAPABILITIES)}); upgrade kxen-agent", offset)
+    if caps != sorted(set(caps)):
+        raise BadBundle(where, "capabilities must be sorted and unique", offset)
+    n, size = value["objects"], value["size"]
+    if type(n) is not int or n < 0 or type(size) is not int or size < 0:
+        raise BadBundle(where, "object count and size must be non-negative integers", offset)
+    return _Header(tuple(caps), _check_refs(value["refs"], where, offset), n, size)
+
+
+# ================================================================== verification
+
+
+class _Closure:
+    """Checks, in one pass, that the objects are exactly the closure of the refs."""
+
+    def __init__(self, hdr: _Header, where: str) -> None:
+        self.where = where
+        self.hdr = hdr
+        # id -> who asked for it (a ref name, or the id of a linking object)
+        self.pending: dict[ObjectId, str] = {}
+        for g in sorted(hdr.refs):
+            for name, oid in sorted(hdr.refs[g].items()):
+                self.pending.setdefault(oid, f"ref {g}/{name}")
+        self.seen: set[ObjectId] = set()
+        self.count = 0
+        self.bytes = 0
+        self.kinds: dict[str, int] = {}
+
+    def add(self, obj: RawObject, offset: int | None, unit: str = "byte") -> None:
+        where = self.where
+        if obj.id in self.seen:
+            raise BadBundle(where, f"object {obj.hex} appears twice (duplicate entry)", offset, unit)
+        if self.pending.pop(obj.id, None) is None:
+            raise BadBundle(
+                where,
+                f"object {obj.hex} is not reachable from the refs at this point "
+                "(each object must follow an object that links to it)",
+                offset, unit,
+            )
+        if self.count >= self.hdr.objects:
+            raise BadBundle(where, f"more objects than the {self.hdr.objects} the header declares", offset, unit)
+        try:
+            value = decode_body(obj)
+        except CorruptObject as e:
+            raise BadBundle(where, f"object {obj.hex}: {e.reason}", offset, unit) from None
+        self.seen.add(obj.id)
+        self.count += 1
+        self.bytes += len(obj.raw)
+        self.kinds[obj.kind] = self.kinds.get(obj.kind, 0) + 1
+        for child in links_of(obj.kind, value):
+            if child not in self.seen and child not in self.pending:
+                self.pending[child] = f"object {obj.hex}"
+
+    def finish(self, offset: int | None, unit: str = "byte") -> None:
+        if self.pending:
+            oid, who = next(iter(self.pending.items()))
+            verb = "points to" if who.startswith("ref ") else "links to"
+            raise BadBundle(self.where, f"{who} {verb} object {oid.hex()}, which the bundle does not contain", offset, unit)
+        if self.count != self.hdr.objects:
+            raise BadBundle(self.where, f"header declares {self.hdr.objects} objects, the bundle holds {self.count}", offset, unit)
+        if self.bytes != self.hdr.size:
+            raise BadBundle(self.where, f"header declares {self.hdr.size} object bytes, the objects hold {self.bytes}", offset, unit)
+
+
+class _Input:
+    """Exact reads from a binary stream, hashed as they go."""
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        self.f = f
+        self.where = where
+        self.pos = 0
+        self.hash = blake3.blake3()
+        self.pack_hash: Any = None
+        try:  # a regular file's size: a length past it is refused before reading
+            st = os.fstat(f.fileno())
+            self.size: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            self.size = None
+
+    def read(self, n: int, what: str) -> bytes:
+        if self.size is not None and self.pos + n > self.size:
+            left = max(0, self.size - self.pos)
+            raise BadBundle(self.where, f"truncated: {what} needs {n} bytes, the file ends after {left}", self.pos)
+        parts = []
+        got = 0
+        while got < n:
+            chunk = self.f.read(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(data) < n:
+            raise BadBundle(self.where, f"truncated: {what} needs {n} bytes, the file ends after {len(data)}", self.pos)
+        self.hash.update(data)
+        if self.pack_hash is not None:
+            self.pack_hash.update(data)
+        self.pos += n
+        return data
+
+    def at_eof(self) -> bool:
+        return self.f.read(1) == b""
+
+
+@dataclass
+class _Item:
+    obj: RawObject
+    head: bytes  # the entry header (pack form), for copying verbatim
+    stored: bytes
+    offset: int
+
+
+class _PackBundleReader:
+    """Parse and verify a pack-form bundle as a stream.
+
+    Construction reads the header and the pack header; iterating yields
+    every verified object; the end of the iteration checks the end record,
+    both trailers, the closure and that nothing follows. Only after the
+    iteration completed is :attr:`info` set.
+    """
+
+    def __init__(self, f: BinaryIO, where: str, path: str) -> None:
+        self.inp = _Input(f, where)
+        self.where = where
+        self.path = path
+        self.info: BundleInfo | None = None
+        inp = self.inp
+        magic, version, hlen = _PREFIX.unpack(inp.read(_PREFIX.size, "the bundle prefix"))
+        if magic != BUNDLE_MAGIC:
+            raise BadBundle(where, f"not a kxen bundle (magic {magic!r})", 0)
+        if version != BUNDLE_VERSION:
+            raise BadBundle(where, f"unknown bundle version {version} (this kxen-agent reads version {BUNDLE_VERSION}); upgrade kxen-agent", 8)
+        if hlen > MAX_HEADER_SIZE:
+            raise BadBundle(where, f"header of {hlen} bytes exceeds the {MAX_HEADER_SIZE}-byte limit", 12)
+        raw_header = inp.read(hlen, "the header")
+        (crc,) = _U32.unpack(inp.read(4, "the header checksum"))
+        if crc32(_PREFIX.pack(magic, version, hlen), raw_header) != crc:
+            raise BadBundle(where, "header checksum mismatch", _PREFIX.size)
+        try:
+            value = codec.decode(raw_header, links_only=True)
+        except codec.DecodeError as e:
+            raise BadBundle(where, f"header is not strict CBOR: {e.reason}", _PREFIX.size + e.offset) from None
+        self.header = _check_header(value, where, _PREFIX.size)
+        self.closure = _Closure(self.header, where)
+
+        self.pack_start = inp.pos
+        inp.pack_hash = blake3.blake3()
+        prefix = inp.read(PACK_PREFIX_SIZE, "the pack header")
+        try:
+            dlen = parse_pack_header_prefix(prefix, where, self.pack_start)
+            dictionary = inp.read(dlen, "the pack dictionary")
+            (pcrc,) = _U32.unpack(inp.read(4, "the pack header checksum"))
+            check_pack_header(prefix, dictionary, pcrc, where, self.pack_start)
+        except BadPack as e:
+            raise BadBundle(where, e.reason, e.offset) from None
+        if bool(dictionary) != (CAP_ZSTD_DICT in self.header.capabilities):
+            raise BadBundle(where, "the pack's dictionary and the zstd-dict capability disagree", self.pack_start)
+        self.dictionary = dictionary or None
+        try:
+            self.decompressor = Decompressor(self.dictionary)
+        except BadPack as e:  # pragma: no cover - libzstd loads dictionaries lazily
+            raise BadBundle(where, e.reason, self.pack_start) from None
+
+    def __iter__(self) -> Iterator[_Item]:
+        inp, where = self.inp, self.where
+        count = 0
+        while True:
+            at = inp.pos
+            magic = inp.read(4, "an entry or the end record")
+            if magic == END_MAGIC:
+                break
+            head = magic + inp.read(ENTRY_HEADER_SIZE - 4, "an entry header")
+            try:
+                e = parse_entry_header(head, at, where, has_dict=self.dictionary is not None)
+            except BadPack as ex:
+                raise BadBundle(where, ex.reason, ex.offset) from None
+            stored = inp.read(e.stored_len, f"object {e.id.hex()}")
+            try:
+                check_entry_crc(head, stored, e, where)
+                obj = parse_object(self.decompressor.decompress(e, stored, e.id.hex()), e.id.hex(), expect_id=e.id)
+            except BadPack as ex:
+                raise BadBundle(where, ex.reason, at) from None
+            except CorruptObject as ex:
+                raise BadBundle(where, f"object {ex.where}: {ex.reason}", at) from None
+            self.closure.add(obj, at)
+            count += 1
+            yield _Item(obj, head, stored, at)
+        end_at = inp.pos - 4
+        try:
+            n = parse_end(END_MAGIC + inp.read(END_SIZE - 4, "the end record"), end_at, where)
+        except BadPack as ex:  # pragma: no cover - the magic was just matched
+            raise BadBundle(where, ex.reason, ex.offset) from None
+        if n != count:
+            raise BadBundle(where, f"end record counts {n} entries, the pack holds {count}", end_at)
+        pack_digest = inp.pack_hash.digest()
+        inp.pack_hash = None
+        if inp.read(TRAILER_SIZE, "the pack trailer") != pack_digest:
+            raise BadBundle(where, "pack trailer checksum mismatch", inp.pos - TRAILER_SIZE)
+        pack_bytes = inp.pos - self.pack_start
+        digest = inp.hash.digest()
+        if inp.read(TRAILER_SIZE, "the bundle trailer") != digest:
+            raise BadBundle(where, "bundle trailer checksum mismatch", inp.pos - TRAILER_SIZE)
+        if not inp.at_eof():
+            raise BadBundle(where, "trailing garbage after the bundle trailer", inp.pos)
+        self.closure.finish(None)
+        c = self.closure
+        self.info = BundleInfo(self.path, "pack", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
+                               c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds))
+
+
+# ------------------------------------------------------------------ JSON form
+
+
+class _Reject(Exception):
+    pass
+
+
+def _no_dup_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise _Reject(f"duplicate JSON key {k!r}")
+        d[k] = v
+    return d
+
+
+def _no_float(s: str) -> Any:
+    raise _Reject(f"number {s[:20]!r} is not an integer")
+
+
+def _no_constant(s: str) -> Any:
+    raise _Reject(f"{s} is not allowed")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class _JsonStream:
+    """Incremental reading of one JSON document, a value at a time.
+
+    ``json``'s C scanner parses each value; this only feeds it enough text.
+    A value longer than its limit is refused before more is read.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        self.f = f
+        self.where = where
+        self.text = codecs.getincrementaldecoder("utf-8")("strict")
+        self.buf = ""
+        self.pos = 0
+        self.base = 0
+        self.eof = False
+        self.dec = json.JSONDecoder(object_pairs_hook=_no_dup_pairs, parse_float=_no_float, parse_constant=_no_constant)
+
+    @property
+    def offset(self) -> int:
+        return self.base + self.pos
+
+    def bad(self, reason: str, offset: int | None = None) -> BadBundle:
+        return BadBundle(self.where, reason, self.offset if offset is None else offset, "character")
+
+    def _more(self, n: int) -> bool:
+        if self.eof:
+            return False
+        data = self.f.read(n)
+        try:
+            text = self.text.decode(data, final=not data)
+        except UnicodeDecodeError:
+            raise self.bad("not UTF-8 text") from None
+        if not data:
+            self.eof = True
+        if self.pos:
+            self.base += self.pos
+            self.buf = self.buf[self.pos :]
+            self.pos = 0
+        self.buf += text
+        return bool(data)
+
+    def skip_ws(self) -> None:
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self._more(self.CHUNK):
+                return
+
+    def peek(self) -> str:
+        self.skip_ws()
+        return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def expect(self, ch: str) -> None:
+        c = self.peek()
+        if c != ch:
+            raise self.bad(f"expected {ch!r}, found {c!r}" if c else f"truncated: expected {ch!r}, the file ends")
+        self.pos += 1
+
+    def value(self, limit: int) -> Any:
+        self.skip_ws()
+        want = self.CHUNK
+        while True:
+            try:
+                v, end = self.dec.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof:  # a number at the end might go on
+                    self.pos = end
+                    return v
+            except json.JSONDecodeError as e:
+                if self.eof:
+                    cut = e.msg.startswith("Unterminated") or e.pos >= len(self.buf.rstrip())
+                    what = "truncated: the JSON ends early" if cut else "invalid JSON"
+                    raise self.bad(f"{what}: {e.msg}", self.base + e.pos) from None
+            except _Reject as e:
+                raise self.bad(str(e)) from None
+            except RecursionError:
+                raise self.bad("JSON nested too deeply") from None
+            except ValueError as e:  # e.g. an integer with too many digits
+                raise self.bad(f"invalid JSON value: {e}") from None
+            if len(self.buf) - self.pos > limit:
+                raise self.bad(f"a JSON value longer than {limit} characters")
+            self._more(want)
+            want = min(want * 2, 64 << 20)
+
+    def at_eof(self) -> bool:
+        self.skip_ws()
+        return self.pos >= len(self.buf) and self.eof
+
+
+def _json_header(fields: dict, where: str) -> _Header:
+    def bad(reason: str) -> BadBundle:
+        return BadBundle(where, reason)
+
+    missing = [k for k in _JSON_KEYS if k not in fields and k not in ("objects", "digest")]
+    if missing:
+        raise bad(f"the JSON bundle lacks {missing}")
+    if fields["format"] != JSON_FORMAT_NAME:
+        raise bad(f"not a kxen bundle (format {fields['format']!r})")
+    v = fields["version"]
+    if type(v) is not int or v != BUNDLE_VERSION:
+        raise bad(f"unknown bundle version {v!r} (this kxen-agent reads version {BUNDLE_VERSION}); upgrade kxen-agent")
+    caps = fields["capabilities"]
+    if type(caps) is not list or any(type(c) is not str for c in caps):
+        raise bad("capabilities must be a list of strings")
+    for c in caps:
+        if c not in KNOWN_CAPABILITIES or c == CAP_ZSTD_DICT:
+            raise bad(f"unknown capability {c!r} for a JSON bundle; upgrade kxen-agent")
+    refs = fields["refs"]
+    if type(refs) is not dict:
+        raise bad("refs must be a map")
+    conv: dict[str, Any] = {}
+    for g, names in refs.items():
+        if type(names) is not dict:
+            conv[g] = names
+            continue
+        conv[g] = {}
+        for n, h in names.items():
+            if type(h) is not str or not _HEX64.fullmatch(h):
+                raise bad(f"ref {g}/{n} is not 64 lower-case hex digits")
+            conv[g][n] = bytes.fromhex(h)
+    n, size = fields["objectCount"], fields["objectBytes"]
+    if type(n) is not int or n < 0 or type(size) is not int or size < 0:
+        raise bad("objectCount and objectBytes must be non-negative integers")
+    return _Header(tuple(caps), _check_refs(conv, where, None), n, size)
+
+
+def _json_object(el: Any, js: _JsonStream, at: int) -> RawObject:
+    if type(el) is not dict or set(el) != {"id", "kind", "bytes"}:
+        raise js.bad("each object must be {\"id\", \"kind\", \"bytes\"}", at)
+    h, kind, b64 = el["id"], el["kind"], el["bytes"]
+    if type(h) is not str or not _HEX64.fullmatch(h):
+        raise js.bad("object id is not 64 lower-case hex digits", at)
+    if type(kind) is not str or type(b64) is not str:
+        raise js.bad(f"object {h}: kind and bytes must be strings", at)
+    if len(b64) > _MAX_B64:
+        raise js.bad(f"object {h}: {len(b64)} base64 characters exceed the object size limit", at)
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except ValueError:
+        raise js.bad(f"object {h}: bytes are not base64", at) from None
+    if base64.b64encode(raw).decode("ascii") != b64:  # one spelling only: a flipped bit cannot hide
+        raise js.bad(f"object {h}: bytes are not canonical base64", at)
+    try:
+        obj = parse_object(raw, h, expect_id=bytes.fromhex(h))
+    except CorruptObject as e:
+        raise js.bad(f"object {h}: {e.reason}", at) from None
+    if obj.kind != kind:
+        raise js.bad(f"object {h}: kind says {kind!r}, the bytes say {obj.kind!r}", at)
+    return obj
+
+
+class _JsonBundleReader:
+    """Parse and verify a JSON-form bundle; iterating yields verified objects.
+
+    Header fields may come in any order (``jq -S`` sorts them); when the
+    ``objects`` list comes before them, the file is read twice (it must not
+    change in between: the second reading is checked against the first).
+    """
+
+    def __init__(self, f: BinaryIO, where: str, path: str) -> None:
+        self.f = f
+        self.where = where
+        self.path = path
+        self.info: BundleInfo | None = None
+        self.dictionary = None
+        self._gen = self._scan(stream=True)
+        _tag, fields = next(self._gen)  # runs up to the objects list
+        if all(k in fields for k in _JSON_KEYS if k not in ("objects", "digest")):
+            self.fields = fields
+        else:
+            self._gen.close()
+            self.f.seek(0)
+            self.fields = _drain(self._scan(stream=False))
+            self.f.seek(0)
+            self._gen = self._scan(stream=True)
+            next(self._gen)
+        self.header = _json_header(self.fields, where)
+        self.closure = _Closure(self.header, where)
+
+    def _scan(self, *, stream: bool) -> Iterator[tuple]:
+        """Generator: yields ("start", fields so far) at the objects list, then
+        ("object", element, stream, offset) for each element; returns all fields."""
+        js = _JsonStream(self.f, self.where)
+        fields: dict[str, Any] = {}
+        js.expect("{")
+        while True:
+            at = js.offset
+            key = js.value(64)
+            if type(key) is not str:
+                raise js.bad("object keys must be strings", at)
+            if key not in _JSON_KEYS:
+                raise js.bad(f"unknown key {key!r}", at)
+            if key in fields:
+                raise js.bad(f"duplicate JSON key {key!r}", at)
+            js.expect(":")
+            if key == "objects":
+                fields["objects"] = None
+                if stream:
+                    yield ("start", {k: v for k, v in fields.items() if k != "objects"})
+                js.expect("[")
+                if js.peek() == "]":
+                    js.pos += 1
+                else:
+                    while True:
+                        at = js.offset
+                        el = js.value(_MAX_B64 + 4096)
+                        if stream:
+                            yield ("object", el, js, at)
+                        c = js.peek()
+                        if c == ",":
+                            js.pos += 1
+                        elif c == "]":
+                            js.pos += 1
+                            break
+                        else:
+                            raise js.bad(f"expected ',' or ']', found {c!r}" if c else "truncated: the file ends inside the objects list")
+            else:
+                fields[key] = js.value(MAX_HEADER_SIZE)
+            c = js.peek()
+            if c == ",":
+                js.pos += 1
+            elif c == "}":
+                js.pos += 1
+                break
+            else:
+                raise js.bad(f"expected ',' or '}}', found {c!r}" if c else "truncated: the file ends inside the document")
+        if not js.at_eof():
+            raise js.bad("trailing garbage after the JSON document")
+        if "objects" not in fields:
+            raise js.bad("the JSON bundle has no objects list")
+        self.file_chars = js.offset
+        fields.pop("objects")
+        return fields
+
+    def __iter__(self) -> Iterator[_Item]:
+        digest = blake3.blake3(_JSON_DIGEST_PREFIX + self.header.cbor())
+        while True:
+            try:
+                ev = next(self._gen)
+            except StopIteration as stop:
+                final = stop.value
+                break
+            _tag, el, js, at = ev
+            obj = _json_object(el, js, at)
+            self.closure.add(obj, at, "character")
+            digest.update(obj.id)
+            yield _Item(obj, b"", b"", at)
+        for k, v in self.fields.items():
+            if final.get(k) != v:
+                raise BadBundle(self.where, f"{k!r} changed while the bundle was being read")
+        d = final.get("digest")
+        if type(d) is not str or not _HEX64.fullmatch(d):
+            raise BadBundle(self.where, "digest is missing or not 64 lower-case hex digits")
+        if digest.hexdigest() != d:
+            raise BadBundle(self.where, "digest mismatch: the refs or the list of objects were altered")
+        self.closure.finish(None)
+        c = self.closure
+        size = os.fstat(self.f.fileno()).st_size
+        self.info = BundleInfo(self.path, "json", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
+                               c.count, c.bytes, 0, size, d, dict(c.kinds))
+
+
+def _drain(gen: Iterator[Any]) -> Any:
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
+# ------------------------------------------------------------------ opening
+
+
+def _open_reader(path: str, f: BinaryIO):
+    where = str(path)
+    head = f.read(len(BUNDLE_MAGIC))
+    f.seek(0)
+    if head == BUNDLE_MAGIC:
+        return _PackBundleReader(f, where, where)
+    if not head:
+        raise BadBundle(where, "empty file")
+    if BUNDLE_MAGIC.startswith(head):
+        raise BadBundle(where, f"truncated: the file ends after {len(head)} bytes, inside the magic", 0)
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] == b"{" or (not stripped and head):
+        return _JsonBundleReader(f, where, where)
+    raise BadBundle(where, f"not a kxen bundle (starts with {head!r})", 0)
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[Any]:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
+    with f:
+        yield _open_reader(path, f)
+
+
+def verify_bundle(path: str, *, progress: Progress | None = None) -> BundleInfo:
+    """Check a bundle completely without a state dir; its refs, object count and sizes.
+
+    Raises :class:`BadBundle` naming the first problem.
+    """
+    with _reading(path) as r:
+        _set_total(progress, r.header.objects)
+        for _item in r:
+            if progress:
+                progress(1)
+        assert r.info is not None
+        return r.info
+
+
+def iter_bundle_objects(path: str) -> Iterator[RawObject]:
+    """Every object of a bundle, verified, decompressed, in bundle order.
+
+    The bundle is fully checked by the time the iteration ends; a problem
+    raises :class:`BadBundle` (possibly after some objects were yielded).
+    """
+    with _reading(path) as r:
+        for item in r:
+            yield item.obj
+
+
+# ================================================================== export
+
+
+def _export_roots(store: Store, groups: list[str]) -> dict[str, dict[str, bytes]]:
+    if not groups:
+        raise UsageError("name at least one ref group to export")
+    refs: dict[str, dict[str, bytes]] = {}
+    for g in sorted(set(groups)):
+        validate_group(g)
+        state = store.refs.read(g)
+        if not state.exists or not state.refs:
+            raise NoSuchGroup(f"ref group {g} does not exist in {store.root} (or has no refs); nothing exported")
+        if state.deleted_ns is not None:
+            raise NoSuchGroup(f"ref group {g} is marked deleted; nothing exported")
+        refs[g] = dict(state.refs)
+    return refs
+
+
+def _closure_order(store: Store, refs: dict[str, dict[str, bytes]]) -> tuple[list[ObjectId], int, list[ObjectId], int, dict[str, int]]:
+    """Every reachable id, parents first (DFS pre-order), with the total size,
+    the small objects (a dictionary's audience) and their size, and the kinds."""
+    roots = [(oid, f"ref {g}/{n}") for g in sorted(refs) for n, oid in sorted(refs[g].items())]
+    stack = list(reversed(roots))
+    seen: set[ObjectId] = set()
+    order: list[ObjectId] = []
+    total = small = 0
+    smalls: list[ObjectId] = []
+    kinds: dict[str, int] = {}
+    while stack:
+        oid, who = stack.pop()
+        if oid in seen:
+            continue
+        try:
+            obj = store.read_raw(oid)
+        except MissingObject:
+            raise MissingObject(oid.hex(), f"{store.root} (reached from {who}); nothing exported, run 'kxen-agent fsck'") from None
+        value = decode_body(obj)
+        seen.add(oid)
+        order.append(oid)
+        total += len(obj.raw)
+        if len(obj.raw) <= DICT_SAMPLE_MAX_OBJECT:
+            small += len(obj.raw)
+            smalls.append(oid)
+        kinds[obj.kind] = kinds.get(obj.kind, 0) + 1
+        for child in reversed(list(links_of(obj.kind, value))):
+            if child not in seen:
+                stack.append((child, f"object {oid.hex()}"))
+    return order, total, smalls, small, kinds
+
+
+class _Sink:
+    """Buffered writes to a file object or, through a FileIO, a temp file renamed at the end."""
+
+    def __init__(self, out: str | os.PathLike | BinaryIO, io: FileIO) -> None:
+        self.io = io
+        self.size = 0
+        self.buf = bytearray()
+        self.f: IO[bytes] | None = None
+        self.tmp: str | None = None
+        if hasattr(out, "write"):
+            self.f = out  # type: ignore[assignment]
+            self.path = getattr(out, "name", "<stream>")
+        else:
+            self.path = os.fspath(out)
+            d = os.path.dirname(os.path.abspath(self.path))
+            self.tmp = io.write_tmp(d, b"", sync=False, prefix=".kxen-bundle-tmp-")
+
+    def write(self, b: bytes | memoryview) -> None:
+        self.size += len(b)
+        self.buf += b
+        if len(self.buf) >= 1 << 20:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        data = bytes(self.buf)
+        self.buf.clear()
+        if self.f is not None:
+            self.f.write(data)
+        else:
+            self.io.append(self.tmp, data, sync=False)
+
+    def commit(self) -> None:
+        self.flush()
+        if self.f is not None:
+            self.f.flush()
+            return
+        self.io.fsync_path(self.tmp)
+        self.io.rename(self.tmp, self.path)
+        self.tmp = None
+        self.io.fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def abort(self) -> None:
+        if self.tmp is not None:
+            try:
+                self.io.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+            self.tmp = None
+
+
+def export_bundle(
+    store: Store,
+    groups: list[str],
+    out: str | os.PathLike | BinaryIO,
+    *,
+    fmt: str = "pack",
+    progress: Progress | None = None,
+) -> BundleInfo:
+    """Write one bundle of ``groups``' refs and every object reachable from them.
+
+    ``out`` is a path (written to a temp file, fsynced and renamed into
+    place: a failed export leaves nothing) or a binary file object.
+    Objects shared by several groups are written once. Raises
+    :class:`NoSuchGroup` and :class:`MissingObject` before writing anything.
+    """
+    fmt = format_for_path("", fmt)
+    refs = _export_roots(store, groups)
+    order, total, smalls, small, kinds = _closure_order(store, refs)
+    _set_total(progress, len(order))
+    dictionary = sample_dictionary(store.read_raw, smalls, small) if fmt == "pack" else None
+    caps = (CAP_ZSTD_DICT,) if dictionary else ()
+    hdr = _Header(caps, refs, len(order), total)
+    try:
+        sink = _Sink(out, store.io)
+    except OSError as e:
+        raise BundleWriteError(f"cannot write bundle {os.fspath(out) if not hasattr(out, 'write') else '<stream>'}: {e.strerror}") from None
+    try:
+        if fmt == "pack":
+            digest, pack_bytes = _write_pack_bundle(store, hdr, order, dictionary, sink, progress)
+        else:
+            digest, pack_bytes = _write_json_bundle(store, hdr, order, sink, progress), 0
+        sink.commit()
+    except OSError as e:
+        sink.abort()
+        raise BundleWriteError(f"cannot write bundle {sink.path}: {e.strerror or e}; nothing was written") from None
+    except BaseException:
+        sink.abort()
+        raise
+    return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds)
+
+
+def _write_pack_bundle(store, hdr: _Header, order, dictionary, sink: _Sink, progress) -> tuple[str, int]:
+    h = blake3.blake3()
+
+    def emit(b: bytes | memoryview) -> None:
+        h.update(b)
+        sink.write(b)
+
+    raw_header = hdr.cbor()
+    if len(raw_header) > MAX_HEADER_SIZE:
+        raise UsageError(f"too many refs for one bundle (header of {len(raw_header)} bytes)")
+    prefix = _PREFIX.pack(BUNDLE_MAGIC, BUNDLE_VERSION, len(raw_header))
+    emit(prefix + raw_header + _U32.pack(crc32(prefix, raw_header)))
+    start = sink.size
+    stream = PackStream(emit, dictionary)
+    for oid in order:
+        stream.add(store.read_raw(oid))
+        if progress:
+            progress(1)
+    stream.finish()
+    pack_bytes = sink.size - start
+    digest = h.digest()
+    sink.write(digest)
+    return digest.hex(), pack_bytes
+
+
+def _write_json_bundle(store, hdr: _Header, order, sink: _Sink, progress) -> str:
+    digest = blake3.blake3(_JSON_DIGEST_PREFIX + hdr.cbor())
+    head = {
+        "format": JSON_FORMAT_NAME,
+        "version": BUNDLE_VERSION,
+        "capabilities": list(hdr.capabilities),
+        "refs": {g: {n: v.hex() for n, v in sorted(r.items())} for g, r in sorted(hdr.refs.items())},
+        "objectCount": hdr.objects,
+        "objectBytes": hdr.size,
+    }
+    sink.write(json.dumps(head, separators=(",", ":"))[:-1].encode() + b',"objects":[')
+    for i, oid in enumerate(order):
+        obj = store.read_raw(oid)
+        digest.update(oid)
+        el = {"id": obj.hex, "kind": obj.kind, "bytes": base64.b64encode(obj.raw).decode("ascii")}
+        sink.write((",\n" if i else "\n").encode() + json.dumps(el, separators=(",", ":")).encode())
+        if progress:
+            progress(1)
+    d = digest.hexdigest()
+    sink.write(b'\n],"digest":"' + d.encode() + b'"}\n')
+    return d
+
+
+# ================================================================== import
+
+
+def _reaches(store: Store, start: ObjectId, target: ObjectId) -> bool:
+    """Is ``target`` reachable from ``start`` through links?"""
+    stack = [start]
+    seen: set[ObjectId] = set()
+    while stack:
+        oid = stack.pop()
+        if oid == target:
+            return True
+        if oid in seen:
+            continue
+        seen.add(oid)
+        try:
+            obj = store.read_raw(oid)
+        except MissingObject:
+            continue
+        if obj.kind == "blob":
+            continue
+        stack.extend(c for c in links_of(obj.kind, decode_body(obj)) if c not in seen)
+    return False
+
+
+def _check_fast_forward(store: Store, group: str, local: Mapping[str, bytes], new: Mapping[str, bytes]) -> None:
+    for name in sorted(local):
+        lv = local[name]
+        nv = new.get(name)
+        if nv is None:
+            raise BundleRefused(group, name, lv, None, "importing would drop it")
+        if nv == lv or _reaches(store, nv, lv):
+            continue
+        if _reaches(store, lv, nv):
+            raise BundleRefused(group, name, lv, nv, "the local history is newer than the bundle's")
+        raise BundleRefused(group, name, lv, nv, "the histories diverged")
+
+
+def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
+    if not isinstance(refs, Mapping):
+        raise TypeError(f"transform must return a mapping of ref names to ids, not {type(refs).__name__}")
+    out = {}
+    for name, oid in refs.items():
+        validate_ref_name(name)
+        if not isinstance(oid, bytes) or len(oid) != 32:
+            raise TypeError(f"transform returned a non-id for {group}/{name}")
+        if not store.has(oid):
+            raise MissingObject(oid.hex(), f"{store.root} (transform's ref {group}/{name})")
+        out[name] = oid
+    if not out:
+        raise TypeError(f"transform returned no refs for {group}")
+    return out
+
+
+Transform = Callable[[str, dict[str, bytes]], Mapping[str, bytes]]
+
+
+def import_bundle(
+    store: Store,
+    path: str,
+    *,
+    transform: Transform | None = None,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Verify a bundle completely, then add its objects, then its refs.
+
+    Streaming: objects the store lacks are staged, verbatim, into a
+    temporary pack while every check runs; the pack's index is committed
+    only after the whole bundle verified and every ref update is known to
+    be a fast-forward. ``transform(group, refs) -> refs`` may rewrite the
+    refs (it may ``store.put`` new objects, and can read the bundle's).
+    Then one transaction per group moves its refs (CAS against what was
+    checked), so objects are durable before any ref names them.
+
+    Importing the same bundle twice is a no-op. A local ref that the
+    bundle's value does not descend from refuses the import
+    (:class:`BundleRefused`); a bad bundle raises :class:`BadBundle`. Either
+    way no ref, object or pack index is written (``transform`` may have
+    left unreferenced objects, which fsck reports as dangling).
+    """
+    with _reading(path) as r:
+        _set_total(progress, r.header.objects)
+        with store.writing():  # gc must not prune (or take our temp pack) meanwhile
+            writer: PackWriter | None = None
+            try:
+                for item in r:
+                    if not store.has(item.obj.id):
+                        if writer is None:
+                            writer = store.pack_writer(r.dictionary)
+                        if item.head:
+                            writer.add_entry(item.head, item.stored)
+                        else:
+                            writer.add(item.obj)
+                    if progress:
+                        progress(1)
+                sealed = writer.seal() if writer is not None else None
+            except BaseException:
+                if writer is not None:
+                    writer.abort()
+                raise
+            info = r.info
+            assert info is not None
+            try:
+                return _apply_refs(store, info, r.header.refs, sealed, transform)
+            finally:
+                if sealed is not None:
+                    sealed.discard()  # a no-op once committed
+                store.reload_packs()
+
+
+def _apply_refs(store: Store, info: BundleInfo, refs, sealed, transform) -> ImportResult:
+    with contextlib.ExitStack() as stack:
+        if sealed is not None:
+            reader = sealed.reader()
+            stack.callback(reader.close)
+            stack.enter_context(store.pinned_source(reader))
+        plan = []
+        for group in sorted(refs):
+            new = dict(refs[group])
+            if transform is not None:
+                new = _check_transformed(store, group, transform(group, dict(new)))
+            local = store.refs.read(group)
+            _check_fast_forward(store, group, local.refs, new)
+            plan.append((group, local, new))
+        pack = sealed.commit().name if sealed is not None else None
+    statuses: dict[str, str] = {}
+    written: dict[str, dict[str, bytes]] = {}
+    for group, local, new in plan:
+        written[group] = new
+        if local.exists and local.refs == new and local.deleted_ns is None:
+            statuses[group] = "unchanged"
+            continue
+        updates = [RefUpdate(n, local.refs.get(n), v) for n, v in sorted(new.items()) if local.refs.get(n) != v]
+        store.refs.transaction(group, updates, reason=f"import bundle {info.digest[:16]}", deleted_ns=None)
+        statuses[group] = "created" if not local.exists else ("restored" if local.refs == new else "updated")
+    return ImportResult(info, sealed.count if sealed is not None else 0, pack, statuses, written)

@@ -1,0 +1,466 @@
+"""gc: pack what is reachable, prune what is not (after a grace period).
+
+Like ``git gc``: every object reachable from a root is written into one
+new pack; loose copies of packed objects are removed; objects reachable
+from no root are removed once they are older than the grace period
+(default two weeks), so an object a concurrent run wrote before moving its
+ref is never deleted. A ref group marked deleted (``session delete``) is
+removed once it has been deleted for longer than the grace period; gc never
+removes a group that is not marked.
+
+Roots: every ref of every group, and every object named by a committed
+reflog line. If anything reachable from a *ref* is missing or corrupt, gc
+aborts before writing or deleting anything (:class:`GcAborted`): deleting
+on the strength of a broken graph could only make things worse.
+
+Two phases:
+
+1. without blocking writers (only one gc at a time, ``locks/gc-run.lock``):
+   compute the reachable set and write the new pack;
+2. under the store lock's exclusive side (:meth:`Store.pruning`; writers
+   hold the shared side, :meth:`Store.writing`): recompute the roots (refs
+   may have moved), then remove expired groups, old packs, packed loose
+   copies and expired unreachable objects. Unreachable objects of a removed
+   pack that are still within the grace period become loose files again
+   with the pack's mtime, as ``git repack --unpack-unreachable`` does.
+
+Every file change goes through the store's :class:`~.fsio.FileIO`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from kxen_agent.errors import KxenError, UsageError
+
+from .locks import file_lock
+from .objects import CorruptObject, ObjectId, decode_body, links_of
+from .pack import DICT_SAMPLE_MAX_OBJECT, PackReader, sample_dictionary
+from .refs import CorruptRef
+from .repo import MissingObject, Store
+
+__all__ = ["DEFAULT_PRUNE", "GcAborted", "GcReport", "BadDuration", "gc", "parse_duration"]
+
+#: The default grace period, as git's ``gc.pruneExpire``.
+DEFAULT_PRUNE = "2w"
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(?:\d+[smhdw])+")
+
+
+class BadDuration(UsageError):
+    """A ``--prune`` value that is not a duration."""
+
+
+class GcAborted(KxenError):
+    """gc found the object graph broken and changed nothing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"gc aborted, nothing was written or deleted: {reason}; run 'kxen-agent fsck'")
+        self.reason = reason
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``,
+    combinations (``1d12h``), ``0`` or ``now`` (no grace), ``never`` (None)."""
+    t = text.strip().lower()
+    if t in ("now", "0"):
+        return 0.0
+    if t == "never":
+        return None
+    if not _DURATION.fullmatch(t):
+        raise BadDuration(
+            f"invalid --prune value {text!r}: give a duration like 2w, 3d, 12h, 30m, 45s, or 'now', '0', 'never'"
+        )
+    return float(sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", t)))
+
+
+@dataclass
+class GcReport:
+    state_dir: str
+    prune: str
+    reachable: int = 0
+    packed: int = 0
+    pack: str | None = None
+    loose_removed: int = 0
+    pruned: int = 0
+    kept_unreachable: int = 0
+    exploded: int = 0
+    packs_removed: int = 0
+    groups_removed: list[str] = field(default_factory=list)
+    tmp_removed: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "stateDir": self.state_dir,
+            "prune": self.prune,
+            "reachable": self.reachable,
+            "packedObjects": self.packed,
+            "pack": self.pack,
+            "looseRemoved": self.loose_removed,
+            "pruned": self.pruned,
+            "keptUnreachable": self.kept_unreachable,
+            "exploded": self.exploded,
+            "packsRemoved": self.packs_removed,
+            "groupsRemoved": self.groups_removed,
+            "tmpRemoved": self.tmp_removed,
+            "bytesBefore": self.bytes_before,
+            "bytesAfter": self.bytes_after,
+        }
+
+
+@dataclass
+class _Roots:
+    refs: list[tuple[str, ObjectId]]  # (where, id): their closure must be complete
+    logged: list[tuple[str, ObjectId]]  # reflog values: kept, best effort
+    expired: list[str]  # groups deleted longer than the grace period
+
+
+def _roots(store: Store, cutoff_ns: int | None, *, skip: Iterable[str] = ()) -> _Roots:
+    out = _Roots([], [], [])
+    skip = set(skip)
+    for group in store.refs.groups():
+        if group in skip:
+            continue
+        try:
+            state = store.refs.read(group)
+            log = store.refs.reflog(group)
+        except (CorruptRef, KxenError) as e:
+            raise GcAborted(f"cannot read ref group {group}: {e}") from None
+        if state.deleted_ns is not None and cutoff_ns is not None and state.deleted_ns <= cutoff_ns:
+            out.expired.append(group)
+            continue
+        for name, oid in sorted(state.refs.items()):
+            out.refs.append((f"ref {group}/{name}", oid))
+        for e in log:
+            for v in (e.old, e.new):
+                if v is not None:
+                    out.logged.append((f"reflog of {group}", v))
+    return out
+
+
+def _closure(
+    store: Store,
+    roots: list[tuple[str, ObjectId]],
+    reachable: set[ObjectId],
+    order: list[ObjectId] | None,
+    *,
+    strict: bool,
+    progress: Callable[[int], None] | None = None,
+    small: list | None = None,
+) -> None:
+    """Add everything reachable from ``roots`` to ``reachable`` (in DFS pre-order to ``order``).
+
+    Objects already in ``reachable`` are not descended into: callers pass a
+    set that is closed. ``strict``: a missing object aborts gc.
+    """
+    stack = [(oid, where) for where, oid in reversed(roots)]
+    while stack:
+        oid, where = stack.pop()
+        if oid in reachable:
+            continue
+        try:
+            obj = store.read_raw(oid)
+            value = decode_body(obj)
+        except MissingObject:
+            if strict:
+                raise GcAborted(f"object {oid.hex()} (reached from {where}) is missing") from None
+            continue
+        except CorruptObject as e:
+            raise GcAborted(f"object {oid.hex()} (reached from {where}) is corrupt: {e.reason}") from None
+        reachable.add(oid)
+        if order is not None:
+            order.append(oid)
+        if small is not None and len(obj.raw) <= DICT_SAMPLE_MAX_OBJECT:
+            small[0] += len(obj.raw)  # what a dictionary would serve
+            small.append(oid)
+        if progress:
+            progress(1)
+        children = list(links_of(obj.kind, value))
+        for child in reversed(children):
+            if child not in reachable:
+                stack.append((child, f"object {oid.hex()}"))
+
+
+def _disk_usage(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def _unlink(store: Store, path: str) -> bool:
+    try:
+        store.io.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def gc(
+    store: Store,
+    *,
+    prune: str | float | None = DEFAULT_PRUNE,
+    progress: Callable[[int], None] | None = None,
+    now: float | None = None,
+    lock_timeout: float | None = None,
+) -> GcReport:
+    """Pack reachable objects, prune expired unreachable ones, drop expired deleted groups.
+
+    ``prune``: the grace period, as a ``--prune`` string or seconds; ``None``
+    or ``"never"`` prunes nothing. ``now`` overrides the clock (tests).
+    ``lock_timeout``: how long phase 2 waits for writers to leave
+    :meth:`Store.writing` (default: the store's lock timeout).
+    """
+    grace = parse_duration(prune) if isinstance(prune, str) else (None if prune is None else float(prune))
+    label = prune if isinstance(prune, str) else ("never" if grace is None else f"{grace:g}s")
+    rep = GcReport(store.root, label)
+    if not store.exists:
+        return rep  # nothing to collect, and gc must not create a state dir
+    now = time.time() if now is None else now
+    cutoff = None if grace is None else now - grace
+    cutoff_ns = None if cutoff is None else int(cutoff * 1e9)
+    objects_dir = os.path.join(store.root, "objects")
+    rep.bytes_before = _disk_usage(objects_dir)
+    store.io.makedirs(os.path.join(store.root, "locks"))
+    with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0):
+        sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress)
+        _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
+    store.reload_packs()
+    rep.bytes_after = _disk_usage(objects_dir)
+    return rep
+
+
+@dataclass
+class _Phase1:
+    reachable: set[ObjectId]
+    old_packs: list[PackReader]  # packs to replace (empty: no repack)
+    new_pack: str | None  # name of the pack written, if any
+
+
+def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1:
+    store.reload_packs()
+    roots = _roots(store, cutoff_ns)
+    reachable: set[ObjectId] = set()
+    order: list[ObjectId] = []
+    small: list = [0]  # total size, then the ids
+    _closure(store, roots.refs, reachable, order, strict=True, small=small)
+    _closure(store, roots.logged, reachable, order, strict=False, small=small)
+    old_packs = [p for p in store.packs if isinstance(p, PackReader) and p not in store._pinned]
+
+    def in_old_packs(oid: ObjectId) -> bool:
+        return any(p.has(oid) for p in old_packs)
+
+    needs = len(old_packs) > 1 or any(oid in reachable and not in_old_packs(oid) for oid in store.loose.iter_ids())
+    if not needs and len(old_packs) == 1 and cutoff is not None:
+        p = old_packs[0]
+        needs = p.mtime() <= cutoff and any(oid not in reachable for oid in p.iter_ids())
+    if not needs:
+        return _Phase1(reachable, [], None)
+    if not reachable:  # nothing to pack: the old packs only hold garbage
+        return _Phase1(reachable, old_packs, None)
+
+    # Reuse the dictionary of the pack that already holds most of what is
+    # reachable: its entries are then copied verbatim (CRC-checked), the
+    # rest compressed with it. Otherwise train one on a sample.
+    best, best_n = None, 0
+    for p in old_packs:
+        n = sum(1 for oid in order if p.has(oid)) if p.dictionary else 0
+        if n > best_n:
+            best, best_n = p, n
+    if best is not None and 2 * best_n >= len(order):
+        dictionary = best.dictionary
+    else:
+        best = None
+        dictionary = sample_dictionary(store.read_raw, small[1:], small[0])
+    with store.pack_writer(dictionary) as w:
+        for oid in order:
+            try:
+                found = best.entry(oid) if best is not None else None
+            except CorruptObject:
+                found = None  # a damaged copy: recompress the good one closure read
+            if found is not None:
+                _e, head, stored = found
+                w.add_entry(head, stored)
+            else:
+                w.add(store.read_raw(oid))
+            if progress:
+                progress(1)
+        sealed = w.seal()
+        try:
+            info = sealed.commit()
+        except BaseException:
+            sealed.discard()
+            raise
+    rep.packed = info.count
+    rep.pack = info.name
+    store.reload_packs()
+    return _Phase1(reachable, old_packs, info.name)
+
+
+def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:
+    with store.pruning(lock_timeout):
+        store.reload_packs()
+        roots = _roots(store, cutoff_ns)
+        reachable = set(p1.reachable)
+        try:
+            # Closed since phase 1 (nothing was deleted): only new objects are read.
+            _closure(store, roots.refs, reachable, None, strict=True)
+        except GcAborted:
+            if p1.new_pack:
+                base = os.path.join(store.pack_dir, f"pack-{p1.new_pack}")
+                _unlink(store, base + ".idx")
+                _unlink(store, base + ".pack")
+                store.io.fsync_dir(store.pack_dir)
+                rep.packed, rep.pack = 0, None
+            raise
+        _closure(store, roots.logged, reachable, None, strict=False)
+
+        # 1. Expired deleted groups; one whose lock is busy waits for the next gc.
+        kept_groups = []
+        for group in roots.expired:
+            if _remove_group(store, group, cutoff_ns):
+                rep.groups_removed.append(group)
+            else:
+                kept_groups.append(group)
+        if kept_groups:
+            extra = _roots(store, None, skip=[g for g in store.refs.groups() if g not in kept_groups])
+            _closure(store, extra.refs + extra.logged, reachable, None, strict=False)
+        rep.reachable = len(reachable)
+
+        # 2. Old packs, once the new one holds what they had that is reachable.
+        if p1.old_packs:
+            olds = [p for p in p1.old_packs if p.name != p1.new_pack]
+            survivors = [p for p in store.packs if isinstance(p, PackReader) and p not in olds]
+            with store.batch():
+                for old in olds:
+                    try:
+                        mtime = old.mtime()
+                    except FileNotFoundError:
+                        continue
+                    young = cutoff is None or mtime > cutoff
+                    for oid in old.iter_ids():
+                        if any(p.has(oid) for p in survivors):
+                            continue
+                        if oid in reachable or young:
+                            obj = _read_for_explode(store, old, oid, oid in reachable)
+                            if obj is None:
+                                continue
+                            store.loose.write(obj)
+                            if oid not in reachable:
+                                try:
+                                    os.utime(store.loose.path(oid), (mtime, mtime))  # keep its age
+                                except OSError:
+                                    pass
+                            rep.exploded += 1
+                        else:
+                            rep.pruned += 1
+                        if progress:
+                            progress(1)
+            for old in olds:
+                base = old.path[: -len(".pack")]
+                removed = _unlink(store, base + ".idx")  # the index first: the pack is gone
+                removed = _unlink(store, base + ".pack") or removed
+                rep.packs_removed += int(removed)
+            if olds:
+                store.io.fsync_dir(store.pack_dir)
+            store.reload_packs()
+
+        # 3. Loose objects: packed copies go; unreachable ones go once expired.
+        survivors = [p for p in store.packs if isinstance(p, PackReader)]
+        touched: set[str] = set()
+        for oid in list(store.loose.iter_ids()):
+            path = store.loose.path(oid)
+            if any(p.has(oid) for p in survivors):
+                if _unlink(store, path):
+                    rep.loose_removed += 1
+                    touched.add(os.path.dirname(path))
+            elif oid in reachable:
+                continue
+            else:
+                try:
+                    mtime = os.stat(path).st_mtime
+                except FileNotFoundError:
+                    continue
+                if cutoff is not None and mtime <= cutoff:
+                    if _unlink(store, path):
+                        rep.pruned += 1
+                        touched.add(os.path.dirname(path))
+                else:
+                    rep.kept_unreachable += 1
+            if progress:
+                progress(1)
+        for d in sorted(touched):
+            store.io.fsync_dir(d)
+
+        # 4. Temp files of crashed writers, and packs whose index never came.
+        # Every writer of the store holds the shared lock while its temp files
+        # exist, so under the exclusive lock any temp file is garbage; the
+        # grace period still applies, as git applies it to its tmp_ files.
+        if cutoff is not None:
+            rep.tmp_removed += _remove_stale_tmp(store, cutoff)
+
+
+def _read_for_explode(store: Store, pack: PackReader, oid: ObjectId, needed: bool):
+    try:
+        return pack.read_raw(oid)
+    except CorruptObject as e:
+        # Nothing is deleted yet: refuse rather than drop a needed object.
+        if needed and not store.loose.has(oid):
+            raise GcAborted(f"object {oid.hex()} is corrupt in {pack.path}: {e.reason}") from None
+        return None
+
+
+def _remove_group(store: Store, group: str, cutoff_ns: int | None) -> bool:
+    # timeout=0: gc holds the store's exclusive lock, and a writer holding
+    # this group's lock may be waiting for the shared side — never wait here.
+    try:
+        with store.refs.lock(group, timeout=0):
+            state = store.refs.read(group)  # re-read under the lock
+            if state.deleted_ns is None or cutoff_ns is None or state.deleted_ns > cutoff_ns:
+                return False
+            for p in (store.refs.ref_path(group), store.refs.log_path(group)):
+                if _unlink(store, p):  # the ref file first: then the group is gone
+                    store.io.fsync_dir(os.path.dirname(p))
+            return True
+    except KxenError:
+        return False
+
+
+def _remove_stale_tmp(store: Store, cutoff: float) -> int:
+    n = 0
+    objects_dir = os.path.join(store.root, "objects")
+    dirs = [store.pack_dir] + [os.path.join(objects_dir, d) for d in _listdir(objects_dir) if len(d) == 2]
+    for d in dirs:
+        names = _listdir(d)
+        idx = {x[:-4] for x in names if x.endswith(".idx")}
+        for name in names:
+            orphan_pack = d == store.pack_dir and name.endswith(".pack") and name[:-5] not in idx
+            if not (name.startswith("tmp_") or orphan_pack):
+                continue
+            path = os.path.join(d, name)
+            try:
+                if os.lstat(path).st_mtime > cutoff:
+                    continue
+            except FileNotFoundError:
+                continue
+            if _unlink(store, path):
+                n += 1
+    return n
+
+
+def _listdir(d: str) -> list[str]:
+    try:
+        return sorted(os.listdir(d))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,370 @@
+"""Packs: the byte format, the index, lookup, verification and the writer's durability."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import struct
+import tracemalloc
+
+import blake3
+import pytest
+
+from kxen_agent.store import Store, fsck
+from kxen_agent.store.fsio import FileIO
+from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, encode_object
+from kxen_agent.store.pack import (
+    ENTRY_HEADER_SIZE,
+    METHOD_STORED,
+    METHOD_ZSTD,
+    METHOD_ZSTD_DICT,
+    BadPack,
+    Decompressor,
+    Entry,
+    PackReader,
+    PackWriter,
+    choose_dictionary,
+    encode_entry,
+    parse_entry_header,
+    scan_entries,
+)
+
+
+class TracingIO(FileIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []
+        self.hook = lambda op, path: self.ops.append((op, path))
+
+
+def messages(n: int, seed: int = 0) -> list:
+    """Session-like objects: similar small messages and a few tool outputs."""
+    rng = random.Random(seed)
+    words = "the a file test run error value import session object tool call output read write fix".split()
+    out = []
+    parent = None
+    for i in range(n):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(5, 60)))
+        v = {"role": rng.choice(["user", "assistant", "tool"]), "text": text, "seq": i}
+        if parent is not None:
+            v["parent"] = parent
+        if i % 7 == 0:
+            blob = encode_object("blob", ("\n".join(f"line {j}: {rng.choice(words)}" for j in range(rng.randint(5, 80)))).encode())
+            out.append(blob)
+            v["output"] = blob.id
+        m = encode_object("message", v)
+        out.append(m)
+        parent = m.id
+    return out
+
+
+def write_pack(pack_dir: str, objs, *, io: FileIO | None = None, dictionary: bytes | None = None):
+    with PackWriter(pack_dir, io or FileIO(), dictionary) as w:
+        for o in objs:
+            w.add(o)
+        return w.seal().commit()
+
+
+# ------------------------------------------------------------------ round trip
+
+
+@pytest.mark.parametrize("use_dict", [False, True])
+def test_every_object_reads_back_and_lookup_agrees_with_a_sorted_list(tmp_path, use_dict):
+    objs = messages(400)
+    raws = [o.raw for o in objs]
+    d = choose_dictionary(raws, sum(map(len, raws))) if use_dict else None
+    assert (d is not None) == use_dict
+    info = write_pack(str(tmp_path), objs, dictionary=d)
+    r = PackReader.open(info.pack_path[:-5])
+    assert r.count == len({o.id for o in objs}) == info.count
+    assert list(r.iter_ids()) == sorted({o.id for o in objs})
+    for o in objs:
+        got = r.read_raw(o.id)
+        assert got.raw == o.raw and got.kind == o.kind
+        assert r.has(o.id)
+    absent = encode_object("blob", b"not in the pack").id
+    assert not r.has(absent) and r.read_raw(absent) is None
+    some = objs[17].id.hex()
+    assert r.with_prefix(some[:9]) == [objs[17].id]
+    assert r.with_prefix("") == []
+    r.verify()
+    # The pack is named by the BLAKE3 of its content before the trailer.
+    with open(info.pack_path, "rb") as f:
+        data = f.read()
+    assert blake3.blake3(data[:-32]).digest() == data[-32:] == bytes.fromhex(info.name)
+    assert os.path.basename(info.pack_path) == f"pack-{info.name}.pack"
+    r.close()
+
+
+def test_a_dictionary_makes_small_similar_objects_smaller(tmp_path):
+    objs = messages(600, seed=3)
+    raws = [o.raw for o in objs]
+    d = choose_dictionary(raws, sum(map(len, raws)))
+    assert d is not None and d[:4] == b"\x37\xa4\x30\xec"
+    plain = write_pack(str(tmp_path / "plain"), objs)
+    with_dict = write_pack(str(tmp_path / "dict"), objs, dictionary=d)
+    # Including the dictionary's own bytes, the pack is smaller.
+    assert with_dict.size < 0.9 * plain.size, (with_dict.size, plain.size)
+    # Training is deterministic: the same objects give the same pack.
+    again = write_pack(str(tmp_path / "again"), objs, dictionary=choose_dictionary(raws, sum(map(len, raws))))
+    assert again.name == with_dict.name
+
+
+def test_no_dictionary_for_few_or_tiny_objects():
+    objs = messages(5)
+    assert choose_dictionary([o.raw for o in objs], 10_000) is None
+
+
+def test_lookup_is_logarithmic_and_reads_only_the_entry(tmp_path):
+    objs = [encode_object("blob", b"object %d" % i) for i in range(5000)]
+    info = write_pack(str(tmp_path), objs)
+    r = PackReader.open(info.pack_path[:-5])
+    calls = 0
+    real = r._id_at
+
+    def counting(i):
+        nonlocal calls
+        calls += 1
+        return real(i)
+
+    r._id_at = counting  # type: ignore[method-assign]
+    for o in objs[:200]:
+        calls = 0
+        assert r.read_raw(o.id).raw == o.raw
+        assert calls <= math.ceil(math.log2(len(objs))) + 1
+    r.close()
+    # Damage one entry: the others still read (nothing reads the whole pack),
+    # the damaged one is refused, and verify() finds it.
+    victim = objs[100]
+    r = PackReader.open(info.pack_path[:-5])
+    off, _crc = r._locate(victim.id)
+    r.close()
+    with open(info.pack_path, "r+b") as f:
+        f.seek(off + ENTRY_HEADER_SIZE + 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x10]))
+    r = PackReader.open(info.pack_path[:-5])
+    assert r.read_raw(objs[101].id).raw == objs[101].raw
+    with pytest.raises(CorruptObject, match="checksum"):
+        r.read_raw(victim.id)
+    with pytest.raises(BadPack):
+        r.verify()
+    r.close()
+
+
+# ------------------------------------------------------------------ durability
+
+
+def test_writer_renames_the_pack_then_the_index_last(tmp_path):
+    io = TracingIO()
+    pack_dir = str(tmp_path / "objects" / "pack")
+    info = write_pack(pack_dir, messages(30), io=io)
+    ops = [(op, os.path.basename(p)) for op, p in io.ops if op != "write" and op != "append"]
+    renames = [p for op, p in ops if op == "rename"]
+    assert renames == [f"pack-{info.name}.pack", f"pack-{info.name}.idx"]
+    i_pack = ops.index(("rename", f"pack-{info.name}.pack"))
+    i_idx = ops.index(("rename", f"pack-{info.name}.idx"))
+    # temp pack fsynced before its rename; the directory synced before the
+    # index is named (the pack's name is durable first) and after.
+    assert ops[i_pack - 1][0] == "fsync" and ops[i_pack - 1][1].startswith("tmp_pack_")
+    assert ops[i_pack + 1] == ("fsync_dir", "pack")
+    assert ops[i_idx - 1][0] == "fsync" and ops[i_idx - 1][1].startswith("tmp_idx_")
+    assert ops[-1] == ("fsync_dir", "pack") and i_idx == len(ops) - 2
+    assert sorted(os.listdir(pack_dir)) == [f"pack-{info.name}.idx", f"pack-{info.name}.pack"]
+
+
+def test_a_sealed_pack_is_invisible_until_committed_and_an_aborted_one_leaves_nothing(tmp_path):
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    objs = messages(20)
+    w = PackWriter(store.pack_dir, store.io)
+    for o in objs:
+        w.add(o)
+    sealed = w.seal()
+    assert not Store(store.root).has(objs[0].id)
+    r = sealed.reader()  # readable before the commit (import checks refs with it)
+    assert r.read_raw(objs[3].id).raw == objs[3].raw
+    r.close()
+    sealed.commit()
+    assert Store(store.root).read_raw(objs[3].id).raw == objs[3].raw
+
+    with pytest.raises(RuntimeError):
+        with PackWriter(store.pack_dir, store.io) as w2:
+            w2.add(encode_object("blob", b"x"))
+            raise RuntimeError("crash")
+    assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")]
+
+
+# ------------------------------------------------------------------ corruption
+
+
+def test_every_flipped_bit_of_a_pack_or_its_index_is_detected(tmp_path):
+    objs = [encode_object("blob", b"alpha"), encode_object("message", {"t": "beta"}), encode_object("blob", b"gamma" * 30)]
+    info = write_pack(str(tmp_path / "p"), objs)
+    base = info.pack_path[:-5]
+    files = {".pack": open(info.pack_path, "rb").read(), ".idx": open(base + ".idx", "rb").read()}
+    for ext, data in files.items():
+        for i in range(len(data)):
+            bad = bytearray(data)
+            bad[i] ^= 1 << (i % 8)
+            d = tmp_path / "m"
+            d.mkdir(exist_ok=True)
+            for e2, d2 in files.items():
+                (d / f"pack-{info.name}{e2}").write_bytes(bytes(bad) if e2 == ext else d2)
+            try:
+                r = PackReader.open(str(d / f"pack-{info.name}"))
+            except BadPack:
+                continue
+            try:
+                with pytest.raises((BadPack, CorruptObject)):
+                    r.verify()
+                    for o in objs:
+                        r.read_raw(o.id)
+            finally:
+                r.close()
+
+
+def test_scanner_resynchronises_after_a_corrupt_length(tmp_path):
+    objs = [encode_object("blob", b"entry %d " % i * (i + 1)) for i in range(10)]
+    info = write_pack(str(tmp_path), objs)
+    data = bytearray(open(info.pack_path, "rb").read())
+    r = PackReader.open(info.pack_path[:-5])
+    start, end = r.data_start, r.entries_end
+    off, _ = r._locate(objs[3].id)
+    r.close()
+    struct.pack_into(">Q", data, off + 45, 999_999)  # entry 3's stored length
+    with pytest.raises(BadPack):
+        list(scan_entries(bytes(data), start, end, "p", has_dict=False))
+    skipped = []
+    found = [e.id for e in scan_entries(bytes(data), start, end, "p", has_dict=False, resync=True,
+                                        skipped=lambda a, b, why: skipped.append((a, b, why)))]
+    assert found == [o.id for o in objs if o is not objs[3]]
+    assert len(skipped) == 1 and skipped[0][0] == off
+
+
+# ------------------------------------------------------------------ bounds
+
+
+def _hostile_entries():
+    oid = b"\x01" * 32
+    yield encode_entry(METHOD_STORED, oid, 1 << 40, b"x"), "1099511627776-byte object"
+    yield encode_entry(METHOD_ZSTD, oid, 10, b"y" * 11), "stores 11 bytes for a 10-byte object"
+    yield encode_entry(METHOD_ZSTD_DICT, oid, 10, b"y"), "has none"
+    yield encode_entry(5, oid, 10, b"y"), "unknown compression method"
+
+
+@pytest.mark.parametrize("data,reason", list(_hostile_entries()))
+def test_entry_headers_claiming_too_much_are_refused_before_reading(data, reason):
+    with pytest.raises(BadPack, match=reason):
+        parse_entry_header(data[:ENTRY_HEADER_SIZE], 0, "hostile", has_dict=False)
+
+
+def _frame(declared: int, payload: bytes) -> bytes:
+    block = (1 | (len(payload) << 3)).to_bytes(3, "little")
+    return bytes.fromhex("28b52ffd") + bytes([0xE0]) + declared.to_bytes(8, "little") + block + payload
+
+
+@pytest.mark.parametrize(
+    "stored,raw_len,reason",
+    [
+        (_frame(1 << 40, b"abc"), 100, "declares 1099511627776 bytes"),
+        (_frame(MAX_OBJECT_SIZE + 100, b"abc"), 100, "declares"),
+        (bytes.fromhex("28b52ffd") + bytes([0xE0]) + (10).to_bytes(8, "little") + (1 | 2 << 1 | (1 << 17) << 3).to_bytes(3, "little") + b"a", 64, "declares 10 bytes"),
+        (bytes.fromhex("28b52ffd") + bytes([0xE0]) + (64).to_bytes(8, "little") + (1 | 1 << 1 | (1 << 17) << 3).to_bytes(3, "little") + b"a", 64, "does not decompress"),
+        (b"not zstd at all", 100, "not a zstd frame"),
+    ],
+)
+def test_a_frame_cannot_make_the_reader_allocate_past_the_entry(stored, raw_len, reason):
+    e = Entry(0, METHOD_ZSTD, b"\x02" * 32, raw_len, len(stored), 0)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptObject, match=reason):
+            Decompressor(None).decompress(e, stored, "hostile")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+# ------------------------------------------------------------------ copying
+
+
+def test_entries_copy_verbatim_between_packs_with_the_same_dictionary(tmp_path):
+    objs = messages(300, seed=9)
+    raws = [o.raw for o in objs]
+    d = choose_dictionary(raws, sum(map(len, raws)))
+    a = write_pack(str(tmp_path / "a"), objs, dictionary=d)
+    ra = PackReader.open(a.pack_path[:-5])
+    with PackWriter(str(tmp_path / "b"), FileIO(), ra.dictionary) as w:
+        for o in objs[::2]:
+            _e, head, stored = ra.entry(o.id)
+            assert w.add_entry(head, stored)
+            assert not w.add_entry(head, stored)  # once only
+        b = w.seal().commit()
+    rb = PackReader.open(b.pack_path[:-5])
+    for o in objs[::2]:
+        assert rb.read_raw(o.id).raw == o.raw
+        assert rb.entry(o.id)[1:] == ra.entry(o.id)[1:]  # same bytes, no recompression
+    _e, head, stored = ra.entry(objs[1].id)
+    with PackWriter(str(tmp_path / "c"), FileIO(), ra.dictionary) as w:
+        with pytest.raises(BadPack, match="checksum"):
+            w.add_entry(head, stored[:-1] + bytes([stored[-1] ^ 1]))
+        w.abort()
+    ra.close()
+    rb.close()
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_store_reads_packed_and_loose_objects_alike(tmp_path):
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    objs = messages(50)
+    write_pack(store.pack_dir, objs[:30], io=store.io)
+    for o in objs[30:]:
+        store.put_raw(o)
+    store = Store(store.root)
+    for o in objs:
+        assert store.read_raw(o.id).raw == o.raw
+    assert store.resolve(objs[5].hex[:12]) == objs[5].id
+    assert set(store.iter_ids()) == {o.id for o in objs}
+    rep = fsck(store)
+    assert rep.clean and rep.packed == 30 and rep.loose == len(objs) - 30
+
+
+def test_a_broken_index_is_named_by_fsck_and_does_not_stop_the_store(tmp_path):
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    info = write_pack(store.pack_dir, messages(10), io=store.io)
+    good = encode_object("blob", b"loose and fine")
+    store.put_raw(good)
+    idx = info.idx_path
+    data = bytearray(open(idx, "rb").read())
+    data[8 + 4 * 10] ^= 0xFF  # the fanout is no longer monotonic
+    open(idx, "wb").write(bytes(data))
+    store = Store(store.root)
+    assert store.read_raw(good.id).raw == good.raw
+    rep = fsck(store)
+    assert [p.kind for p in rep.problems] == ["corrupt-pack"]
+    assert "fanout" in rep.problems[0].message
+
+
+def test_a_reader_keeps_reading_a_pack_removed_under_it(tmp_path):
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    objs = messages(40)
+    old = write_pack(store.pack_dir, objs[:20], io=store.io)
+    reader = Store(store.root)
+    assert reader.read_raw(objs[0].id).raw == objs[0].raw
+    # Another process repacks: a new pack with everything, the old one removed.
+    write_pack(store.pack_dir, objs, io=store.io)
+    os.unlink(old.idx_path)
+    os.unlink(old.pack_path)
+    for o in objs:  # the old mapping still serves; the rest come from a reload
+        assert reader.read_raw(o.id).raw == o.raw
+    reader.reload_packs()
+    assert [getattr(p, "path") for p in reader.packs] != [old.pack_path]
+    assert all(reader.read_raw(o.id).raw == o.raw for o in objs)
