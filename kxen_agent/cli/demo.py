@@ -57,7 +57,8 @@ def run_demo(base: str | None) -> None:
         env = dict(os.environ, KXEN_AGENT_STATE_DIR=state)
         p = subprocess.run([sys.executable, "-m", "kxen_agent", *args], env=env, capture_output=True, text=True)
         if show:
-            for line in (p.stdout + p.stderr).rstrip("\n").split("\n"):
+            # Progress lines (stderr) happened before the result (stdout).
+            for line in (p.stderr + p.stdout).rstrip("\n").split("\n"):
                 out(f"  {line}")
         if p.returncode != expect:
             raise DemoFailed(f"`{shlex.join(cmd)}` exited {p.returncode}, expected {expect}: {p.stderr.strip()[-300:]}")

@@ -182,3 +182,50 @@ def delete_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = t
         emit_json({"session": info.id, "deleted": True})
     else:
         out(f"session {info.id} deleted (its objects are removed by `kxen-agent gc` after the grace period)")
+
+
+@session_app.command("export")
+def export_cmd(
+    sessions: list[str] = typer.Argument(..., metavar="SES...", help="Sessions to export (forks share history in the bundle)."),
+    output: str = typer.Option(..., "--output", "-o", help="Bundle file; a .json name writes the JSON form."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="pack or json (default: by the file name)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write a self-contained, credential-free bundle of the sessions."""
+    from kxen_agent.session.transfer import export_sessions
+
+    from ._render import Progress
+
+    store = Store.open()
+    prog = Progress("export", enabled=not json_out)
+    info = export_sessions(store, sessions, output, fmt=fmt, progress=prog)
+    prog.done()
+    if json_out:
+        emit_json(info.to_json())
+        return
+    out(f"wrote {output}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
+
+
+@session_app.command("import")
+def import_cmd(
+    bundle: str = typer.Argument(..., metavar="FILE"),
+    workspace: str = typer.Option(..., "--workspace", "-w", help="The workspace to bind the imported sessions to."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Verify a bundle, import its sessions and bind them to WORKSPACE."""
+    from kxen_agent.runtime.lease import Lease
+    from kxen_agent.session.transfer import import_sessions
+
+    from ._render import Progress
+
+    store = Store.open()
+    prog = Progress("import", enabled=not json_out)
+    res = import_sessions(store, bundle, workspace, progress=prog,
+                          acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
+    prog.done()
+    if json_out:
+        emit_json(res.to_json())
+        return
+    for ses, status in sorted(res.sessions.items()):
+        out(f"{ses}: {status}, bound to {res.workspace.root}")
+    out(f"imported {bundle}: {res.result.new_objects} new objects; resume with `kxen-agent --resume SES --workspace {res.workspace.root}`")
