@@ -28,6 +28,7 @@ class DemoFailed(KxenError):
 
 
 def _git(cwd: str, *args: str) -> None:
+    out(f"$ {shlex.join(['git', '-C', cwd, *args])}")
     subprocess.run(
         ["git", "-c", "user.name=kxen demo", "-c", "user.email=demo@kxen.invalid", "-c", "init.defaultBranch=main", *args],
         cwd=cwd, check=True, capture_output=True,
@@ -43,13 +44,13 @@ def run_demo(base: str | None) -> None:
     state_a = os.path.join(base, "runner-a-state")
     state_b = os.path.join(base, "runner-b-state")
     os.makedirs(ws)
+    out(f"# scratch workspace: {ws} (a Git repository, origin https://example.invalid/demo/repo.git)")
     _git(ws, "init", "-q")
     with open(os.path.join(ws, "README.md"), "w") as f:
         f.write("# demo project\n\nA scratch repository for the kxen-agent demo.\n")
     _git(ws, "add", "README.md")
     _git(ws, "commit", "-q", "-m", "initial commit")
     _git(ws, "remote", "add", "origin", "https://example.invalid/demo/repo.git")
-    out(f"# scratch workspace: {ws} (a Git repository, origin https://example.invalid/demo/repo.git)")
 
     def kx(state: str, *args: str, expect: int = 0, show: bool = True) -> str:
         cmd = ["kxen-agent", *args]

@@ -9,8 +9,10 @@ Import verifies the whole bundle, then binds every session in it to the
 workspace given, which must pass the same identity check as a rebind
 (repository identity, branch, recorded HEAD an ancestor of the current one);
 if any session fails it, nothing is imported. The binding is a new session
-metadata object linking to the bundle's (``reason: "import"``), so the
-history of where a session has lived stays readable.
+metadata object linking to the bundle's (``reason: "import"``), or to this
+runner's own later binding of it, so the meta ref only moves forward and the
+history of where a session has lived stays readable. A binding that already
+names the workspace (HEAD aside) is kept: importing twice is a no-op.
 """
 
 from __future__ import annotations
@@ -81,16 +83,16 @@ def import_sessions(store: Store, path: str, workspace: str, *,
         meta = store.get(meta_oid, "session")
         recorded = WorkspaceIdentity.from_record(meta["workspace"])
         check_binding(recorded, current, rebind=True)  # raises: nothing is imported
+        base_oid, base = meta_oid, meta
         local = store.refs.read(group).refs.get("meta")
-        if local is not None:
-            lmeta = store.get(local, "session")
-            # A re-import of the same session, already bound here: keep the
-            # local binding (importing twice is a no-op).
-            if local == meta_oid or (lmeta.get("previous") == meta_oid and lmeta["workspace"] == current.to_record()):
-                return dict(refs, meta=local)
-        if meta["workspace"] == current.to_record():
-            return refs
-        return dict(refs, meta=sessions.rebound_meta(meta, meta_oid, current, "import"))
+        if local is not None and local != meta_oid and _descends(store, local, meta_oid):
+            # This runner already bound the bundle's metadata (an earlier
+            # import or rebind here): build on that binding, so the meta ref
+            # only moves forward and re-importing to another path is a rebind.
+            base_oid, base = local, store.get(local, "session")
+        if _same_binding(base["workspace"], current):
+            return dict(refs, meta=base_oid)  # importing twice is a no-op
+        return dict(refs, meta=sessions.rebound_meta(base, base_oid, current, "import"))
 
     with ExitStack() as stack:
         if acquire_lease is not None:
@@ -101,3 +103,27 @@ def import_sessions(store: Store, path: str, workspace: str, *,
         res = import_bundle(store, path, transform=transform, progress=progress)
     by_ses = {g.partition("/")[2]: s for g, s in res.groups.items()}
     return ImportedSessions(res, by_ses, current)
+
+
+def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:
+    """Whether a recorded binding already names ``current``.
+
+    The recorded HEAD is left out: it is the HEAD when the binding was made,
+    and a resume accepts any descendant of it without writing a new binding.
+    """
+    now = current.to_record()
+    return all(record.get(k) == now[k] for k in now if k != "head")
+
+
+def _descends(store: Store, meta_oid: bytes, ancestor: bytes) -> bool:
+    """Whether session metadata ``meta_oid`` is ``ancestor`` rebound (``previous`` links), once or more."""
+    seen = set()
+    while meta_oid not in seen:
+        seen.add(meta_oid)
+        prev = store.get(meta_oid, "session").get("previous")
+        if prev is None:
+            return False
+        if prev == ancestor:
+            return True
+        meta_oid = prev
+    return False
