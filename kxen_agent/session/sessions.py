@@ -1,7 +1,7 @@
 """Sessions: durable conversations as objects and refs.
 
 A Session is a ref group ``sessions/<ses_id>`` with these refs
-(``objects_spec.md`` §13):
+(``objects_spec.md`` §14):
 
 - ``meta``: the Session metadata object (kind ``session``): ids, fork
   fields, the DCPAgent lock (a link to the ``agent`` object) and the

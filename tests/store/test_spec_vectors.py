@@ -1,7 +1,9 @@
-"""The test vectors of ``objects_spec.md`` §13, read from the spec itself.
+"""The test vectors of ``objects_spec.md`` (§13, §12.8, §12.12, §14.7, §14.9), read from the spec itself.
 
-Every fenced block of the spec that starts with ``vector:``, ``reject:`` or
-``example:`` is parsed here and checked against the implementation, so the
+Every fenced block of the spec that starts with ``vector:``, ``reject:``,
+``example:``, ``layout:`` (a file described field by field), ``remote-url:``
+or ``workspace-identity:``, and the JSON bundle example, is parsed here and
+checked against the implementation (and the files in ``hostile/``), so the
 spec and the code cannot drift apart: editing one byte of a vector in the
 markdown makes a test below fail. Ids are also recomputed with the
 ``blake3`` package directly and CBOR bodies cross-checked with ``cbor2``,
@@ -204,3 +206,139 @@ def test_text_renderings_match_the_hex() -> None:
     assert log_text
     whole = b"".join(bytes.fromhex(r["bytes"]) for r in REFLOG_LINES)
     assert log_text[0].replace("<TAB>", "\t").encode("utf-8") == whole
+
+
+# ------------------------------------------------------------------ §12.8, §12.12: bundles, packs, index
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)(?:\s+(.*))?$")
+
+
+def _layouts() -> dict[str, list[tuple[int, int, str]]]:
+    """``layout:`` blocks: name -> rows (offset, size, hex field); other lines continue a description."""
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    for block in _blocks():
+        if not block.startswith("layout: "):
+            continue
+        first, _, rest = block.partition("\n")
+        rows = []
+        for line in rest.splitlines():
+            m = _ROW.match(line)
+            if m:
+                rows.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+            else:
+                assert line.startswith(" ") and line.strip(), f"bad layout line {line!r}"
+        out[first[len("layout: ") :]] = rows
+    return out
+
+
+LAYOUTS = _layouts()
+
+
+def _check_layout(name: str, data: bytes) -> None:
+    rows = LAYOUTS[name]
+    at = 0
+    for off, size, field in rows:
+        assert off == at, f"{name}: row at {off}, expected {at}"
+        got = data[off : off + size]
+        assert len(got) == size, f"{name}: row at {off} runs past the end"
+        if "×" in field:
+            unit, times = field.split("×")
+            assert got == bytes.fromhex(unit) * int(times), f"{name}: row at {off}"
+        elif field.endswith("…"):
+            assert got.hex().startswith(field[:-1]), f"{name}: row at {off}"
+        else:
+            assert got.hex() == field, f"{name}: row at {off}"
+        at = off + size
+    assert at == len(data), f"{name}: the rows cover {at} of {len(data)} bytes"
+
+
+def test_spec_has_the_bundle_layouts() -> None:
+    assert set(LAYOUTS) == {"valid.kxb", "valid-zstd.kxb", "valid.kxb pack index"}
+
+
+@pytest.mark.parametrize("name", ["valid.kxb", "valid-zstd.kxb"])
+def test_bundle_layout_is_byte_exact(name: str) -> None:
+    from kxen_agent.store.bundle import verify_bundle
+
+    path = HOSTILE / name
+    _check_layout(name, path.read_bytes())
+    info = verify_bundle(str(path))
+    assert info.digest == path.read_bytes()[-32:].hex()
+
+
+def test_bundle_trailers_are_plain_blake3() -> None:
+    data = (HOSTILE / "valid.kxb").read_bytes()
+    assert blake3.blake3(data[:534]).digest() == data[534:]
+    assert blake3.blake3(data[145:502]).digest() == data[502:534]
+    assert blake3.blake3(data[350:372]).hexdigest() == data[298:330].hex()
+
+
+def test_import_writes_the_pack_section_and_the_index_of_the_spec(tmp_path: Path) -> None:
+    from kxen_agent.store import Store
+    from kxen_agent.store.bundle import import_bundle
+
+    data = (HOSTILE / "valid.kxb").read_bytes()
+    store = Store(str(tmp_path / "state"))
+    res = import_bundle(store, str(HOSTILE / "valid.kxb"))
+    assert res.pack == data[502:534].hex()
+    base = tmp_path / "state" / "objects" / "pack" / f"pack-{res.pack}"
+    assert Path(str(base) + ".pack").read_bytes() == data[145:534]
+    idx = Path(str(base) + ".idx").read_bytes()
+    _check_layout("valid.kxb pack index", idx)
+    assert blake3.blake3(idx[:-32]).digest() == idx[-32:]
+
+
+def test_json_bundle_example_is_the_file_and_its_digest_recomputes() -> None:
+    text = (HOSTILE / "valid.json").read_text(encoding="utf-8")
+    (block,) = [b for b in _blocks() if b.startswith('{"format":"kxen-bundle"')]
+    assert block == text
+    import json
+
+    doc = json.loads(text)
+    header = (HOSTILE / "valid.kxb").read_bytes()[16:141]  # the same header map (§12.8)
+    refs = {g: {n: bytes.fromhex(v) for n, v in r.items()} for g, r in doc["refs"].items()}
+    value = {"capabilities": doc["capabilities"], "objects": doc["objectCount"], "refs": refs, "size": doc["objectBytes"]}
+    assert cbor2.dumps(value, canonical=True) == header
+    h = blake3.blake3(b"kxen-bundle-json 1\n" + header)
+    for o in doc["objects"]:
+        h.update(bytes.fromhex(o["id"]))
+    assert h.hexdigest() == doc["digest"]
+
+
+# ------------------------------------------------------------------ §14.7: workspace identity
+
+REMOTE_URLS = _tagged("remote-url")
+IDENTITIES = _tagged("workspace-identity")
+
+
+def test_spec_has_workspace_vectors() -> None:
+    assert len(REMOTE_URLS) >= 5
+    assert {i["workspace-identity"] for i in IDENTITIES} == {"git-remote", "git-roots", "git-unborn", "dir"}
+
+
+@pytest.mark.parametrize("vec", REMOTE_URLS, ids=[v["remote-url"] for v in REMOTE_URLS])
+def test_remote_url_normalisation(vec: dict[str, str]) -> None:
+    from kxen_agent.session.workspace import normalize_remote_url
+
+    assert set(vec) == {"remote-url", "normalized"}
+    assert normalize_remote_url(ast.literal_eval(vec["remote-url"])) == ast.literal_eval(vec["normalized"])
+
+
+@pytest.mark.parametrize("vec", IDENTITIES, ids=[f"{v['workspace-identity']}:{v['rel']}" for v in IDENTITIES])
+def test_workspace_identity(vec: dict[str, str]) -> None:
+    from kxen_agent.session import workspace
+
+    assert set(vec) == {"workspace-identity", "key", "rel", "identity", "remote_hash"}
+    tag, key, rel = vec["workspace-identity"], ast.literal_eval(vec["key"]), ast.literal_eval(vec["rel"])
+    # The definition, computed here without the module ...
+    raw = b"kxen-ws-v1\0" + tag.encode() + b"\0" + key.encode() + b"\0" + rel.encode()
+    assert blake3.blake3(raw).hexdigest() == vec["identity"]
+    # ... and by the module.
+    assert workspace._identity(tag, key, rel) == vec["identity"]
+    expected_remote = ast.literal_eval(vec["remote_hash"]) if vec["remote_hash"] == "None" else vec["remote_hash"]
+    if tag == "git-remote":
+        assert blake3.blake3(b"kxen-remote-v1\0" + key.encode()).hexdigest() == expected_remote
+        assert workspace._remote_hash(key) == expected_remote
+    else:
+        assert expected_remote is None
