@@ -456,12 +456,15 @@ class _RunCtx:
                         cid += "_"
                 seen.add(cid)
                 calls.append({"id": cid, "name": c.name, "arguments": redact(c.arguments, self.secrets)})
-            new_head = self.sessions.append_messages(
-                self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
-            )
-            self.update({"turn": self.st["turn"] + 1, "model": turn.model},
-                        reason=f"run {self.run}: turn {self.st['turn'] + 1} asks for {len(calls)} tool call(s)",
-                        head=(self.info.head, new_head))
+            # Messages and the ref that names them inside one writing()
+            # block: gc cannot prune the new objects before the head moves.
+            with self.store.writing():
+                new_head = self.sessions.append_messages(
+                    self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
+                )
+                self.update({"turn": self.st["turn"] + 1, "model": turn.model},
+                            reason=f"run {self.run}: turn {self.st['turn'] + 1} asks for {len(calls)} tool call(s)",
+                            head=(self.info.head, new_head))
             self.r.on_event(f"turn {self.st['turn']}: {', '.join(c['name'] for c in calls)}")
             return
         # Final answer, settled in two phases (result, message, settled).
@@ -482,8 +485,8 @@ class _RunCtx:
             last = self.sessions.read_message(head) if head is not None else None
             if not (last is not None and last.run == self.run and last.role == "assistant"
                     and not last.tool_calls and last.content == content):
-                final = self.sessions.append_messages(head, [{"role": "assistant", "content": content, "run": self.run}])
                 with self.store.writing():
+                    final = self.sessions.append_messages(head, [{"role": "assistant", "content": content, "run": self.run}])
                     self.store.refs.transaction(self.info.group, [RefUpdate("head", head, final)],
                                                 reason=f"run {self.run}: final message", fence=self.lease.fence)
                 self.info = self.sessions.get(self.ses)
@@ -543,8 +546,8 @@ class _RunCtx:
             else:
                 out = self.r.entry_output(e) or ""
             msgs.append({"role": "tool", "content": out, "tool_call_id": call["id"], "run": self.run})
-        new_head = self.sessions.append_messages(self.info.head, msgs)
         with self.store.writing():
+            new_head = self.sessions.append_messages(self.info.head, msgs)
             self.store.refs.transaction(self.info.group, [RefUpdate("head", self.info.head, new_head)],
                                         reason=f"run {self.run}: tool results of turn {self.st['turn']}",
                                         fence=self.lease.fence)
