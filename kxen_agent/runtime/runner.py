@@ -588,6 +588,11 @@ class _RunCtx:
                 secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
             )
             self.r.on_event(f"{op}: {name} {call['arguments']}")
+            # A holder paused past its expiry between Started and here must not
+            # run the effect: the new holder may already have called it UNKNOWN
+            # and a human resolved it as not run.
+            if tool.side_effects:
+                self.lease.check()
             try:
                 outcome = tool.run(args, ctx)
             except ToolOutcomeUnknown as ex:
