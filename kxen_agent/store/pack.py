@@ -247,7 +247,7 @@ class Decompressor:
             try:
                 zd = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)
                 self._dict = zstandard.ZstdDecompressor(dict_data=zd)
-            except zstandard.ZstdError as e:  # pragma: no cover - load is lazy in libzstd
+            except zstandard.ZstdError as e:
                 raise BadPack("dictionary", f"unusable zstd dictionary ({e})") from None
 
     def decompress(self, e: Entry, stored: bytes | memoryview, where: str) -> bytes:
@@ -744,6 +744,13 @@ class PackReader:
         self.data_start = start
         self.entries_end = size - TRAILER_SIZE - END_SIZE
         self.size = size
+        # Load the dictionary now: an unusable one makes the whole pack
+        # broken at open (fsck names it, gc skips it) rather than failing
+        # later inside an object read that callers expect CorruptObject from.
+        try:
+            self._tls.d = Decompressor(self.dictionary)
+        except BadPack as e:
+            raise BadPack(pwhere, e.reason) from None
 
     def _decompressor(self) -> Decompressor:
         d = getattr(self._tls, "d", None)
