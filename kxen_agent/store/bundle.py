@@ -1101,8 +1101,15 @@ def import_bundle(
         with store.writing():  # gc must not prune (or take our temp pack) meanwhile
             writer: PackWriter | None = None
             try:
+                found_dirs: set[str] = set()
+                found_packed = False
                 for item in r:
-                    if not store.has(item.obj.id):
+                    oid = item.obj.id
+                    if store.loose.has(oid):
+                        found_dirs.add(os.path.dirname(store.loose.path(oid)))
+                    elif store.has(oid):
+                        found_packed = True
+                    else:
                         if writer is None:
                             writer = store.pack_writer(r.dictionary)
                         if item.head:
@@ -1118,6 +1125,13 @@ def import_bundle(
                 raise
             info = r.info
             assert info is not None
+            # Objects found present are relied on by the refs below, so their
+            # names must be durable first (an earlier writer may have failed
+            # before its directory fsync).
+            for d in sorted(found_dirs):
+                store.loose._barrier(d)
+            if found_packed:
+                store.sync_pack_dir_once()
             try:
                 return _apply_refs(store, info, r.header.refs, sealed, transform)
             finally:

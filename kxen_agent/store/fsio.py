@@ -36,17 +36,19 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = [
-    "IO_FAULT_ENV",
-    "MUTATING_OPS",
-    "FaultSpecError",
-    "FaultyIO",
-    "FileIO",
-    "OS_IO",
-    "TraceOp",
-    "TracingIO",
-    "parse_fault_spec",
-]
+__all__ = sorted(
+    [
+        "FaultSpecError",
+        "FaultyIO",
+        "FileIO",
+        "IO_FAULT_ENV",
+        "MUTATING_OPS",
+        "OS_IO",
+        "TraceOp",
+        "TracingIO",
+        "parse_fault_spec",
+    ]
+)
 
 #: Every operation name a hook can see.
 MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir")

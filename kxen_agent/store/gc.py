@@ -311,6 +311,15 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
 def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:
     with store.pruning(lock_timeout):
         store.reload_packs()
+        # Prune only on a durable listing of ref groups: a group removal
+        # (ours, earlier, or a killed gc's) whose directory fsync never
+        # happened could come back after a power loss, naming pruned objects.
+        refs_dir = os.path.join(store.root, "refs")
+        if os.path.isdir(refs_dir):
+            store.io.fsync_dir(refs_dir)
+            for ns in sorted(os.listdir(refs_dir)):
+                if os.path.isdir(os.path.join(refs_dir, ns)):
+                    store.io.fsync_dir(os.path.join(refs_dir, ns))
         roots = _roots(store, cutoff_ns)
         reachable = set(p1.reachable)
         try:

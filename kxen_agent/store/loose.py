@@ -101,7 +101,7 @@ class LooseObjects:
             self.io.rename(tmp, path)
         except BaseException:
             try:
-                os.unlink(tmp)
+                self.io.unlink(tmp)
             except OSError:
                 pass
             raise

@@ -339,11 +339,14 @@ class Store:
                 self.io.rename(tmp, path)
             except BaseException:
                 try:
-                    os.unlink(tmp)
+                    self.io.unlink(tmp)
                 except OSError:
                     pass
                 raise
             self.io.fsync_dir(self.root)
+            # The state dir's own name must be durable too: an earlier
+            # attempt may have made it and failed before syncing its parent.
+            self.io.fsync_dir(os.path.dirname(self.root) or ".")
             self.io.makedirs(os.path.join(self.root, "locks"))  # for writing(): no mkdir per put
         self._initialized = True
 
@@ -431,9 +434,18 @@ class Store:
             for p in self.packs:
                 if p.has(obj.id):
                     if self._freshen(p):
+                        # Found is not durable: the pack's index may have been
+                        # renamed in by a writer that failed before its fsync.
+                        self.sync_pack_dir_once()
                         return False
                     break  # the pack was removed by gc: write a loose copy
             return self.loose.write(obj)
+
+    def sync_pack_dir_once(self) -> None:
+        """fsync ``objects/pack`` once per Store: names found there become durable."""
+        if not getattr(self, "_pack_dir_synced", False) and os.path.isdir(self.pack_dir):
+            self.io.fsync_dir(self.pack_dir)
+            self._pack_dir_synced = True
 
     @staticmethod
     def _freshen(pack: ObjectSource) -> bool:

@@ -1,0 +1,881 @@
+"""Crash simulation: every state a power loss could leave, from a FileIO trace.
+
+The method is ALICE's and CrashMonkey's. A workload runs once against a
+store whose :class:`~kxen_agent.store.fsio.TracingIO` records every
+mutating file operation with its bytes. The trace is compiled against an
+in-memory model of the disk (inodes, directory entries, file contents)
+taken from the pre-workload snapshot, and each operation is tagged with the
+*barrier* that made it durable:
+
+- file data (``write``, ``append``, ``truncate``) is durable once its inode
+  is fsynced;
+- a directory entry change (``create``, ``mkdir``, ``rename``, ``unlink``,
+  the creation an ``append`` does) is durable once its directory is
+  fsynced (both directories for a cross-directory rename). An fsync of a
+  file does *not* make its name durable, nor does an fsync of a directory
+  make the directory's own name durable: the pessimistic POSIX reading
+  that ``objects_spec.md`` §9 is written against.
+
+A *crash state* at crash point ``k`` (operations ``0..k-1`` completed) is
+the snapshot plus every operation durable before ``k`` plus a subset of the
+pending ones, chosen by a *policy*:
+
+``kill``   every completed operation survives (what a process kill leaves:
+           the page cache survives);
+``sync``   only what was made durable survives: every unsynced byte and
+           every unsynced directory entry change is lost;
+``meta``   every directory entry change survives but unsynced data is lost
+           (a rename persisted before the renamed file's data: an empty or
+           torn file under the new name);
+``data``   unsynced data survives, unsynced entry changes are lost;
+``subset`` every combination of the above at once, when there are few
+           enough: each pending entry change kept or not, each file keeping
+           each prefix of its pending writes (ALICE's exhaustive mode);
+``random`` where there are too many combinations, seeded random subsets of
+           the same kind, the last kept write possibly torn at a random byte.
+
+Each state is materialised into a fresh directory and checked
+(:class:`Checker`): the store opens, ``fsck`` is clean (dangling objects and
+stray temp files are information, not problems), every ref group is one of
+its committed states — never a mixture — and not older than the newest
+state whose transaction had *returned* before the crash point, every object
+whose write had returned (or whose batch had ended) is present, and the
+workload's own recovery (resume a run, import again, gc again...) succeeds
+and leaves fsck clean. Identical states are checked once (the expensive
+part is cached by content fingerprint; the cheap acknowledgement check is
+made for every crash point).
+
+The model is also a self-check of the seam: replaying the whole trace must
+reproduce the real directory byte for byte (lock files aside, which the
+store never fsyncs and which carry nothing). A write that bypassed
+``store.io`` would make that comparison fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from kxen_agent.store import FileIO, Store, fsck
+from kxen_agent.store.fsio import TraceOp, TracingIO
+from kxen_agent.store.refs import TEMP_PREFIX
+
+__all__ = [
+    "Checker",
+    "CrashReport",
+    "FS",
+    "FastIO",
+    "POLICIES",
+    "Prepared",
+    "Recorder",
+    "Trace",
+    "TraceError",
+    "Workload",
+    "explore",
+    "long_mode",
+]
+
+INF = float("inf")
+
+#: The policies, in the order :func:`explore` tries them at each crash point.
+POLICIES = ("sync", "kill", "meta", "data", "random")
+
+
+def scratch_dir() -> str | None:
+    """Where crash states are materialised: ``KXEN_RELIABILITY_TMP``, else ``/dev/shm`` if usable.
+
+    Hundreds of small directory trees are made and removed per workload; on
+    a journaling disk each ``mkdir``/``rmdir`` costs about a millisecond, on
+    tmpfs microseconds. Durability is modelled, never taken from the disk,
+    so the file system under the scratch dir does not change any verdict.
+    """
+    env = os.environ.get("KXEN_RELIABILITY_TMP")
+    if env:
+        return env
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
+def long_mode() -> bool:
+    """``KXEN_RELIABILITY_LONG=1``: explore every policy at every crash point, recover every state."""
+    return os.environ.get("KXEN_RELIABILITY_LONG", "") not in ("", "0")
+
+
+class FastIO(FileIO):
+    """Real files, no fsync system calls: for setting up and checking states, where durability is not under test."""
+
+    def _fsync_fd(self, fd: int) -> None:
+        self.fsyncs += 1
+
+
+class TraceError(AssertionError):
+    """The trace does not replay on the model: some file change bypassed the FileIO."""
+
+
+# ================================================================== the disk model
+
+
+class _Node:
+    __slots__ = ("is_dir", "entries", "data")
+
+    def __init__(self, is_dir: bool, data: bytes = b"") -> None:
+        self.is_dir = is_dir
+        self.entries: dict[str, int] = {}
+        self.data = data
+
+
+def _splice(data: bytes, offset: int, chunk: bytes) -> bytes:
+    if offset > len(data):
+        data = data + b"\0" * (offset - len(data))
+    return data[:offset] + chunk + data[offset + len(chunk):]
+
+
+class FS:
+    """An in-memory tree of inodes under one top directory (inode 0)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, _Node] = {0: _Node(True)}
+
+    @classmethod
+    def capture(cls, top: str) -> "FS":
+        fs = cls()
+        nxt = 1
+
+        def walk(path: str, ino: int) -> None:
+            nonlocal nxt
+            for name in sorted(os.listdir(path)):
+                p = os.path.join(path, name)
+                child = nxt
+                nxt += 1
+                if os.path.isdir(p) and not os.path.islink(p):
+                    fs.nodes[child] = _Node(True)
+                    walk(p, child)
+                else:
+                    with open(p, "rb") as f:
+                        fs.nodes[child] = _Node(False, f.read())
+                fs.nodes[ino].entries[name] = child
+
+        walk(top, 0)
+        return fs
+
+    def copy(self) -> "FS":
+        out = FS.__new__(FS)
+        out.nodes = {}
+        for ino, n in self.nodes.items():
+            m = _Node(n.is_dir, n.data)
+            m.entries = dict(n.entries)
+            out.nodes[ino] = m
+        return out
+
+    def lookup(self, rel: str) -> int | None:
+        ino = 0
+        if rel in ("", "."):
+            return 0
+        for part in rel.split(os.sep):
+            node = self.nodes[ino]
+            if not node.is_dir or part not in node.entries:
+                return None
+            ino = node.entries[part]
+        return ino
+
+    def files(self) -> Iterator[tuple[str, _Node]]:
+        """(relative path, node) of everything reachable from the top, sorted."""
+        stack = [("", 0)]
+        while stack:
+            rel, ino = stack.pop()
+            node = self.nodes[ino]
+            if rel:
+                yield rel, node
+            if node.is_dir:
+                for name in sorted(node.entries, reverse=True):
+                    stack.append((os.path.join(rel, name) if rel else name, node.entries[name]))
+
+    def listing(self, skip: Callable[[str], bool] = lambda rel: False) -> dict[str, bytes | None]:
+        """Every directory (None) and file (its bytes); ``skip`` drops files by path."""
+        return {rel: (None if n.is_dir else n.data) for rel, n in self.files() if n.is_dir or not skip(rel)}
+
+    def fingerprint(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for rel, n in self.files():
+            h.update(rel.encode() + (b"/\0" if n.is_dir else b"\0" + hashlib.blake2b(n.data).digest()))
+        return h.hexdigest()
+
+    def materialize(self, dest: str) -> None:
+        os.makedirs(dest, exist_ok=True)
+        for rel, n in self.files():
+            p = os.path.join(dest, rel)
+            if n.is_dir:
+                os.mkdir(p)
+            else:
+                with open(p, "wb") as f:
+                    f.write(n.data)
+
+
+# ================================================================== the trace, compiled
+
+_DIR_EVENTS = ("link", "unlink", "rename")
+
+
+@dataclass
+class _Event:
+    seq: int  # position among events
+    i: int  # index of its trace op: done for crash points k > i
+    kind: str  # write | trunc | link | unlink | rename
+    ino: int
+    dir: int = -1
+    name: str = ""
+    dst_dir: int = -1
+    dst_name: str = ""
+    offset: int = 0
+    data: bytes = b""
+    size: int = 0
+    durable_at: float = INF  # index of the op that made it durable
+    waiting: set[int] = field(default_factory=set)  # directories still to fsync
+
+    @property
+    def is_dir_event(self) -> bool:
+        return self.kind in _DIR_EVENTS
+
+
+class Trace:
+    """A trace compiled against a snapshot: events with the barrier that made each durable."""
+
+    def __init__(self, snapshot: FS, ops: list[TraceOp], top: str) -> None:
+        self.snapshot = snapshot
+        self.ops = ops
+        self.top = os.path.abspath(top)
+        self.events: list[_Event] = []
+        self.new_inodes: dict[int, bool] = {}  # ino -> is_dir
+        self.outside = 0  # operations on files outside the top (an exported bundle...)
+        self._compile()
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def _rel(self, path: str) -> str | None:
+        rel = os.path.relpath(os.path.abspath(path), self.top)
+        return None if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+    def _compile(self) -> None:
+        live = self.snapshot.copy()
+        nxt = max(live.nodes) + 1
+        pending_data: dict[int, list[_Event]] = {}
+        pending_dir: dict[int, list[_Event]] = {}
+
+        def need(rel: str, i: int, what: str) -> int:
+            ino = live.lookup(rel)
+            if ino is None:
+                raise TraceError(f"trace op {i} ({what}) names {rel}, which the model does not have: "
+                                 "a file change bypassed store.io")
+            return ino
+
+        def split(rel: str, i: int, what: str) -> tuple[int, str]:
+            parent = need(os.path.dirname(rel), i, what)
+            if not live.nodes[parent].is_dir:
+                raise TraceError(f"trace op {i} ({what}): parent of {rel} is not a directory")
+            return parent, os.path.basename(rel)
+
+        def emit(ev: _Event) -> None:
+            ev.seq = len(self.events)
+            self.events.append(ev)
+            if ev.is_dir_event:
+                ev.waiting = {ev.dir} | ({ev.dst_dir} if ev.kind == "rename" else set())
+                for d in ev.waiting:
+                    pending_dir.setdefault(d, []).append(ev)
+            else:
+                pending_data.setdefault(ev.ino, []).append(ev)
+
+        def new_node(is_dir: bool) -> int:
+            nonlocal nxt
+            ino = nxt
+            nxt += 1
+            live.nodes[ino] = _Node(is_dir)
+            self.new_inodes[ino] = is_dir
+            return ino
+
+        for i, op in enumerate(self.ops):
+            rel = self._rel(op.path)
+            if rel is None:
+                self.outside += 1
+                continue
+            k = op.kind
+            if k in ("create", "mkdir"):
+                d, name = split(rel, i, k)
+                if name in live.nodes[d].entries:
+                    raise TraceError(f"trace op {i} ({k}) of {rel}: it already exists in the model")
+                ino = new_node(k == "mkdir")
+                live.nodes[d].entries[name] = ino
+                emit(_Event(0, i, "link", ino, dir=d, name=name))
+            elif k in ("write", "append"):
+                ino = live.lookup(rel)
+                if ino is None and k == "append":  # O_CREAT: the append made the file
+                    d, name = split(rel, i, k)
+                    ino = new_node(False)
+                    live.nodes[d].entries[name] = ino
+                    emit(_Event(0, i, "link", ino, dir=d, name=name))
+                ino = need(rel, i, k) if ino is None else ino
+                node = live.nodes[ino]
+                node.data = _splice(node.data, op.offset, op.data)
+                emit(_Event(0, i, "write", ino, offset=op.offset, data=op.data))
+            elif k == "truncate":
+                ino = need(rel, i, k)
+                node = live.nodes[ino]
+                node.data = node.data[: op.size] + b"\0" * max(0, op.size - len(node.data))
+                emit(_Event(0, i, "trunc", ino, size=op.size))
+            elif k == "fsync":
+                ino = need(rel, i, k)
+                for ev in pending_data.pop(ino, []):
+                    ev.durable_at = i
+            elif k == "fsync_dir":
+                d = need(rel, i, k)
+                for ev in pending_dir.pop(d, []):
+                    ev.waiting.discard(d)
+                    if not ev.waiting:
+                        ev.durable_at = i
+            elif k == "rename":
+                assert op.dst is not None
+                drel = self._rel(op.dst)
+                if drel is None:
+                    raise TraceError(f"trace op {i}: rename of {rel} out of the top directory")
+                sd, sn = split(rel, i, k)
+                ino = need(rel, i, k)
+                dd, dn = split(drel, i, k)
+                del live.nodes[sd].entries[sn]
+                live.nodes[dd].entries[dn] = ino
+                emit(_Event(0, i, "rename", ino, dir=sd, name=sn, dst_dir=dd, dst_name=dn))
+            elif k == "unlink":
+                d, name = split(rel, i, k)
+                ino = need(rel, i, k)
+                del live.nodes[d].entries[name]
+                emit(_Event(0, i, "unlink", ino, dir=d, name=name))
+            else:
+                raise TraceError(f"trace op {i}: unknown kind {k!r}")
+        self.final = live
+
+    # ------------------------------------------------------------ crash states
+
+    def pending(self, k: int) -> list[_Event]:
+        return [e for e in self.events if e.i < k and e.durable_at >= k]
+
+    def state(self, k: int, policy: str, rng: random.Random | None = None) -> FS:
+        """The disk after a power loss at crash point ``k`` under ``policy``."""
+        pending = self.pending(k)
+        keep: set[int] = set()
+        tear: dict[int, int] = {}
+        if policy == "kill":
+            keep = {e.seq for e in pending}
+        elif policy == "meta":
+            keep = {e.seq for e in pending if e.is_dir_event}
+        elif policy == "data":
+            keep = {e.seq for e in pending if not e.is_dir_event}
+        elif policy == "random":
+            assert rng is not None
+            by_ino: dict[int, list[_Event]] = {}
+            for e in pending:
+                if e.is_dir_event:
+                    if rng.random() < 0.5:
+                        keep.add(e.seq)
+                else:
+                    by_ino.setdefault(e.ino, []).append(e)
+            for evs in by_ino.values():
+                n = rng.randint(0, len(evs))
+                keep.update(e.seq for e in evs[:n])
+                last = evs[n - 1] if n else None
+                if last is not None and last.kind == "write" and len(last.data) > 1 and rng.random() < 0.5:
+                    tear[last.seq] = rng.randint(1, len(last.data) - 1)
+        elif policy != "sync":
+            raise ValueError(f"unknown policy {policy!r}")
+        return self.build(k, keep, tear)
+
+    def subsets(self, k: int, limit: int) -> Iterator[FS] | None:
+        """Every crash state at ``k`` (each pending entry change kept or not, each
+        file keeping each prefix of its pending writes), or None if there are
+        more than ``limit``."""
+        pending = self.pending(k)
+        dir_events = [e.seq for e in pending if e.is_dir_event]
+        by_ino: dict[int, list[int]] = {}
+        for e in pending:
+            if not e.is_dir_event:
+                by_ino.setdefault(e.ino, []).append(e.seq)
+        count = 2 ** len(dir_events)
+        for seqs in by_ino.values():
+            count *= len(seqs) + 1
+        if count > limit:
+            return None
+        choices = [((), (s,)) for s in dir_events] + [tuple(tuple(seqs[:n]) for n in range(len(seqs) + 1))
+                                                      for seqs in by_ino.values()]
+        return (self.build(k, {s for part in combo for s in part}, {}) for combo in itertools.product(*choices))
+
+    def build(self, k: int, keep: set[int], tear: dict[int, int]) -> FS:
+        """The snapshot, every operation durable before ``k``, and the pending events in ``keep``."""
+        fs = self.snapshot.copy()
+        for ino, is_dir in self.new_inodes.items():
+            fs.nodes[ino] = _Node(is_dir)
+        for e in self.events:
+            if e.i >= k:
+                break
+            if e.durable_at < k or e.seq in keep:
+                _apply(fs, e, tear.get(e.seq))
+        return fs
+
+
+def _apply(fs: FS, e: _Event, tear: int | None) -> None:
+    if e.kind == "write":
+        node = fs.nodes[e.ino]
+        node.data = _splice(node.data, e.offset, e.data if tear is None else e.data[:tear])
+    elif e.kind == "trunc":
+        node = fs.nodes[e.ino]
+        node.data = node.data[: e.size] + b"\0" * max(0, e.size - len(node.data))
+    elif e.kind == "link":
+        fs.nodes[e.dir].entries[e.name] = e.ino
+    elif e.kind == "unlink":
+        if fs.nodes[e.dir].entries.get(e.name) == e.ino:
+            del fs.nodes[e.dir].entries[e.name]
+    elif e.kind == "rename":
+        if fs.nodes[e.dir].entries.get(e.name) == e.ino:
+            del fs.nodes[e.dir].entries[e.name]
+        fs.nodes[e.dst_dir].entries[e.dst_name] = e.ino
+
+
+# ================================================================== what the workload was told
+
+
+def group_key(state: Any) -> tuple | None:
+    """What "old or new" compares: refs, fence and deleted marker (None: no group)."""
+    if not state.exists:
+        return None
+    return (tuple(sorted(state.refs.items())), state.fence, state.deleted_ns)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A committed state of one group: visible for crash points > ``commit``, required from ``ack`` on."""
+
+    group: str
+    state: tuple | None
+    commit: int
+    ack: float  # INF: the transaction raised, the workload was never told
+
+
+class Recorder:
+    """Wraps a store's writes to learn what the workload was told was durable.
+
+    Ref transactions: the state each committed (returned, or read back from
+    the bytes of the ref file it renamed into place if it then failed), the
+    index of that rename, and the index at which it returned (never, if it
+    raised). Object writes: the index at which they returned, or at which
+    their outermost batch ended. :meth:`attach` wraps more store instances
+    (a retry opens a new one, as a new process would).
+    """
+
+    def __init__(self, store: Store, io: TracingIO) -> None:
+        self.store = store
+        self.io = io
+        self.commits: list[Commit] = []
+        self.objects: list[tuple[bytes, float]] = []
+        self.problems: list[str] = []
+        self._batch_depth = 0
+        self._batched: list[bytes] = []
+        self.attach(store)
+
+    def attach(self, store: Store) -> None:
+        io = self.io
+        txn = store.refs.transaction
+        put_raw = store.put_raw
+        batch = store.batch
+
+        def transaction(group: str, updates: Any, **kw: Any) -> Any:
+            start = io.mark()
+            st = None
+            try:
+                st = txn(group, updates, **kw)
+                return st
+            finally:
+                self._note_commit(store, group, start, io.mark(), st)
+
+        def put(obj: Any) -> bool:
+            out = put_raw(obj)
+            if self._batch_depth:
+                self._batched.append(obj.id)
+            else:
+                self.objects.append((obj.id, io.mark()))
+            return out
+
+        @contextmanager
+        def batched() -> Iterator[None]:
+            self._batch_depth += 1
+            try:
+                with batch():
+                    yield
+            except BaseException:
+                if self._batch_depth == 1:
+                    self._batched.clear()  # a failed batch acknowledges nothing
+                raise
+            finally:
+                self._batch_depth -= 1
+            if self._batch_depth == 0:
+                end = io.mark()
+                self.objects.extend((oid, end) for oid in self._batched)
+                self._batched.clear()
+
+        store.refs.transaction = transaction  # type: ignore[method-assign]
+        store.put_raw = put  # type: ignore[method-assign]
+        store.batch = batched  # type: ignore[method-assign]
+
+    def _note_commit(self, store: Store, group: str, start: int, end: int, st: Any) -> None:
+        from kxen_agent.store.refs import parse_ref_file
+
+        trace = self.io.trace
+        ref_path = os.path.abspath(store.refs.ref_path(group))
+        commit = next((i for i in range(end - 1, start - 1, -1)
+                       if trace[i].kind == "rename" and trace[i].dst is not None
+                       and os.path.abspath(trace[i].dst) == ref_path), None)
+        if commit is None:
+            if st is not None:  # it returned, but its commit point is not in the trace
+                self.problems.append(f"transaction on {group} returned with no traced rename of {ref_path} "
+                                     "(bypassed store.io?)")
+                self.commits.append(Commit(group, group_key(st), start, end))
+            return  # failed before its commit point: it never happened
+        if st is not None:
+            key = group_key(st)
+        else:  # failed after its rename: the new state may be visible, never acknowledged
+            tmp = trace[commit].path
+            data = b"".join(op.data for op in trace[start:commit] if op.kind == "write" and op.path == tmp)
+            key = group_key(parse_ref_file(data, group, tmp))
+        self.commits.append(Commit(group, key, commit, end if st is not None else INF))
+
+    def removals(self, trace: Trace, end: int) -> None:
+        """Ref files the workload unlinked (gc removing a group): committed there, acknowledged at the end."""
+        refs_dir = os.path.join(os.path.abspath(self.store.root), "refs")
+        for i, op in enumerate(trace.ops):
+            if (op.kind == "unlink" and os.path.dirname(os.path.dirname(os.path.abspath(op.path))) == refs_dir
+                    and not os.path.basename(op.path).startswith(TEMP_PREFIX)):  # a temp file is no group
+                ns, gid = os.path.abspath(op.path).split(os.sep)[-2:]
+                self.commits.append(Commit(f"{ns}/{gid}", None, i, end))
+
+
+# ================================================================== workloads
+
+
+class Workload:
+    """One operation under test, with its pre-state and what "recovering" means for it."""
+
+    name = "workload"
+    #: Objects whose write returned may be gone (gc prunes).
+    allow_pruned_objects = False
+    #: Set by :func:`explore` before :meth:`run`: to wrap store instances the run opens itself.
+    recorder: "Recorder | None" = None
+
+    def setup(self, top: str, aux: str) -> None:
+        """Build the pre-workload state dir at ``top/state`` (``aux``: files outside it)."""
+
+    def run(self, store: Store) -> Any:
+        """The traced operation."""
+        raise NotImplementedError
+
+    def recover(self, store: Store) -> None:
+        """After a crash: what a user does next must work (raise if it does not)."""
+
+    def retry(self, store: Store) -> None:
+        """After an I/O error, the disk good again: finish the job (raise if it cannot)."""
+        self.recover(store)
+
+    def verify(self, store: Store) -> None:
+        """After :meth:`retry`: the job is done."""
+
+
+# ================================================================== checking a state
+
+
+@dataclass
+class CrashReport:
+    workload: str
+    ops: int = 0
+    crash_points: int = 0
+    states: int = 0  # (crash point, policy) pairs checked
+    distinct: int = 0  # distinct disk states (content fingerprints)
+    recovered: int = 0  # distinct states on which recovery ran
+    by_policy: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        pol = ", ".join(f"{p} {n}" for p, n in self.by_policy.items())
+        return (f"{self.workload}: {self.ops} ops, {self.crash_points} crash points, {self.states} states "
+                f"({pol}), {self.distinct} distinct, {self.recovered} recovered, "
+                f"{len(self.failures)} failures, {self.seconds:.1f}s")
+
+
+@dataclass
+class _Verdict:
+    problems: list[str]
+    groups: dict[str, tuple | None]
+    objects: set[bytes] | None
+
+
+class Checker:
+    """Checks crash states of one traced workload run."""
+
+    def __init__(self, workload: Workload, trace: Trace, rec: Recorder, init_groups: dict[str, tuple | None],
+                 scratch: str) -> None:
+        self.w = workload
+        self.trace = trace
+        self.rec = rec
+        self.init = init_groups
+        self.scratch = scratch
+        self.cache: dict[str, _Verdict] = {}
+        self.recovered: set[str] = set()
+        self.hist: dict[str, list[Commit]] = {}
+        for g, key in init_groups.items():
+            self.hist[g] = [Commit(g, key, -1, 0)]
+        for c in rec.commits:
+            self.hist.setdefault(c.group, [Commit(c.group, None, -1, 0)]).append(c)
+        self._n = 0
+
+    def _open(self, fs: FS) -> tuple[str, str]:
+        self._n += 1
+        top = os.path.join(self.scratch, f"s{self._n}")
+        fs.materialize(top)
+        return top, os.path.join(top, "state")
+
+    def check(self, k: int, policy: str, fs: FS, *, recover: bool) -> list[str]:
+        fp = fs.fingerprint()
+        verdict = self.cache.get(fp)
+        problems: list[str] = []
+        if verdict is None or (recover and fp not in self.recovered):
+            top, root = self._open(fs)
+            try:
+                if verdict is None:
+                    verdict = self.cache[fp] = self._inspect(root)
+                if recover and not verdict.problems and fp not in self.recovered:
+                    self.recovered.add(fp)
+                    problems += self._recover(root)
+            finally:
+                shutil.rmtree(top, ignore_errors=True)
+        problems = verdict.problems + problems
+        if not verdict.problems:
+            problems += self._acks(k, verdict)
+        return [f"crash point {k}/{len(self.trace)} ({policy}): {p}" for p in problems]
+
+    def _inspect(self, root: str) -> _Verdict:
+        try:
+            store = Store(root, io=FastIO())
+        except Exception as e:  # the first thing a user does must not fail
+            return _Verdict([f"store does not open: {type(e).__name__}: {e}"], {}, None)
+        try:
+            rep = fsck(store)
+            problems = [f"fsck: {p.line()}" for p in rep.problems]
+            groups = {}
+            for g in set(self.hist) | set(store.refs.groups()):
+                groups[g] = group_key(store.refs.read(g))
+            objects = None
+            if not self.w.allow_pruned_objects:
+                objects = {oid for oid, _ in self.rec.objects if store.has(oid)}
+            return _Verdict(problems, groups, objects)
+        except Exception as e:
+            return _Verdict([f"reading the store failed: {type(e).__name__}: {e}"], {}, None)
+
+    def _acks(self, k: int, v: _Verdict) -> list[str]:
+        out = []
+        for g, seen in sorted(v.groups.items()):
+            hist = self.hist.get(g) or [Commit(g, None, -1, 0)]
+            required = max(j for j, c in enumerate(hist) if c.ack <= k)
+            allowed = [c.state for c in hist[required:] if c.commit < k]
+            if seen not in allowed:
+                if seen in [c.state for c in hist]:
+                    why = "an older state than one acknowledged" if seen in [c.state for c in hist[:required]] \
+                        else "a state committed only after the crash point"
+                else:
+                    why = "a state that was never committed (a mixture)"
+                out.append(f"group {g} shows {why}: {_show(seen)}; allowed {[_show(s) for s in allowed]}")
+        if v.objects is not None:
+            lost = [oid.hex()[:16] for oid, ack in self.rec.objects if ack <= k and oid not in v.objects]
+            if lost:
+                out.append(f"{len(lost)} acknowledged object(s) lost: {', '.join(sorted(set(lost))[:5])}")
+        return out
+
+    def _recover(self, root: str) -> list[str]:
+        try:
+            store = Store(root, io=FastIO())
+            self.w.recover(store)
+            store = Store(root, io=FastIO())
+            rep = fsck(store)
+            return [f"after recovery, fsck: {p.line()}" for p in rep.problems]
+        except Exception as e:
+            tb = traceback.format_exception(type(e), e, e.__traceback__)[-3:]
+            return [f"recovery failed: {type(e).__name__}: {e} | {' '.join(x.strip() for x in tb)}"]
+
+
+def _show(key: tuple | None) -> str:
+    if key is None:
+        return "absent"
+    refs, fence, deleted = key
+    body = ",".join(f"{n}={v.hex()[:8]}" for n, v in refs)
+    return f"[{body} fence={fence}{' deleted' if deleted is not None else ''}]"
+
+
+# ================================================================== the driver
+
+
+class Prepared:
+    """A workload's pre-state, set up once; explorations start from copies of it.
+
+    The files outside the state dir (``aux``: a workspace, a bundle) are
+    shared, not copied: sessions record their workspace's absolute path.
+    """
+
+    def __init__(self, workload: Workload, scratch: str | None = None) -> None:
+        self.workload = workload
+        self.base = tempfile.mkdtemp(prefix=f"prepared-{workload.name}-", dir=scratch or scratch_dir())
+        self.top, self.aux = os.path.join(self.base, "top"), os.path.join(self.base, "aux")
+        os.mkdir(self.top)
+        os.mkdir(self.aux)
+        with quiet_lease():
+            workload.setup(self.top, self.aux)
+
+    def close(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> "Prepared":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def quiet_lease() -> Iterator[None]:
+    """A lease TTL long enough that no renewer thread writes during a workload (the trace stays one thread's)."""
+    old = os.environ.get("KXEN_AGENT_LEASE_TTL_S")
+    os.environ["KXEN_AGENT_LEASE_TTL_S"] = "3600"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KXEN_AGENT_LEASE_TTL_S", None)
+        else:
+            os.environ["KXEN_AGENT_LEASE_TTL_S"] = old
+
+
+def _is_lock_file(rel: str) -> bool:
+    # Lock files are made by fasteners (never through store.io): empty,
+    # never fsynced, meaningless (objects_spec.md §8).
+    parts = rel.split(os.sep)
+    return len(parts) >= 3 and parts[0] == "state" and parts[1] == "locks"
+
+
+def explore(
+    workload: Workload,
+    *,
+    long: bool | None = None,
+    seed: int = 0,
+    random_per_point: int | None = None,
+    recover_sample: int | None = None,
+    scratch: str | None = None,
+    io_factory: Callable[[], TracingIO] | None = None,
+    policies: tuple[str, ...] = ("sync", "kill", "meta", "data"),
+    subsets: bool = True,
+    recover_sync: bool = True,
+    prepared: "Prepared | None" = None,
+) -> CrashReport:
+    """Trace ``workload`` once, then check the crash states of every prefix of its trace.
+
+    At every crash point: ``sync``, ``kill``, ``meta`` and ``data``, then
+    every ``subset`` if there are at most 32 (long mode: 1024), else
+    ``random_per_point`` random ones (default 1; long mode 8). States equal
+    to one already checked at the same point are skipped. Recovery runs on
+    every distinct ``sync`` state plus ``recover_sample`` others (default
+    40; ``recover_sync=False``: only those); in long mode
+    (``KXEN_RELIABILITY_LONG=1``) on every distinct state. ``policies`` and
+    ``subsets`` narrow the exploration (the composite fault-then-crash
+    suite uses ``sync`` and ``kill`` only). ``prepared``: start from a copy
+    of a state set up once (:class:`Prepared`) instead of ``workload.setup``. ``io_factory`` makes the tracing
+    FileIO (the suite's self-tests pass deliberately broken ones).
+    """
+    long = long_mode() if long is None else long
+    if random_per_point is None:
+        random_per_point = 8 if long else 1
+    subset_limit = 1024 if long else 32
+    if recover_sample is None:
+        recover_sample = 10**9 if long else 40
+    rep = CrashReport(workload.name)
+    t0 = time.monotonic()
+    base = tempfile.mkdtemp(prefix=f"crashsim-{workload.name.replace(os.sep, '_')}-", dir=scratch or scratch_dir())
+    try:
+        top, aux, states = os.path.join(base, "top"), os.path.join(base, "aux"), os.path.join(base, "states")
+        for d in (aux, states):
+            os.mkdir(d)
+        with quiet_lease():
+            if prepared is not None:
+                shutil.copytree(prepared.top, top, symlinks=True)
+            else:
+                os.mkdir(top)
+                workload.setup(top, aux)
+            snapshot = FS.capture(top)
+            init_store = Store(os.path.join(top, "state"), io=FastIO())
+            init_groups = {g: group_key(init_store.refs.read(g)) for g in init_store.refs.groups()}
+            io = io_factory() if io_factory is not None else TracingIO(sync=False)
+            store = Store(os.path.join(top, "state"), io=io)
+            rec = Recorder(store, io)
+            workload.recorder = rec
+            workload.run(store)
+        ops = list(io.trace)
+        rep.ops = len(ops)
+        rep.failures += rec.problems
+        try:
+            trace = Trace(snapshot, ops, top)
+        except TraceError as e:
+            rep.failures.append(str(e))
+            return rep
+        rec.removals(trace, len(ops))
+        # The seam is complete: replaying the whole trace gives the real directory.
+        real = FS.capture(top).listing(_is_lock_file)
+        model = trace.final.listing(_is_lock_file)
+        if real != model:
+            diff = sorted(set(real) ^ set(model)) or sorted(p for p in real if real[p] != model.get(p))
+            rep.failures.append(f"the trace does not reproduce the directory (bypassed store.io?): {diff[:5]}")
+        checker = Checker(workload, trace, rec, init_groups, states)
+        rng = random.Random(seed)
+        sampled_recoveries = 0
+        with quiet_lease():
+            for k in range(len(ops) + 1):
+                rep.crash_points += 1
+                plan: list[tuple[str, FS]] = [(p, trace.state(k, p)) for p in policies]
+                every = trace.subsets(k, subset_limit) if subsets else None
+                if not subsets:
+                    pass
+                elif every is not None:
+                    plan += [("subset", fs) for fs in every]
+                else:
+                    plan += [("random", trace.state(k, "random", rng)) for _ in range(random_per_point)]
+                seen_here: set[str] = set()
+                for policy, fs in plan:
+                    fp = fs.fingerprint()
+                    if fp in seen_here:
+                        continue  # the same disk at the same crash point: nothing new to check
+                    seen_here.add(fp)
+                    recover = (policy == "sync" and recover_sync) or long
+                    if not recover and fp not in checker.recovered and sampled_recoveries < recover_sample \
+                            and rng.random() < 0.25:
+                        recover = True
+                        sampled_recoveries += 1
+                    rep.states += 1
+                    rep.by_policy[policy] = rep.by_policy.get(policy, 0) + 1
+                    rep.failures += checker.check(k, policy, fs, recover=recover)
+        rep.distinct = len(checker.cache)
+        rep.recovered = len(checker.recovered)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        rep.seconds = time.monotonic() - t0
+    return rep

@@ -1,0 +1,247 @@
+"""I/O errors: fail the N-th file operation (ENOSPC, EIO), once and persistently.
+
+For N = 1 .. every operation of each workload: the library call raises the
+injected ``OSError`` or a one-line :class:`~kxen_agent.errors.KxenError`
+(nothing else), the store stays consistent (fsck clean), and once space
+returns the job can be finished (the run resumed, the import or gc
+retried) and fsck stays clean. Through the installed CLI, a few N: one
+line on stderr, no traceback, a non-zero exit, and ``--resume`` completes.
+
+The normal suite fails every operation of the run workload once, taking
+the four variants in turn, and every operation of the other workloads with
+all four; ``KXEN_RELIABILITY_LONG=1`` runs all four variants everywhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from kxen_agent.session.agent_def import load_agent_definition
+from kxen_agent.store import FileIO, Store
+from kxen_agent.store.fsio import FaultSpecError, FaultyIO, TracingIO, parse_fault_spec
+from tests.helpers import Cli, write_agent
+
+from .crashsim import Prepared, explore, long_mode, quiet_lease
+from .workloads import STEPS, TASK, FaultThenRetry, all_workloads, fault_points, inject_faults
+
+
+@pytest.mark.parametrize("workload", all_workloads(), ids=lambda w: w.name)
+def test_every_operation_failing_leaves_a_consistent_store_that_finishes_the_job(workload) -> None:
+    rotate = workload.name in ("run", "resume") and not long_mode()
+    rep = inject_faults(workload, rotate=rotate)
+    print(rep.line())
+    assert rep.total_ops > 10
+    assert rep.trials == rep.total_ops * (1 if rotate else 4)
+    assert rep.faults >= rep.trials - rep.unfired and rep.unfired <= rep.trials // 20
+    assert rep.failures == [], "\n".join(rep.failures[:20])
+
+
+# ------------------------------------------------------------------ an I/O error, then a power loss
+
+
+def _workload(name: str):
+    return {w.name: w for w in all_workloads()}[name]
+
+
+#: The kinds of operation whose failure can leave something visible that the retry may build on.
+BARRIER_KINDS = ("fsync", "fsync_dir", "rename", "append", "truncate", "unlink")
+
+#: Points whose failure once exposed a bug; each keeps a named regression test below,
+#: and the general test covers them too.
+KNOWN: dict = {}
+
+
+def _known(name: str, key: tuple, nth: int) -> bool:
+    return any(k == key and w in (None, name) and n in (None, nth) for (w, k, n) in KNOWN)
+
+
+def _fault_then_crash(name: str, key: tuple, nth: int, policies: tuple[str, ...] | None = None,
+                      prepared: Prepared | None = None):
+    """Explore fault + retry: the durable-only states (long mode: process-kill states too, and recovery)."""
+    w = FaultThenRetry(prepared.workload if prepared else _workload(name), key, nth)
+    if policies is None:
+        policies = ("sync", "kill") if long_mode() else ("sync",)
+    rep = explore(w, policies=policies, subsets=False, recover_sample=5 if long_mode() else 0, recover_sync=False,
+                  prepared=prepared)
+    return w, rep
+
+
+def test_after_an_io_error_the_retry_is_crash_safe() -> None:
+    """One operation that can leave something behind (an fsync, a rename, an unlink...) fails
+    once; a new store retries the job with a good disk; then every prefix of the whole trace
+    (failed attempt + retry) loses power. What the retry acknowledged must survive, and every
+    state must be clean: the retry may not build on a barrier that failed.
+
+    Normal suite: the first occurrence of each distinct operation of the fork, import and gc
+    workloads (an operation failed in one workload is not failed again in the next),
+    durable-only crash states. Long mode: the first three occurrences of every operation in
+    every workload, with the process-kill states and sampled recovery too.
+    """
+    names = [w.name for w in all_workloads()] if long_mode() else ["import-fresh", "fork", "gc"]
+    failures: list[str] = []
+    covered: set[tuple] = set()  # normal suite: an operation already failed in one workload is not redone
+    for name in names:
+        points = []
+        for k, n in fault_points(_workload(name), BARRIER_KINDS):
+            if _known(name, k, n) or n > (3 if long_mode() else 1) or (not long_mode() and k in covered):
+                continue
+            covered.add(k)
+            points.append((k, n))
+        states = 0
+        with Prepared(_workload(name)) as prepared:
+            for key, nth in points:
+                w, rep = _fault_then_crash(name, key, nth, prepared=prepared)
+                states += rep.states
+                if not w.fired:
+                    continue  # random ids: this run had no such operation
+                failures += [f"{w.name}: {f}" for f in rep.failures]
+        print(f"{name}: {len(points)} faults, then {states} crash states of fault + retry")
+    assert failures == [], "\n".join(failures[:20])
+
+
+def test_the_state_dirs_name_survives_a_failed_first_sync() -> None:
+    w, rep = _fault_then_crash("import-fresh", ("fsync_dir", "mkdir", "."), 1, policies=("sync",))
+    assert w.fired
+    assert rep.failures == [], "\n".join(rep.failures[:5])
+
+
+def test_a_failed_object_rename_is_cleaned_up_through_the_seam() -> None:
+    w, rep = _fault_then_crash("fork", ("rename", "fsync", "state/objects/XX/ID"), 1, policies=("sync",))
+    assert w.fired
+    assert rep.failures == [], "\n".join(rep.failures[:5])
+
+
+def test_an_import_retry_makes_the_pack_index_it_relies_on_durable() -> None:
+    w, rep = _fault_then_crash("import", ("fsync_dir", "rename", "state/objects/pack"), 2, policies=("sync",))
+    assert w.fired
+    assert rep.failures == [], "\n".join(rep.failures[:5])
+
+
+def test_gc_does_not_prune_for_a_group_removal_that_is_not_durable() -> None:
+    w, rep = _fault_then_crash("gc", ("fsync_dir", "unlink", "state/refs/sessions"), 1, policies=("sync",))
+    assert w.fired
+    assert rep.failures == [], "\n".join(rep.failures[:5])
+
+
+# ------------------------------------------------------------------ through the CLI
+
+
+def _cli_total_ops(agent_path: Path, ws: Path, tmp: Path) -> int:
+    io = FaultyIO(None, sync=False)
+    with quiet_lease():
+        from kxen_agent.runtime.runner import Runner
+
+        Runner(Store(str(tmp / "count"), io=io)).start(str(ws), TASK, load_agent_definition(str(agent_path)))
+    return io.op_count
+
+
+def _finish_through_cli(cli: Cli, ws: Path, agent_path: Path) -> None:
+    """What a user does once space returns: resume (resolving an UNKNOWN op by hand) or start again."""
+    sessions = cli.sessions()
+    if not sessions:
+        cli.run_json(ws, TASK, agent_path, expect=0)
+        return
+    [s] = sessions
+    ses = s["id"]
+    runs = cli.session_show(ses)["runs"]
+    if not runs:
+        p = cli.resume(ses, "--task", TASK)
+    elif runs[-1]["settled"]:
+        assert runs[-1]["status"] == "completed", runs
+        return
+    else:
+        p = cli.resume(ses)
+    if p.rc == 3:
+        res = p.json()
+        for op in res["unknownOps"]:
+            cli("run", "resolve", ses, res["run"], op, "--output", "checked by hand", expect=0)
+        p = cli.resume(ses)
+    assert p.rc == 0 and p.json()["status"] == "completed", str(p)
+
+
+@pytest.mark.parametrize("spec", ["ENOSPC@{1}", "EIO@{2}", "ENOSPC@{3}+", "EIO@{4}+"])
+def test_the_cli_reports_a_failing_disk_in_one_line_and_resumes(spec: str, cli: Cli, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    agent_path = write_agent(tmp_path / "agent", STEPS, tools=("shell", "read_file", "write_file"))
+    total = _cli_total_ops(agent_path, ws, tmp_path)
+    # Spread over the run: the state dir's creation, the session, a tool turn, the final answer.
+    points = [1, total // 6, total // 3, 2 * total // 3]
+    env = {"KXEN_AGENT_IO_FAULT": spec.format(*[None] + points), "KXEN_AGENT_LEASE_TTL_S": "3600"}
+    p = cli.run_json(ws, TASK, agent_path, env=env)
+    assert "Traceback" not in p.err, str(p)
+    if p.rc == 0:  # the fault hit a best-effort step (releasing the lease record)
+        assert p.json()["status"] == "completed", str(p)
+    else:
+        lines = p.err.strip().splitlines()
+        assert p.rc == 1 and len(lines) == 1 and lines[0].startswith("kxen-agent: error: "), str(p)
+        assert ("No space left on device" in lines[0]) or ("Input/output error" in lines[0]), str(p)
+    cli.fsck_clean()
+    _finish_through_cli(cli, ws, agent_path)
+    cli.fsck_clean()
+
+
+def test_a_misspelt_fault_spec_is_refused_before_anything_is_written(cli: Cli, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    agent_path = write_agent(tmp_path / "agent", STEPS, tools=("shell", "read_file", "write_file"))
+    p = cli.run_json(ws, TASK, agent_path, env={"KXEN_AGENT_IO_FAULT": "ENOSPC@0"})
+    assert p.rc == 2 and "KXEN_AGENT_IO_FAULT" in p.err and len(p.err.strip().splitlines()) == 1, str(p)
+    assert not cli.state_dir.exists()
+
+
+# ------------------------------------------------------------------ the FileIO doubles
+
+
+def test_faulty_io_fails_the_nth_operation_once_or_from_then_on(tmp_path: Path) -> None:
+    once = FaultyIO(2, errno.EIO, sync=False)
+    with pytest.raises(OSError) as e:
+        once.write_durable(str(tmp_path / "a"), b"x")  # create, write (fails), then the cleanup unlink runs
+    assert e.value.errno == errno.EIO and once.faults == 1
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("tmp_")], "the temp file was removed"
+    once.write_durable(str(tmp_path / "a"), b"x")  # a transient error: the next try works
+    assert (tmp_path / "a").read_bytes() == b"x"
+
+    full = FaultyIO(2, errno.ENOSPC, persistent=True, sync=False)
+    with pytest.raises(OSError):
+        full.write_durable(str(tmp_path / "b"), b"y")
+    assert [n for n in os.listdir(tmp_path) if n.startswith("tmp_")], "a full disk cannot even clean up"
+    with pytest.raises(OSError):
+        full.makedirs(str(tmp_path / "c"))
+    full.heal()
+    full.write_durable(str(tmp_path / "b"), b"y")
+    assert (tmp_path / "b").read_bytes() == b"y" and full.faults == 3
+
+
+def test_tracing_io_records_every_operation_with_its_bytes(tmp_path: Path) -> None:
+    io = TracingIO(sync=False)
+    d = str(tmp_path / "d")
+    io.makedirs(d)
+    io.write_durable(os.path.join(d, "f"), b"abc")
+    io.append(os.path.join(d, "log"), b"12")
+    io.append(os.path.join(d, "log"), b"345")
+    io.truncate(os.path.join(d, "log"), 1)
+    io.unlink(os.path.join(d, "f"))
+    kinds = [(op.kind, os.path.basename(op.path)) for op in io.trace]
+    assert [k for k, _ in kinds] == ["mkdir", "fsync_dir", "create", "write", "fsync", "rename", "fsync_dir",
+                                     "append", "fsync", "append", "fsync", "truncate", "fsync", "unlink"]
+    assert [(op.data, op.offset) for op in io.trace if op.kind in ("write", "append")] == [
+        (b"abc", 0), (b"12", 0), (b"345", 2)]
+    [ren] = [op for op in io.trace if op.kind == "rename"]
+    assert ren.dst == os.path.join(d, "f") and os.path.basename(ren.path).startswith("tmp_")
+    assert io.fsyncs == 6 and io.op_count == len(io.trace)
+
+
+def test_the_plain_file_io_is_unchanged() -> None:
+    from kxen_agent.store import OS_IO
+
+    assert type(OS_IO) is FileIO or os.environ.get("KXEN_AGENT_IO_FAULT")
+    assert parse_fault_spec("ENOSPC@3") == (errno.ENOSPC, 3, False)
+    assert parse_fault_spec("EIO@12+") == (errno.EIO, 12, True)
+    for bad in ("ENOSPC", "EIO@0", "EROFS@1", "ENOSPC@1++", "@3"):
+        with pytest.raises(FaultSpecError):
+            parse_fault_spec(bad)
