@@ -581,8 +581,8 @@ class Workload:
         """Build the pre-workload state dir at ``top/state`` (``aux``: files outside it)."""
 
     def run(self, store: Store) -> Any:
-        """The traced operation."""
-        raise NotImplementedError
+        """The traced operation (every workload defines it)."""
+        raise TypeError(f"workload {type(self).__name__} defines no run()")
 
     def recover(self, store: Store) -> None:
         """After a crash: what a user does next must work (raise if it does not)."""
