@@ -82,6 +82,8 @@ def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON r
             err(p.line())
         for d in rep.dangling:
             out(f"dangling object {d}")
+        for f in rep.stray_files:
+            out(f"stray file {f} (left by an interrupted write; gc removes it)")
         status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
         out(
             f"fsck {store.root}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "

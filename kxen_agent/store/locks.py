@@ -85,7 +85,9 @@ class FileLock:
 
 
 def _get(path: str) -> FileLock:
-    path = os.path.abspath(path)
+    # realpath: a state dir reached through a symlink must map to the same
+    # lock object, or two threads could both "hold" one fcntl lock.
+    path = os.path.realpath(path)
     with _registry_guard:
         lock = _registry.get(path)
         if lock is None:
