@@ -50,6 +50,7 @@ from . import codec
 from .fsio import FileIO
 from .objects import CorruptObject, ObjectId, RawObject, decode_body, links_of, parse_object
 from .pack import (
+    DICT_SAMPLE_BUDGET,
     DICT_SAMPLE_MAX_OBJECT,
     END_MAGIC,
     END_SIZE,
@@ -844,9 +845,16 @@ def _export_roots(store: Store, groups: list[str]) -> dict[str, dict[str, bytes]
     return refs
 
 
-def _closure_order(store: Store, refs: dict[str, dict[str, bytes]]) -> tuple[list[ObjectId], int, list[ObjectId], int, dict[str, int]]:
+def _closure_order(
+    store: Store, refs: dict[str, dict[str, bytes]], keep: dict[ObjectId, RawObject] | None = None
+) -> tuple[list[ObjectId], int, list[ObjectId], int, dict[str, int]]:
     """Every reachable id, parents first (DFS pre-order), with the total size,
-    the small objects (a dictionary's audience) and their size, and the kinds."""
+    the small objects (a dictionary's audience) and their size, and the kinds.
+
+    ``keep``, if given, receives the verified small objects met first, up to
+    :data:`DICT_SAMPLE_BUDGET` bytes of them, so that the dictionary sample
+    need not read them again (memory bounded by the sample budget)."""
+    kept = 0
     roots = [(oid, f"ref {g}/{n}") for g in sorted(refs) for n, oid in sorted(refs[g].items())]
     stack = list(reversed(roots))
     seen: set[ObjectId] = set()
@@ -869,6 +877,9 @@ def _closure_order(store: Store, refs: dict[str, dict[str, bytes]]) -> tuple[lis
         if len(obj.raw) <= DICT_SAMPLE_MAX_OBJECT:
             small += len(obj.raw)
             smalls.append(oid)
+            if keep is not None and kept + len(obj.raw) <= DICT_SAMPLE_BUDGET:
+                keep[oid] = obj
+                kept += len(obj.raw)
         kinds[obj.kind] = kinds.get(obj.kind, 0) + 1
         for child in reversed(list(links_of(obj.kind, value))):
             if child not in seen:
@@ -945,9 +956,15 @@ def export_bundle(
     """
     fmt = format_for_path("", fmt)
     refs = _export_roots(store, groups)
-    order, total, smalls, small, kinds = _closure_order(store, refs)
+    kept: dict[ObjectId, RawObject] | None = {} if fmt == "pack" else None
+    order, total, smalls, small, kinds = _closure_order(store, refs, kept)
     _set_total(progress, len(order))
-    dictionary = sample_dictionary(store.read_raw, smalls, small) if fmt == "pack" else None
+    if fmt == "pack":
+        # The sample reads what the walk kept (already verified), the rest from the store.
+        dictionary = sample_dictionary(lambda oid: kept.get(oid) or store.read_raw(oid), smalls, small)
+        kept = None
+    else:
+        dictionary = None
     caps = (CAP_ZSTD_DICT,) if dictionary else ()
     hdr = _Header(caps, refs, len(order), total)
     try:

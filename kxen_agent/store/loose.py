@@ -34,6 +34,14 @@ _OBJECT_NAME = re.compile(r"[0-9a-f]{62}")
 PACK_DIR_NAME = "pack"
 
 
+#: At most this many ids are remembered as made durable (then the set restarts).
+_DURABLE_IDS_MAX = 100_000
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
 def _listdir(d: str) -> list[str]:
     try:
         return sorted(os.listdir(d))
@@ -52,6 +60,15 @@ class LooseObjects:
         # Directories (a fan-out dir, objects/) whose own name this instance
         # has made durable in its parent: see _barrier.
         self._durable_dirs: set[str] = set()
+        # Objects whose name this instance has made durable (its barrier, or
+        # its batch's, has passed): id -> (st_dev, st_ino, st_mtime_ns) of
+        # the file then. Found present again with the same identity, the
+        # name needs no new directory fsync (§9.3 rule 4 asks it only of a
+        # file someone else may have renamed in). Bounded: cleared past
+        # _DURABLE_IDS_MAX. Ids written in the current batch wait in
+        # _pending_ids until its barrier has run.
+        self._durable_ids: dict[ObjectId, tuple[int, int, int]] = {}
+        self._pending_ids: dict[ObjectId, tuple[int, int, int] | None] = {}
         self._before_write = before_write
 
     def path(self, oid: ObjectId) -> str:
@@ -83,15 +100,32 @@ class LooseObjects:
         """Store ``obj`` durably; return False if it was already there."""
         path = self.path(obj.id)
         d = os.path.dirname(path)
-        if os.path.exists(path):
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if st is not None:
             try:
                 os.utime(path)
             except OSError:
                 pass
+            known = self._durable_ids.get(obj.id)
+            if known is not None and known == _identity(st):
+                # This instance made this very file's name durable and it has
+                # not been unlinked since: a name is only unlinked by gc under
+                # the exclusive store lock, and a file put back after that is
+                # a new inode or has a newer mtime (it was pruned for being
+                # older than the grace period's cutoff). A rename of another
+                # copy over the durable name leaves the name durable (old or
+                # new inode, both complete). Nothing to sync again.
+                self._remember(obj.id, self._identity_of(path))
+                return False
             # Present is not durable: another process may have renamed this
             # file in and not yet fsynced the directory (or died before it
             # did). The caller may name the object in a ref next (§9.3).
+            ident = self._identity_of(path)  # the file whose name the barrier makes durable
             self._barrier(d)
+            self._made_durable(obj.id, ident)
             return False
         if self._before_write:
             self._before_write()
@@ -105,8 +139,32 @@ class LooseObjects:
             except OSError:
                 pass
             raise
+        ident = self._identity_of(path)  # taken before the barrier: the file it makes durable
         self._barrier(d)
+        self._made_durable(obj.id, ident)
         return True
+
+    @staticmethod
+    def _identity_of(path: str) -> tuple[int, int, int] | None:
+        try:
+            return _identity(os.stat(path))
+        except OSError:
+            return None
+
+    def _made_durable(self, oid: ObjectId, ident: tuple[int, int, int] | None) -> None:
+        """``oid``'s name is durable now, or once the current batch's barrier has run."""
+        if self._pending_dirs is not None:
+            self._pending_ids[oid] = ident
+        else:
+            self._remember(oid, ident)
+
+    def _remember(self, oid: ObjectId, ident: tuple[int, int, int] | None) -> None:
+        if ident is None:
+            self._durable_ids.pop(oid, None)
+            return
+        if len(self._durable_ids) >= _DURABLE_IDS_MAX and oid not in self._durable_ids:
+            self._durable_ids.clear()
+        self._durable_ids[oid] = ident
 
     def _barrier(self, d: str) -> None:
         """Make a name in fan-out dir ``d`` durable: now, or at the end of the batch.
@@ -138,14 +196,18 @@ class LooseObjects:
             return
         self._pending_dirs = set()
         self._pending_named = set()
+        self._pending_ids = {}
         try:
             yield
             for d in sorted(self._pending_dirs):
                 self.io.fsync_dir(d)
             self._durable_dirs.update(self._pending_named)
+            for oid, ident in self._pending_ids.items():  # the barrier has run: durable now
+                self._remember(oid, ident)
         finally:
             self._pending_dirs = None
             self._pending_named = set()
+            self._pending_ids = {}
 
     def _fanout_dirs(self) -> Iterator[tuple[str, str]]:
         for sub in _listdir(self.dir):

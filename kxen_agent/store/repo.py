@@ -491,7 +491,8 @@ class Store:
         return decode_body(obj)
 
     def has(self, oid: ObjectId) -> bool:
-        return self.loose.has(oid) or any(p.has(oid) for p in self.packs)
+        # Open packs first (an index lookup, no syscall): same answer either way.
+        return any(p.has(oid) for p in self.packs) or self.loose.has(oid)
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every object id, each once (an object may be both loose and packed)."""

@@ -101,11 +101,54 @@ def test_an_object_found_present_has_its_name_synced(state_dir):
     assert ("fsync_dir", fanout) in io.ops
     assert not any(op in ("create", "rename") for op, _ in io.ops)
 
+    # This instance made that name durable: put again, no directory fsync.
     io.ops.clear()
-    with store.batch():
-        assert store.put_raw(obj) is False
+    assert store.put_raw(obj) is False
+    assert ("fsync_dir", fanout) not in io.ops
+
+    # Another instance has not: its put syncs, deferred to its batch's barrier.
+    other = Store(str(state_dir), io=io)
+    io.ops.clear()
+    with other.batch():
+        assert other.put_raw(obj) is False
         assert ("fsync_dir", fanout) not in io.ops  # deferred to the barrier
     assert io.ops.count(("fsync_dir", fanout)) == 1
+    io.ops.clear()
+    with other.batch():  # the barrier has run: durable for this instance too
+        assert other.put_raw(obj) is False
+    assert ("fsync_dir", fanout) not in io.ops
+
+
+def test_a_durable_name_unlinked_and_put_back_is_synced_again(state_dir):
+    obj = _blob_in("5a")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    assert store.put_raw(obj) is True
+    path = store.loose.path(obj.id)
+    fanout = os.path.dirname(path)
+    # gc pruned it, another process renamed a copy back in and has not synced.
+    os.unlink(path)
+    _touch(path + ".x", compress_loose(obj.raw))
+    os.utime(path + ".x", ns=(1, 1))
+    os.rename(path + ".x", path)
+    io.ops.clear()
+    assert store.put_raw(obj) is False
+    assert ("fsync_dir", fanout) in io.ops
+
+
+def test_a_failed_batch_does_not_count_its_objects_durable(state_dir):
+    obj = _blob_in("5a")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.ensure_initialized()
+    fanout = os.path.dirname(store.loose.path(obj.id))
+    with pytest.raises(RuntimeError):
+        with store.batch():
+            assert store.put_raw(obj) is True
+            raise RuntimeError("boom")
+    io.ops.clear()
+    assert store.put_raw(obj) is False
+    assert ("fsync_dir", fanout) in io.ops
 
 
 def test_an_existing_fanout_dir_has_its_name_synced(state_dir):
