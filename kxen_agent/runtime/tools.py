@@ -208,6 +208,16 @@ def _resolve(path: str, ctx: ToolContext) -> str:
     return real
 
 
+def _path_arguments(tool: "Tool", arguments: object, ctx: ToolContext) -> tuple[dict[str, Any], str] | ToolOutcome:
+    """The file tools' common first step: checked arguments and the confined
+    real path of ``arguments["path"]``, or the error outcome to return."""
+    try:
+        args = _check_arguments(tool.name, arguments, tool.parameters)
+        return args, _resolve(args["path"], ctx)
+    except _BadArguments as e:
+        return ToolOutcome(str(e), is_error=True)
+
+
 def _display(real: str, ctx: ToolContext) -> str:
     rel = os.path.relpath(real, os.path.realpath(ctx.workspace))
     return "." if rel == os.curdir else rel
@@ -257,11 +267,10 @@ class ReadFile:
     }
 
     def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
-        try:
-            args = _check_arguments(self.name, arguments, self.parameters)
-            real = _resolve(args["path"], ctx)
-        except _BadArguments as e:
-            return ToolOutcome(str(e), is_error=True)
+        checked = _path_arguments(self, arguments, ctx)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        args, real = checked
         path = args["path"]
         if os.path.isdir(real):
             return ToolOutcome(f"'{path}' is a directory; use list_files to see its entries", is_error=True)
@@ -299,11 +308,10 @@ class WriteFile:
     }
 
     def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
-        try:
-            args = _check_arguments(self.name, arguments, self.parameters)
-            real = _resolve(args["path"], ctx)
-        except _BadArguments as e:
-            return ToolOutcome(str(e), is_error=True)
+        checked = _path_arguments(self, arguments, ctx)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        args, real = checked
         path = args["path"]
         if os.path.isdir(real):
             return ToolOutcome(f"'{path}' is a directory; write_file needs a file path", is_error=True)
@@ -335,11 +343,10 @@ class EditFile:
     }
 
     def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
-        try:
-            args = _check_arguments(self.name, arguments, self.parameters)
-            real = _resolve(args["path"], ctx)
-        except _BadArguments as e:
-            return ToolOutcome(str(e), is_error=True)
+        checked = _path_arguments(self, arguments, ctx)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        args, real = checked
         path, old, new = args["path"], args["old"], args["new"]
         if not old:
             return ToolOutcome("edit_file: 'old' must not be empty; use write_file to create a file", is_error=True)
@@ -387,11 +394,10 @@ class ListFiles:
     }
 
     def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
-        try:
-            args = _check_arguments(self.name, arguments, self.parameters)
-            real = _resolve(args["path"], ctx)
-        except _BadArguments as e:
-            return ToolOutcome(str(e), is_error=True)
+        checked = _path_arguments(self, arguments, ctx)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        args, real = checked
         path = args["path"]
         if not os.path.isdir(real):
             what = "not a directory" if os.path.exists(real) else "no such directory"
