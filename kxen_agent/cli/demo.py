@@ -76,7 +76,7 @@ def run_demo(base: str | None) -> None:
     kx(state_a, "session", "export", ses, "--output", bundle)
     kx(state_a, "bundle", "verify", bundle)
     runner_b = os.path.join(base, "runner-b", "repo")
-    out(f"\n# a fresh runner: a new clone and an empty state dir")
+    out("\n# a fresh runner: a new clone and an empty state dir")
     out(f"$ git clone {ws} {runner_b}")
     os.makedirs(os.path.dirname(runner_b))
     subprocess.run(["git", "clone", "-q", ws, runner_b], check=True, capture_output=True)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from kxen_agent.runtime.runner import Runner
-from kxen_agent.session.sessions import SessionInfo, SessionStore, msg_id
+from kxen_agent.session.sessions import SessionInfo, SessionStore
 from kxen_agent.store import Store
 
 from ._render import emit_json, out
@@ -89,7 +89,7 @@ def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
     a = d["agent"]
     out(f"  agent lock:   {a['lock']} ({a['name']}, {a['provider']}/{a['model']})")
     out(f"  messages:     {d['messages']} (head {d['head'] or '-'})")
-    out(f"  runs:")
+    out("  runs:")
     for r in d["runs"]:
         out(f"    {r['id']}  #{r['index']} {r['status']}{'' if r['settled'] else ' (not settled)'}  turns {r['turn']}  task: {r['task'][:60]}")
 

@@ -29,11 +29,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, msg_id, new_id
-from kxen_agent.store import ANY, RefUpdate, Store
+from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
+from kxen_agent.store import RefUpdate, Store
 
 from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease

@@ -18,7 +18,6 @@ one ref transaction whatever the history's length.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import ANY, AmbiguousId, MissingObject, RefUpdate, Store
+from kxen_agent.store import AmbiguousId, MissingObject, RefUpdate, Store
 
 from .workspace import (
     WorkspaceIdentity,
@@ -231,7 +230,7 @@ class SessionStore:
         out.reverse()
         return out
 
-    def iter_forward(self, head: bytes | None, chunk: int = 4096) -> Iterator[Message]:
+    def iter_forward(self, head: bytes | None) -> Iterator[Message]:
         """Oldest first without holding the whole history: walks back once
         collecting only ids (32 bytes each), then reads forward."""
         ids: list[bytes] = []
@@ -557,6 +556,3 @@ class SessionStore:
             return 0
         return self.store.get(info.head, "message")["seq"] + 1
 
-
-def workspace_dir_exists(path: str) -> bool:
-    return os.path.isdir(path)
