@@ -201,6 +201,22 @@ class FileIO:
         finally:
             os.close(fd)
 
+    def mkdir(self, path: str) -> bool:
+        """Create one directory, *not* yet durable; False if it exists.
+
+        For building many directories under one barrier (the state dir's
+        skeleton, §10.3): the caller fsyncs each parent afterwards.
+        """
+        self._op("mkdir", path)
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+            return False
+        self._did("mkdir", path)
+        return True
+
     def makedirs(self, path: str) -> None:
         """Create ``path`` and missing parents, each made durable in its parent."""
         if os.path.isdir(path):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .fsio import FileIO
 from .objects import CorruptObject, ObjectId, RawObject, compress_loose, decompress_loose, parse_object
@@ -165,6 +165,10 @@ class LooseObjects:
         if len(self._durable_ids) >= _DURABLE_IDS_MAX and oid not in self._durable_ids:
             self._durable_ids.clear()
         self._durable_ids[oid] = ident
+
+    def trust_dirs(self, dirs: Iterable[str]) -> None:
+        """Directories whose names are known durable (the state dir's skeleton, §10.3)."""
+        self._durable_dirs.update(dirs)
 
     def _barrier(self, d: str) -> None:
         """Make a name in fan-out dir ``d`` durable: now, or at the end of the batch.

@@ -480,6 +480,10 @@ class RefStore:
         self.io.write_durable(ref_path, data)  # the commit point
         return RefGroupState(group, refs, out_fence, new_log_size, out_deleted, True)
 
+    def trust_dirs(self, dirs: Iterable[str]) -> None:
+        """Directories whose names are known durable (the state dir's skeleton, §10.3)."""
+        self._durable_dirs.update(dirs)
+
     def _ensure_dir(self, d: str) -> None:
         """Create ``refs/<ns>`` or ``logs/<ns>`` if missing, with a durable name.
 

@@ -44,7 +44,7 @@ __all__ = [
     "store_lock",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_FILE = "FORMAT"
 # The FORMAT file's temporary name while it is being written. A process that
 # dies between creating it and renaming it leaves it behind; it must not make
@@ -52,6 +52,45 @@ FORMAT_FILE = "FORMAT"
 # writer's temp file).
 _FORMAT_TMP_PREFIX = "FORMAT.tmp_"
 _FORMAT_RE = re.compile(rb"kxen-agent-state (\d+)\n")
+
+#: Namespaces whose ``refs/``, ``logs/``, ``locks/`` and ``leases/``
+#: directories are part of the skeleton (the session layer's one); any
+#: other namespace's directories are made on first use.
+SKELETON_NAMESPACES = ("sessions",)
+
+
+def skeleton_dirs() -> list[str]:
+    """The directories a version-2 state dir is made with, parents first (§10.3).
+
+    They exist, with durable names, before ``FORMAT`` does: a writer never
+    has to make their names durable again, which is what lets an object
+    write cost two fsyncs (temp file, fan-out dir) instead of up to four.
+    """
+    out = ["objects", *(os.path.join("objects", "%02x" % i) for i in range(256))]
+    out.append(os.path.join("objects", "pack"))
+    for top in ("refs", "logs", "locks", "leases"):
+        out.append(top)
+        out += [os.path.join(top, ns) for ns in SKELETON_NAMESPACES]
+    return out
+
+
+def _only_skeleton(root: str) -> bool:
+    """True if ``root`` holds nothing but ``FORMAT.tmp_*`` files and empty skeleton dirs.
+
+    That is what a first write that died before renaming ``FORMAT`` in
+    leaves: an unfinished empty store, not somebody else's directory.
+    """
+    allowed = set(skeleton_dirs())
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel != "." and rel not in allowed:
+            return False
+        if any(not (rel == "." and f.startswith(_FORMAT_TMP_PREFIX)) for f in filenames):
+            return False
+        for d in dirnames:
+            if (d if rel == "." else os.path.join(rel, d)) not in allowed:
+                return False
+    return True
 
 
 class StateDirError(KxenError):
@@ -270,12 +309,16 @@ class Store:
         self.root = os.path.abspath(root)
         self.io = io
         self._initialized = False
-        self._check_format()
+        # Set once this instance may write with no more setup: it made the
+        # state dir, or it found one and synced the names it relies on.
+        self._writable = False
+        self.format_version = 0
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
         self.lock_timeout = lock_timeout
         self.refs = _GuardedRefStore(
             self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing
         )
+        self._check_format()
         self.packs: list[ObjectSource] = []
         # Sources read like packs but not listed in objects/pack (an import's
         # staged pack, before its index is committed): kept across reloads.
@@ -293,9 +336,7 @@ class Store:
         try:
             data = self.io.read(path)
         except FileNotFoundError:
-            if os.path.isdir(self.root) and any(
-                not n.startswith(_FORMAT_TMP_PREFIX) for n in os.listdir(self.root)
-            ):
+            if os.path.isdir(self.root) and not _only_skeleton(self.root):
                 if os.path.exists(path):  # a concurrent first writer just created it
                     return self._check_format()
                 raise StateDirError(
@@ -318,37 +359,85 @@ class Store:
             )
         if version < 1:
             raise StateDirError(f"{path}: unknown format version {version}")
+        self.format_version = version
         self._initialized = True
+        if version >= 2:
+            self._trust_skeleton()
 
     @property
     def exists(self) -> bool:
         return self._initialized
 
     def ensure_initialized(self) -> None:
-        """Create the state dir on first write: the FORMAT file first, the rest lazily."""
-        if self._initialized:
+        """Create the state dir on first write: its skeleton, then FORMAT (§10.3).
+
+        Also upgrades a version-1 state dir (made lazily, directory by
+        directory) to version 2 the first time this version writes to it.
+        """
+        if self._writable:
             return
-        self.io.makedirs(self.root)
-        path = os.path.join(self.root, FORMAT_FILE)
-        if not os.path.exists(path):
-            self._check_format()  # refuse a foreign non-empty directory
-            tmp = self.io.write_tmp(
-                self.root, b"kxen-agent-state %d\n" % FORMAT_VERSION, prefix=_FORMAT_TMP_PREFIX
-            )
-            try:
-                self.io.rename(tmp, path)
-            except BaseException:
-                try:
-                    self.io.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+        if not self._initialized:
+            self.io.makedirs(self.root)
+            # Refuses a foreign non-empty directory; finds a FORMAT that a
+            # concurrent first writer has just put in.
+            self._check_format()
+        if self._initialized and self.format_version >= FORMAT_VERSION:
+            # FORMAT was found, not made here: its name (and with it the
+            # skeleton's top names), and the state dir's own name, may be
+            # those of a creator whose last fsyncs failed or never ran; a
+            # write must not build on them (§9.3 rules 3 and 8). Once per
+            # store instance.
             self.io.fsync_dir(self.root)
-            # The state dir's own name must be durable too: an earlier
-            # attempt may have made it and failed before syncing its parent.
             self.io.fsync_dir(os.path.dirname(self.root) or ".")
-            self.io.makedirs(os.path.join(self.root, "locks"))  # for writing(): no mkdir per put
+            self._writable = True
+            return
+        self._make_skeleton()
+        path = os.path.join(self.root, FORMAT_FILE)
+        tmp = self.io.write_tmp(
+            self.root, b"kxen-agent-state %d\n" % FORMAT_VERSION, prefix=_FORMAT_TMP_PREFIX
+        )
+        try:
+            self.io.rename(tmp, path)
+        except BaseException:
+            try:
+                self.io.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.io.fsync_dir(self.root)
+        # The state dir's own name must be durable too: an earlier
+        # attempt may have made it and failed before syncing its parent.
+        self.io.fsync_dir(os.path.dirname(self.root) or ".")
+        self.format_version = FORMAT_VERSION
         self._initialized = True
+        self._writable = True
+        self._trust_skeleton()
+
+    def _make_skeleton(self) -> None:
+        """Make every skeleton directory, then fsync each parent once (§10.3).
+
+        Directories found existing get their parent synced as well: they
+        may come from a writer that died between its ``mkdir`` and that
+        fsync, or from a version-1 dir's lazy creation (§9.1).
+        """
+        parents: set[str] = set()
+        for rel in skeleton_dirs():
+            d = os.path.join(self.root, rel)
+            self.io.mkdir(d)
+            parents.add(os.path.dirname(d))
+        # Deepest first, so that each directory's own contents are synced
+        # before the entry naming it is; one barrier would do as well, the
+        # order only makes the trace easy to read.
+        for p in sorted(parents, key=lambda p: (-p.count(os.sep), p)):
+            self.io.fsync_dir(p)
+
+    def _trust_skeleton(self) -> None:
+        """Tell the writers that the skeleton's names are durable (§9.1, §10.3)."""
+        root = self.root
+        self.loose.trust_dirs(os.path.join(root, rel) for rel in skeleton_dirs() if rel.startswith("objects"))
+        self.refs.trust_dirs(
+            os.path.join(root, rel) for rel in skeleton_dirs() if rel.split(os.sep)[0] in ("refs", "logs")
+        )
 
     # ------------------------------------------------------------ packs
 
@@ -535,7 +624,6 @@ class Store:
         ref transactions take it themselves. Creates the state dir.
         """
         self.ensure_initialized()
-        self.io.makedirs(os.path.join(self.root, "locks"))
         with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout):
             yield
 
@@ -543,7 +631,6 @@ class Store:
     def pruning(self, timeout: float | None = None) -> Iterator[None]:
         """Hold the store's lock exclusively: no writer is inside :meth:`writing` (gc)."""
         self.ensure_initialized()
-        self.io.makedirs(os.path.join(self.root, "locks"))
         with store_lock(self.root).exclusive(self.lock_timeout if timeout is None else timeout):
             yield
 

@@ -11,6 +11,7 @@ from kxen_agent.store import BadRefName, CorruptObject, CorruptRef, FileIO, Miss
 from kxen_agent.store import codec, objects
 from kxen_agent.store.codec import DecodeError, EncodeError
 from kxen_agent.store.objects import compress_loose, encode_object
+from kxen_agent.store.repo import StateDirError, skeleton_dirs
 from kxen_agent.store.refs import (
     BadRefValue,
     ReflogEntry,
@@ -151,32 +152,102 @@ def test_a_failed_batch_does_not_count_its_objects_durable(state_dir):
     assert ("fsync_dir", fanout) in io.ops
 
 
-def test_an_existing_fanout_dir_has_its_name_synced(state_dir):
+def test_a_new_state_dir_is_made_with_a_durable_skeleton_before_format(tmp_path):
+    root = str(tmp_path / "state")
+    io = TracingIO()
+    Store(root, io=io).ensure_initialized()
+    ops = io.ops
+    fmt = ops.index(("rename", os.path.join(root, "FORMAT")))
+    for rel in skeleton_dirs():
+        d = os.path.join(root, rel)
+        assert os.path.isdir(d)
+        made = ops.index(("mkdir", d))
+        # Its name is durable before FORMAT exists: its parent is synced
+        # after its mkdir and before FORMAT is renamed in.
+        assert ("fsync_dir", os.path.dirname(d)) in ops[made:fmt], rel
+    assert (tmp_path / "state" / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+
+
+def test_in_a_version_2_dir_an_object_write_syncs_only_its_fanout_dir(state_dir):
     Store(str(state_dir)).ensure_initialized()
-    obj = _blob_in("c3")
-    fanout = os.path.join(str(state_dir), "objects", "c3")
-    os.makedirs(fanout)  # made by a process that died before syncing objects/
     io = TracingIO()
     store = Store(str(state_dir), io=io)
+    obj = _blob_in("c3")
     assert store.put_raw(obj) is True
-    syncs = [p for op, p in io.ops if op == "fsync_dir"]
-    assert os.path.join(store.root, "objects") in syncs and store.root in syncs
-    # Once per directory per store: the next object there syncs only its dir.
+    fanout = os.path.join(store.root, "objects", "c3")
+    # This instance found FORMAT: before its first write it syncs the
+    # state dir and its parent once (their names may be a failed
+    # creator's), then the object's own two fsyncs.
+    assert [p for op, p in io.ops if op == "fsync_dir"] == [store.root, os.path.dirname(store.root), fanout]
+    assert io.fsyncs == 4
     io.ops.clear()
-    store.put_raw(_blob_in("c3f"))
-    assert [p for op, p in io.ops if op == "fsync_dir"] == [fanout]
+    io.fsyncs = 0
+    obj2 = _blob_in("c4")
+    assert store.put_raw(obj2) is True
+    assert [p for op, p in io.ops if op == "fsync_dir"] == [os.path.join(store.root, "objects", "c4")]
+    assert io.fsyncs == 2  # the temp file and the fan-out dir
+
+
+def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
+    # A version-1 dir was made lazily: a fan-out dir may come from a
+    # process that died before syncing objects/. The first write of this
+    # version makes the whole skeleton durable, then writes FORMAT 2.
+    os.makedirs(os.path.join(str(state_dir), "objects", "c3"))
+    (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    assert store.format_version == 1
+    obj = _blob_in("c3")
+    assert store.put_raw(obj) is True
+    fmt = io.ops.index(("rename", os.path.join(store.root, "FORMAT")))
+    synced = [p for op, p in io.ops[:fmt] if op == "fsync_dir"]
+    assert os.path.join(store.root, "objects") in synced and store.root in synced
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    assert store.get(obj.id) == obj.body
+    for rel in skeleton_dirs():
+        assert os.path.isdir(os.path.join(store.root, rel))
+
+
+def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_path):
+    root = tmp_path / "state"
+    root.mkdir()
+    for rel in skeleton_dirs()[:40]:
+        (root / rel).mkdir()
+    (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 2\n")
+    store = Store(str(root))
+    assert not store.exists
+    store.put("blob", b"hello")
+    assert (root / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    # Anything else in it is somebody else's directory.
+    other = tmp_path / "other"
+    (other / "objects" / "zz").mkdir(parents=True)
+    with pytest.raises(StateDirError, match="not a kxen-agent state dir"):
+        Store(str(other))
 
 
 def test_existing_ref_dirs_have_their_names_synced_before_the_commit(state_dir, populated):
+    # A namespace outside the skeleton: its directories are made on first
+    # use, and a found-existing one has its name synced (§9.1).
     io = TracingIO()
     store = Store(str(state_dir), io=io)
-    store.refs.transaction("sessions/s2", [RefUpdate("head", None, populated["a"])], reason="x")
-    ref_path = store.refs.ref_path("sessions/s2")
+    store.refs.transaction("agents/s2", [RefUpdate("head", None, populated["a"])], reason="x")
+    ref_path = store.refs.ref_path("agents/s2")
     commit = io.ops.index(("rename", ref_path))
     before = [p for op, p in io.ops[:commit] if op == "fsync_dir"]
     for d in ("refs", "logs"):
         assert os.path.join(store.root, d) in before
-    assert store.root in before
+
+
+def test_skeleton_ref_dirs_need_no_sync_of_their_parents(state_dir, populated):
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.refs.transaction("sessions/s2", [RefUpdate("head", None, populated["a"])], reason="x")
+    synced = [p for op, p in io.ops if op == "fsync_dir"]
+    assert synced == [
+        store.root, os.path.dirname(store.root),  # once per instance that found FORMAT
+        os.path.join(store.root, "logs", "sessions"),  # a new reflog's name
+        os.path.join(store.root, "refs", "sessions"),  # the commit
+    ]
 
 
 def test_a_reflog_no_commit_counts_has_its_name_synced(state_dir, populated):
@@ -257,7 +328,9 @@ def test_fsck_survives_odd_entries_under_refs(store: Store, populated, entry):
 
 
 def test_a_two_char_plain_file_under_objects_is_a_stray(store: Store, populated):
-    stray = _touch(os.path.join(store.root, "objects", "ab"), b"x")
+    stray = os.path.join(store.root, "objects", "ab")
+    os.rmdir(stray)  # an empty skeleton fan-out dir
+    _touch(stray, b"x")
     assert len(list(store.iter_ids())) == 2
     rep = fsck(store)
     assert rep.clean and rep.stray_files == [stray]

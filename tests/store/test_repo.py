@@ -18,7 +18,7 @@ def test_state_dir_is_created_by_the_first_write_only(state_dir):
     assert fsck(store).clean
     assert not state_dir.exists()
     store.put("blob", b"x")
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 1\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
     assert store.exists and Store(str(state_dir)).exists
 
 
@@ -38,7 +38,11 @@ def test_a_crash_during_the_first_write_does_not_brick_the_dir(state_dir):
     p = run_python(_CRASH_IN_INIT, str(state_dir))
     assert p.returncode == 9, p.stderr.decode()
     leftovers = os.listdir(state_dir)
-    assert len(leftovers) == 1 and "FORMAT" not in leftovers  # only the temp file
+    # The skeleton's directories (empty) and the temp file; no FORMAT.
+    assert "FORMAT" not in leftovers
+    assert [n for n in leftovers if n.startswith("FORMAT.tmp_")] and all(
+        n.startswith("FORMAT.tmp_") or n in ("objects", "refs", "logs", "locks", "leases") for n in leftovers
+    )
     store = Store(str(state_dir))
     oid = store.put("blob", b"x")
     assert store.get(oid) == b"x"
@@ -48,7 +52,7 @@ def test_a_crash_during_the_first_write_does_not_brick_the_dir(state_dir):
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (1)"),
+        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (2)"),
         (b"kxen-agent-state 0\n", "unknown format version 0"),
         (b"kxen-agent-state 1", "is not a kxen-agent format file"),
         (b"", "is not a kxen-agent format file"),
