@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from .fsio import FileIO
 from .objects import CorruptObject, ObjectId, RawObject, compress_loose, decompress_loose, parse_object
@@ -60,6 +60,7 @@ class LooseObjects:
         # Directories (a fan-out dir, objects/) whose own name this instance
         # has made durable in its parent: see _barrier.
         self._durable_dirs: set[str] = set()
+        self._skeleton = False  # see trust_skeleton
         # Objects whose name this instance has made durable (its barrier, or
         # its batch's, has passed): id -> (st_dev, st_ino, st_mtime_ns) of
         # the file then. Found present again with the same identity, the
@@ -166,9 +167,13 @@ class LooseObjects:
             self._durable_ids.clear()
         self._durable_ids[oid] = ident
 
-    def trust_dirs(self, dirs: Iterable[str]) -> None:
-        """Directories whose names are known durable (the state dir's skeleton, §10.3)."""
-        self._durable_dirs.update(dirs)
+    def trust_skeleton(self) -> None:
+        """``objects/`` and every fan-out dir have durable names (a version-2 state dir, §10.3).
+
+        A fan-out dir removed by hand is remade by ``makedirs``, which
+        syncs its parent, so the promise holds for every one of them.
+        """
+        self._skeleton = True
 
     def _barrier(self, d: str) -> None:
         """Make a name in fan-out dir ``d`` durable: now, or at the end of the batch.
@@ -183,7 +188,7 @@ class LooseObjects:
         directory with nothing unsynced is cheap to fsync.
         """
         dirs = [d]
-        named = [p for p in (d, self.dir) if p not in self._durable_dirs]
+        named = [] if self._skeleton else [p for p in (d, self.dir) if p not in self._durable_dirs]
         dirs += [os.path.dirname(p) for p in named]
         if self._pending_dirs is not None:
             self._pending_dirs.update(dirs)

@@ -59,19 +59,26 @@ _FORMAT_RE = re.compile(rb"kxen-agent-state (\d+)\n")
 SKELETON_NAMESPACES = ("sessions",)
 
 
-def skeleton_dirs() -> list[str]:
+def _skeleton() -> tuple[str, ...]:
+    out = ["objects", *(os.path.join("objects", "%02x" % i) for i in range(256))]
+    out.append(os.path.join("objects", "pack"))
+    for top in ("refs", "logs", "locks", "leases"):
+        out.append(top)
+        out += [os.path.join(top, ns) for ns in SKELETON_NAMESPACES]
+    return tuple(out)
+
+
+_SKELETON = _skeleton()
+
+
+def skeleton_dirs() -> tuple[str, ...]:
     """The directories a version-2 state dir is made with, parents first (§10.3).
 
     They exist, with durable names, before ``FORMAT`` does: a writer never
     has to make their names durable again, which is what lets an object
     write cost two fsyncs (temp file, fan-out dir) instead of up to four.
     """
-    out = ["objects", *(os.path.join("objects", "%02x" % i) for i in range(256))]
-    out.append(os.path.join("objects", "pack"))
-    for top in ("refs", "logs", "locks", "leases"):
-        out.append(top)
-        out += [os.path.join(top, ns) for ns in SKELETON_NAMESPACES]
-    return out
+    return _SKELETON
 
 
 def _only_skeleton(root: str) -> bool:
@@ -434,10 +441,12 @@ class Store:
     def _trust_skeleton(self) -> None:
         """Tell the writers that the skeleton's names are durable (§9.1, §10.3)."""
         root = self.root
-        self.loose.trust_dirs(os.path.join(root, rel) for rel in skeleton_dirs() if rel.startswith("objects"))
-        self.refs.trust_dirs(
-            os.path.join(root, rel) for rel in skeleton_dirs() if rel.split(os.sep)[0] in ("refs", "logs")
-        )
+        self.loose.trust_skeleton()
+        dirs = []
+        for top in ("refs", "logs"):
+            dirs.append(os.path.join(root, top))
+            dirs += [os.path.join(root, top, ns) for ns in SKELETON_NAMESPACES]
+        self.refs.trust_dirs(dirs)
 
     # ------------------------------------------------------------ packs
 
