@@ -20,8 +20,12 @@ missing, nothing extra, nothing twice.
 Bundles carry objects reachable from the named refs and nothing else: no
 environment, no configuration, no credentials (the store holds none).
 
-Export, verification and import stream: memory holds ids, never more than
-one object's bytes. Import verifies everything while staging the new
+Export, verification and import stream: memory holds ids, about one
+object's bytes (twice, while it is read or compressed), a read-ahead or
+write buffer of a MiB and, for export, a constant budget of small objects
+the closure walk keeps for the dictionary and the writer
+(:data:`EXPORT_KEEP_BUDGET`, so that each is read once; the others are read
+again). Import verifies everything while staging the new
 objects into a temporary pack, then checks the refs (fast-forward only),
 then commits the pack's index, then moves the refs, one transaction per
 group. A bundle that fails any check leaves no ref, no object and no pack.
@@ -39,6 +43,7 @@ import io
 import re
 import stat
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO, Callable, Iterator, Mapping
 
@@ -62,11 +67,10 @@ from .pack import (
     Decompressor,
     PackStream,
     PackWriter,
-    check_entry_crc,
     check_pack_header,
     crc32,
     parse_end,
-    parse_entry_header,
+    parse_entry_fields,
     parse_pack_header_prefix,
     sample_dictionary,
 )
@@ -104,6 +108,15 @@ _JSON_KEYS = ("format", "version", "capabilities", "refs", "objectCount", "objec
 _JSON_DIGEST_PREFIX = b"kxen-bundle-json 1\n"
 # The longest canonical base64 of the longest object bytes.
 _MAX_B64 = 4 * ((MAX_RAW_SIZE + 2) // 3)
+#: Export keeps the small objects its closure walk reads (those of at most
+#: DICT_SAMPLE_MAX_OBJECT bytes, the dictionary's audience), up to this many
+#: object bytes, and writes them from memory; the others are read again.
+#: A constant, whatever the bundle's size (a session of ~15,000 messages fits).
+EXPORT_KEEP_BUDGET = 16 << 20
+# What keeping an object costs beyond its bytes (RawObject, bytes header, id, dict slot), about.
+_KEPT_OVERHEAD = 200
+# Entry header bytes covered by the entry's CRC (all but the CRC itself).
+_ENTRY_CRC_COVERED = ENTRY_HEADER_SIZE - 4
 
 Progress = Callable[[int], None]
 
@@ -278,14 +291,46 @@ def _check_header(value: Any, where: str, offset: int) -> _Header:
 # ================================================================== verification
 
 
+def _links(kind: str, value: Any) -> list[ObjectId]:
+    """``list(links_of(kind, value))``: the same ids in the same order, faster.
+
+    A body is mostly one small map (a message: strings, integers, links and
+    a short list of small maps); walking it by recursion over the values
+    costs less than the general walk's stack of every value.
+    """
+    if kind == "blob":
+        return []
+    t = type(value)
+    if t is bytes:
+        return [value]
+    out: list[ObjectId] = []
+    if t is dict:
+        _links_in(kind, value.values(), out, 0)
+    elif t is list:
+        _links_in(kind, value, out, 0)
+    return out
+
+
+def _links_in(kind: str, values: Any, out: list[ObjectId], depth: int) -> None:
+    for v in values:
+        t = type(v)
+        if t is bytes:
+            out.append(v)
+        elif t is dict or t is list:
+            if depth >= 32:  # deep nesting (a strict body has at most 64 levels): the general walk
+                out.extend(links_of(kind, v))
+            else:
+                _links_in(kind, v.values() if t is dict else v, out, depth + 1)
+
+
 class _Closure:
     """Checks, in one pass, that the objects are exactly the closure of the refs."""
 
     def __init__(self, hdr: _Header, where: str) -> None:
         self.where = where
         self.hdr = hdr
-        # id -> who asked for it (a ref name, or the id of a linking object)
-        self.pending: dict[ObjectId, str] = {}
+        # id -> who asked for it: "ref G/R", or the id of the linking object
+        self.pending: dict[ObjectId, str | bytes] = {}
         for g in sorted(hdr.refs):
             for name, oid in sorted(hdr.refs[g].items()):
                 self.pending.setdefault(oid, f"ref {g}/{name}")
@@ -307,21 +352,30 @@ class _Closure:
             )
         if self.count >= self.hdr.objects:
             raise BadBundle(where, f"more objects than the {self.hdr.objects} the header declares", offset, unit)
+        kind = obj.kind
+        self.seen.add(obj.id)
+        self.count += 1
+        self.bytes += len(obj.raw)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if kind == "blob":  # raw bytes: nothing to decode, no links
+            return
         try:
             value = decode_body(obj)
         except CorruptObject as e:
             raise BadBundle(where, f"object {obj.hex}: {e.reason}", offset, unit) from None
-        self.seen.add(obj.id)
-        self.count += 1
-        self.bytes += len(obj.raw)
-        self.kinds[obj.kind] = self.kinds.get(obj.kind, 0) + 1
-        for child in links_of(obj.kind, value):
-            if child not in self.seen and child not in self.pending:
-                self.pending[child] = f"object {obj.hex}"
+        seen, pending = self.seen, self.pending
+        for child in _links(kind, value):
+            if child not in seen and child not in pending:
+                # who asked for it: the linking object's id (named in an error only)
+                pending[child] = obj.id
+
+    def _who(self, who: str | bytes) -> str:
+        return who if isinstance(who, str) else f"object {who.hex()}"
 
     def finish(self, offset: int | None, unit: str = "byte") -> None:
         if self.pending:
-            oid, who = next(iter(self.pending.items()))
+            oid, asker = next(iter(self.pending.items()))
+            who = self._who(asker)
             verb = "points to" if who.startswith("ref ") else "links to"
             raise BadBundle(self.where, f"{who} {verb} object {oid.hex()}, which the bundle does not contain", offset, unit)
         if self.count != self.hdr.objects:
@@ -330,13 +384,29 @@ class _Closure:
             raise BadBundle(self.where, f"header declares {self.hdr.size} object bytes, the objects hold {self.bytes}", offset, unit)
 
 
+_READ_CHUNK = 256 << 10
+
+
 class _Input:
-    """Exact reads from a binary stream, hashed as they go."""
+    """Exact reads from a binary stream, hashed as they go.
+
+    Reads ahead in pieces of :data:`_READ_CHUNK` bytes and hands out
+    slices: most reads cost no system call. A read of a piece or more is
+    done at its exact size, without reading ahead: memory stays about
+    twice the largest object (the bytes read ahead, the rest, the two
+    joined) plus a piece. Consumed
+    bytes are hashed in bulk — when the buffer is refilled and whenever a
+    digest is taken or the pack hash starts or stops — which hashes exactly
+    the bytes consumed, in order, as one update per read would.
+    """
 
     def __init__(self, f: BinaryIO, where: str) -> None:
         self.f = f
         self.where = where
-        self.pos = 0
+        self.pos = 0  # bytes consumed
+        self.buf = b""  # buf[off:] is read ahead, not yet consumed
+        self.off = 0
+        self.hoff = 0  # buf[hoff:off] is consumed, not yet hashed
         self.hash = blake3.blake3()
         self.pack_hash: Any = None
         try:  # a regular file's size: a length past it is refused before reading
@@ -345,37 +415,90 @@ class _Input:
         except (AttributeError, OSError, io.UnsupportedOperation):
             self.size = None
 
-    def read(self, n: int, what: str) -> bytes:
+    def _hash_consumed(self) -> None:
+        if self.off > self.hoff:
+            view = memoryview(self.buf)[self.hoff : self.off]
+            self.hash.update(view)
+            if self.pack_hash is not None:
+                self.pack_hash.update(view)
+            self.hoff = self.off
+
+    def start_pack_hash(self) -> None:
+        """Hash what is read from here on into :attr:`pack_hash` too."""
+        self._hash_consumed()
+        self.pack_hash = blake3.blake3()
+
+    def pack_digest(self) -> bytes:
+        """The pack hash of what was read since :meth:`start_pack_hash`; stops it."""
+        self._hash_consumed()
+        d = self.pack_hash.digest()
+        self.pack_hash = None
+        return d
+
+    def digest(self) -> bytes:
+        """The hash of everything read so far."""
+        self._hash_consumed()
+        return self.hash.digest()
+
+    def read_unless(self, n: int, stop: bytes) -> bytes | None:
+        """The next ``n`` bytes if they are read ahead already and do not
+        start with ``stop``; else None, and nothing is consumed."""
+        off = self.off
+        end = off + n
+        buf = self.buf
+        if end > len(buf) or buf.startswith(stop, off):
+            return None
+        self.off = end
+        self.pos += n
+        return buf[off:end]
+
+    def read(self, n: int, what: str | Callable[[], str]) -> bytes:
+        """The next ``n`` bytes; ``what`` (text, or a function giving it) names them in an error."""
+        off = self.off
+        end = off + n
+        if end <= len(self.buf):
+            self.off = end
+            self.pos += n
+            return self.buf[off:end]
+        return self._refill(n, what)
+
+    def _refill(self, n: int, what: str | Callable[[], str]) -> bytes:
         if self.size is not None and self.pos + n > self.size:
             left = max(0, self.size - self.pos)
-            raise BadBundle(self.where, f"truncated: {what} needs {n} bytes, the file ends after {left}", self.pos)
-        parts = []
+            raise BadBundle(self.where, f"truncated: {what if isinstance(what, str) else what()} needs {n} bytes, the file ends after {left}", self.pos)
+        self._hash_consumed()
+        rest = self.buf[self.off :]
+        self.buf = b""
+        need = n - len(rest)
+        want = need if n >= _READ_CHUNK else _READ_CHUNK
+        parts = [rest] if rest else []
         got = 0
-        while got < n:
-            chunk = self.f.read(n - got)
+        while got < need:
+            chunk = self.f.read(want - got)
             if not chunk:
                 break
             parts.append(chunk)
             got += len(chunk)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         if len(data) < n:
-            raise BadBundle(self.where, f"truncated: {what} needs {n} bytes, the file ends after {len(data)}", self.pos)
-        self.hash.update(data)
-        if self.pack_hash is not None:
-            self.pack_hash.update(data)
+            raise BadBundle(self.where, f"truncated: {what if isinstance(what, str) else what()} needs {n} bytes, the file ends after {len(data)}", self.pos)
+        self.buf = data
+        self.off = n
+        self.hoff = 0
         self.pos += n
-        return data
+        return data if len(data) == n else data[:n]
 
     def at_eof(self) -> bool:
-        return self.f.read(1) == b""
+        return self.off >= len(self.buf) and self.f.read(1) == b""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     obj: RawObject
     head: bytes  # the entry header (pack form), for copying verbatim
     stored: bytes
     offset: int
+    crc: int = 0  # the entry's CRC (pack form), checked over head and stored
 
 
 class _PackBundleReader:
@@ -412,7 +535,7 @@ class _PackBundleReader:
         self.closure = _Closure(self.header, where)
 
         self.pack_start = inp.pos
-        inp.pack_hash = blake3.blake3()
+        inp.start_pack_hash()
         prefix = inp.read(PACK_PREFIX_SIZE, "the pack header")
         try:
             dlen = parse_pack_header_prefix(prefix, where, self.pack_start)
@@ -431,28 +554,37 @@ class _PackBundleReader:
 
     def __iter__(self) -> Iterator[_Item]:
         inp, where = self.inp, self.where
+        has_dict = self.dictionary is not None
+        decompress = self.decompressor.decompress_raw
+        add = self.closure.add
+        read, read_unless = inp.read, inp.read_unless
         count = 0
         while True:
             at = inp.pos
-            magic = inp.read(4, "an entry or the end record")
-            if magic == END_MAGIC:
-                break
-            head = magic + inp.read(ENTRY_HEADER_SIZE - 4, "an entry header")
+            # The whole header is read ahead (always, but near the end): take
+            # it in one slice, unless it is the end record. Otherwise read as
+            # the format reads, magic first, so a cut file is named the same.
+            head = read_unless(ENTRY_HEADER_SIZE, END_MAGIC)
+            if head is None:
+                magic = inp.read(4, "an entry or the end record")
+                if magic == END_MAGIC:
+                    break
+                head = magic + inp.read(ENTRY_HEADER_SIZE - 4, "an entry header")
             try:
-                e = parse_entry_header(head, at, where, has_dict=self.dictionary is not None)
+                method, oid, raw_len, stored_len, crc = parse_entry_fields(head, at, where, has_dict=has_dict)
             except BadPack as ex:
                 raise BadBundle(where, ex.reason, ex.offset) from None
-            stored = inp.read(e.stored_len, f"object {e.id.hex()}")
+            stored = read(stored_len, lambda: f"object {oid.hex()}")
+            if zlib.crc32(stored, zlib.crc32(head[:_ENTRY_CRC_COVERED])) != crc:
+                raise BadBundle(where, f"entry checksum mismatch for object {oid.hex()}", at)
+            h = oid.hex()
             try:
-                check_entry_crc(head, stored, e, where)
-                obj = parse_object(self.decompressor.decompress(e, stored, e.id.hex()), e.id.hex(), expect_id=e.id)
-            except BadPack as ex:
-                raise BadBundle(where, ex.reason, at) from None
+                obj = parse_object(decompress(method, raw_len, stored, h), h, expect_id=oid)
             except CorruptObject as ex:
                 raise BadBundle(where, f"object {ex.where}: {ex.reason}", at) from None
-            self.closure.add(obj, at)
+            add(obj, at)
             count += 1
-            yield _Item(obj, head, stored, at)
+            yield _Item(obj, head, stored, at, crc)
         end_at = inp.pos - 4
         try:
             n = parse_end(END_MAGIC + inp.read(END_SIZE - 4, "the end record"), end_at, where)
@@ -460,12 +592,11 @@ class _PackBundleReader:
             raise BadBundle(where, ex.reason, ex.offset) from None
         if n != count:
             raise BadBundle(where, f"end record counts {n} entries, the pack holds {count}", end_at)
-        pack_digest = inp.pack_hash.digest()
-        inp.pack_hash = None
+        pack_digest = inp.pack_digest()
         if inp.read(TRAILER_SIZE, "the pack trailer") != pack_digest:
             raise BadBundle(where, "pack trailer checksum mismatch", inp.pos - TRAILER_SIZE)
         pack_bytes = inp.pos - self.pack_start
-        digest = inp.hash.digest()
+        digest = inp.digest()
         if inp.read(TRAILER_SIZE, "the bundle trailer") != digest:
             raise BadBundle(where, "bundle trailer checksum mismatch", inp.pos - TRAILER_SIZE)
         if not inp.at_eof():
@@ -846,44 +977,51 @@ def _export_roots(store: Store, groups: list[str]) -> dict[str, dict[str, bytes]
 
 
 def _closure_order(
-    store: Store, refs: dict[str, dict[str, bytes]], keep: dict[ObjectId, RawObject] | None = None
+    store: Store, refs: dict[str, dict[str, bytes]], keep: dict[ObjectId, RawObject] | None = None,
+    keep_budget: int = DICT_SAMPLE_BUDGET,
 ) -> tuple[list[ObjectId], int, list[ObjectId], int, dict[str, int]]:
     """Every reachable id, parents first (DFS pre-order), with the total size,
     the small objects (a dictionary's audience) and their size, and the kinds.
 
     ``keep``, if given, receives the verified small objects met first, up to
-    :data:`DICT_SAMPLE_BUDGET` bytes of them, so that the dictionary sample
-    need not read them again (memory bounded by the sample budget)."""
+    ``keep_budget`` bytes of them, so that the dictionary sample and the
+    writer need not read them again (memory bounded by the budget)."""
     kept = 0
     roots = [(oid, f"ref {g}/{n}") for g in sorted(refs) for n, oid in sorted(refs[g].items())]
-    stack = list(reversed(roots))
+    # (id, who asked for it): "ref G/R", or the linking object's id (named in an error only)
+    stack: list[tuple[ObjectId, str | bytes]] = list(reversed(roots))
     seen: set[ObjectId] = set()
     order: list[ObjectId] = []
     total = small = 0
     smalls: list[ObjectId] = []
     kinds: dict[str, int] = {}
+    read_raw = store.read_raw
     while stack:
         oid, who = stack.pop()
         if oid in seen:
             continue
         try:
-            obj = store.read_raw(oid)
+            obj = read_raw(oid)
         except MissingObject:
+            who = who if isinstance(who, str) else f"object {who.hex()}"
             raise MissingObject(oid.hex(), f"{store.root} (reached from {who}); nothing exported, run 'kxen-agent fsck'") from None
-        value = decode_body(obj)
+        kind = obj.kind
+        size = len(obj.raw)
         seen.add(oid)
         order.append(oid)
-        total += len(obj.raw)
-        if len(obj.raw) <= DICT_SAMPLE_MAX_OBJECT:
-            small += len(obj.raw)
+        total += size
+        if size <= DICT_SAMPLE_MAX_OBJECT:
+            small += size
             smalls.append(oid)
-            if keep is not None and kept + len(obj.raw) <= DICT_SAMPLE_BUDGET:
+            if keep is not None and kept + size + _KEPT_OVERHEAD <= keep_budget:
                 keep[oid] = obj
-                kept += len(obj.raw)
-        kinds[obj.kind] = kinds.get(obj.kind, 0) + 1
-        for child in reversed(list(links_of(obj.kind, value))):
-            if child not in seen:
-                stack.append((child, f"object {oid.hex()}"))
+                kept += size + _KEPT_OVERHEAD
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind != "blob":  # a blob has no links and no structure to check
+            links = _links(kind, decode_body(obj))
+            for child in reversed(links):
+                if child not in seen:
+                    stack.append((child, oid))
     return order, total, smalls, small, kinds
 
 
@@ -906,19 +1044,25 @@ class _Sink:
 
     def write(self, b: bytes | memoryview) -> None:
         self.size += len(b)
+        if not self.buf and len(b) >= 1 << 20:  # a whole piece already (the pack writer's): no copy
+            self._put(b)
+            return
         self.buf += b
         if len(self.buf) >= 1 << 20:
             self.flush()
+
+    def _put(self, data: bytes | memoryview) -> None:
+        if self.f is not None:
+            self.f.write(data)
+        else:
+            self.io.append(self.tmp, data, sync=False)
 
     def flush(self) -> None:
         if not self.buf:
             return
         data = bytes(self.buf)
         self.buf.clear()
-        if self.f is not None:
-            self.f.write(data)
-        else:
-            self.io.append(self.tmp, data, sync=False)
+        self._put(data)
 
     def commit(self) -> None:
         self.flush()
@@ -956,13 +1100,14 @@ def export_bundle(
     """
     fmt = format_for_path("", fmt)
     refs = _export_roots(store, groups)
-    kept: dict[ObjectId, RawObject] | None = {} if fmt == "pack" else None
-    order, total, smalls, small, kinds = _closure_order(store, refs, kept)
+    kept: dict[ObjectId, RawObject] = {}
+    compressed: dict[ObjectId, tuple[int, bytes]] = {}
+    order, total, smalls, small, kinds = _closure_order(store, refs, kept if fmt == "pack" else None, EXPORT_KEEP_BUDGET)
     _set_total(progress, len(order))
     if fmt == "pack":
-        # The sample reads what the walk kept (already verified), the rest from the store.
-        dictionary = sample_dictionary(lambda oid: kept.get(oid) or store.read_raw(oid), smalls, small)
-        kept = None
+        # The sample reads what the walk kept (already verified), the rest from the store;
+        # the objects its choice compressed with the dictionary are not compressed again.
+        dictionary = sample_dictionary(lambda oid: kept.get(oid) or store.read_raw(oid), smalls, small, compressed)
     else:
         dictionary = None
     caps = (CAP_ZSTD_DICT,) if dictionary else ()
@@ -973,7 +1118,7 @@ def export_bundle(
         raise BundleWriteError(f"cannot write bundle {os.fspath(out) if not hasattr(out, 'write') else '<stream>'}: {e.strerror}") from None
     try:
         if fmt == "pack":
-            digest, pack_bytes = _write_pack_bundle(store, hdr, order, dictionary, sink, progress)
+            digest, pack_bytes = _write_pack_bundle(store, hdr, order, dictionary, sink, progress, kept, compressed)
         else:
             digest, pack_bytes = _write_json_bundle(store, hdr, order, sink, progress), 0
         sink.commit()
@@ -986,7 +1131,9 @@ def export_bundle(
     return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds)
 
 
-def _write_pack_bundle(store, hdr: _Header, order, dictionary, sink: _Sink, progress) -> tuple[str, int]:
+def _write_pack_bundle(store, hdr: _Header, order, dictionary, sink: _Sink, progress,
+                       kept: dict[ObjectId, RawObject] | None = None,
+                       compressed: dict[ObjectId, tuple[int, bytes]] | None = None) -> tuple[str, int]:
     h = blake3.blake3()
 
     def emit(b: bytes | memoryview) -> None:
@@ -1000,10 +1147,18 @@ def _write_pack_bundle(store, hdr: _Header, order, dictionary, sink: _Sink, prog
     emit(prefix + raw_header + _U32.pack(crc32(prefix, raw_header)))
     start = sink.size
     stream = PackStream(emit, dictionary)
-    for oid in order:
-        stream.add(store.read_raw(oid))
-        if progress:
-            progress(1)
+    kept = {} if kept is None else kept
+    read_raw = store.read_raw
+
+    def objects() -> Iterator[RawObject]:
+        # The walk's objects from memory (each given up once written), the others read again.
+        for oid in order:
+            obj = kept.pop(oid, None)
+            yield obj if obj is not None else read_raw(oid)
+            if progress:
+                progress(1)
+
+    stream.add_many(objects(), precompressed=compressed)
     stream.finish()
     pack_bytes = sink.size - start
     digest = h.digest()
@@ -1090,6 +1245,63 @@ def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
 Transform = Callable[[str, dict[str, bytes]], Mapping[str, bytes]]
 
 
+class _LooseNames:
+    """Which of a bundle's objects the store holds as loose files, with few system calls.
+
+    The first lookup in a fan-out directory lists it, unless it holds more
+    than a few times the names expected to be looked up there (then each
+    lookup is a ``stat``, as ``LooseObjects.has``): importing into a new or
+    small store costs one listing per directory instead of a ``stat`` per
+    object. The answer is the directory as it was when listed; an object
+    another process writes later is then staged again, a harmless second
+    copy (nothing removes loose objects meanwhile: that is gc's, under the
+    exclusive store lock, and import holds it shared).
+    """
+
+    #: A fan-out dir is listed if it holds at most max(MIN_CAP, PER_LOOKUP x
+    #: the lookups expected in it) names: listing costs about that many stats.
+    #: At most MAX_CAP, whatever the (unchecked yet) header declares: memory
+    #: holds at most 256 x MAX_CAP names.
+    MIN_CAP = 256
+    PER_LOOKUP = 8
+    MAX_CAP = 4096
+
+    def __init__(self, loose: Any, objects: int) -> None:
+        self.loose = loose
+        self.cap = min(self.MAX_CAP, max(self.MIN_CAP, self.PER_LOOKUP * (objects // 256 + 1)))
+        self.names: dict[str, frozenset[str] | None] = {}  # fan-out name -> its entries, or None: stat
+
+    def has(self, oid: ObjectId) -> bool:
+        h = oid.hex()
+        try:
+            names = self.names[h[:2]]
+        except KeyError:
+            names = self._list(oid, h)
+        if names is None:
+            return self.loose.has(oid)
+        return h[2:] in names
+
+    def _list(self, oid: ObjectId, h: str) -> frozenset[str] | None:
+        d, name = os.path.split(self.loose.path(oid))
+        names: frozenset[str] | None = None
+        if name == h[2:] and os.path.basename(d) == h[:2]:  # the layout of §5.1, else ask the store
+            try:
+                found: set[str] = set()
+                with os.scandir(d) as it:
+                    for entry in it:
+                        found.add(entry.name)
+                        if len(found) > self.cap:
+                            break
+                    else:
+                        names = frozenset(found)
+            except FileNotFoundError:
+                names = frozenset()
+            except OSError:
+                names = None
+        self.names[h[:2]] = names
+        return names
+
+
 def import_bundle(
     store: Store,
     path: str,
@@ -1120,17 +1332,21 @@ def import_bundle(
             try:
                 found_dirs: set[str] = set()
                 found_packed = False
+                loose = _LooseNames(store.loose, r.header.objects)
+                add_checked = None
                 for item in r:
                     oid = item.obj.id
-                    if store.loose.has(oid):
+                    if loose.has(oid):
                         found_dirs.add(os.path.dirname(store.loose.path(oid)))
-                    elif store.has(oid):
+                    elif store.packs and any(p.has(oid) for p in store.packs):
                         found_packed = True
                     else:
                         if writer is None:
                             writer = store.pack_writer(r.dictionary)
+                            add_checked = writer.stream.add_checked_entry
                         if item.head:
-                            writer.add_entry(item.head, item.stored)
+                            # verified by the reader (header checks and CRC, against this dictionary)
+                            add_checked(item.head, item.stored, oid, len(item.obj.raw), item.crc)
                         else:
                             writer.add(item.obj)
                     if progress:

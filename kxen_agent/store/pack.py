@@ -41,7 +41,7 @@ import threading
 import zlib
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import blake3
 import zstandard
@@ -77,6 +77,7 @@ __all__ = [
     "encode_index",
     "encode_pack_header",
     "parse_end",
+    "parse_entry_fields",
     "parse_entry_header",
     "parse_pack_header_prefix",
     "scan_entries",
@@ -102,6 +103,7 @@ _ZDICT_MAGIC = b"\x37\xa4\x30\xec"
 
 _PACK_PREFIX = struct.Struct(">4sII")  # magic, version, dictionary length
 _ENTRY = struct.Struct(">4sB32sQQI")  # magic, method, id, raw length, stored length, crc
+_ENTRY_COVERED = struct.Struct(">4sB32sQQ")  # the same without the crc: what the CRC covers first
 _END = struct.Struct(">4sQ")  # magic, entry count
 _IDX_PREFIX = struct.Struct(">4sI")
 _FANOUT = struct.Struct(">256I")
@@ -188,8 +190,8 @@ class Entry:
 
 
 def encode_entry_header(method: int, oid: ObjectId, raw_len: int, stored: bytes | memoryview) -> bytes:
-    head = _ENTRY.pack(ENTRY_MAGIC, method, oid, raw_len, len(stored), 0)[:_CRC_COVERED]
-    return head + _U32.pack(crc32(head, stored))
+    head = _ENTRY_COVERED.pack(ENTRY_MAGIC, method, oid, raw_len, len(stored))
+    return head + _U32.pack(zlib.crc32(stored, zlib.crc32(head)))
 
 
 def encode_entry(method: int, oid: ObjectId, raw_len: int, stored: bytes) -> bytes:
@@ -219,6 +221,28 @@ def parse_entry_header(buf: bytes | memoryview, offset: int, where: str, *, has_
 def check_entry_crc(head: bytes | memoryview, stored: bytes | memoryview, e: Entry, where: str) -> None:
     if crc32(head[:_CRC_COVERED], stored) != e.crc:
         raise BadPack(where, f"entry checksum mismatch for object {e.id.hex()}", e.offset)
+
+
+def parse_entry_fields(head: bytes | memoryview, offset: int, where: str, *, has_dict: bool) -> tuple[int, ObjectId, int, int, int]:
+    """:func:`parse_entry_header`'s checks, as a tuple ``(method, id, raw_len, stored_len, crc)``.
+
+    The same rules and the same errors (a header that fails any check is
+    handed to :func:`parse_entry_header`, which raises), without building an
+    :class:`Entry`: for loops over every entry of a stream.
+    """
+    if len(head) >= ENTRY_HEADER_SIZE:
+        magic, method, oid, raw_len, stored_len, crc = _ENTRY.unpack_from(head)
+        if (
+            magic == ENTRY_MAGIC
+            and method <= METHOD_ZSTD_DICT
+            and (has_dict or method != METHOD_ZSTD_DICT)
+            and raw_len <= MAX_RAW_SIZE
+            and stored_len <= raw_len
+            and (method != METHOD_STORED or stored_len == raw_len)
+        ):
+            return method, oid, raw_len, stored_len, crc
+    e = parse_entry_header(head, offset, where, has_dict=has_dict)  # raises the precise error
+    return e.method, e.id, e.raw_len, e.stored_len, e.crc  # pragma: no cover - the checks above agree
 
 
 def encode_end(count: int) -> bytes:
@@ -251,7 +275,11 @@ class Decompressor:
                 raise BadPack("dictionary", f"unusable zstd dictionary ({e})") from None
 
     def decompress(self, e: Entry, stored: bytes | memoryview, where: str) -> bytes:
-        if e.method == METHOD_STORED:
+        return self.decompress_raw(e.method, e.raw_len, stored, where)
+
+    def decompress_raw(self, method: int, raw_len: int, stored: bytes | memoryview, where: str) -> bytes:
+        """:meth:`decompress` for an entry given by its method and ``raw_len`` (checked headers only)."""
+        if method == METHOD_STORED:
             return bytes(stored)
         # The frame must declare exactly the entry's length, which was
         # already checked against the limit: the one allocation below is
@@ -260,18 +288,18 @@ class Decompressor:
             params = zstandard.get_frame_parameters(stored)
         except zstandard.ZstdError as ex:
             raise CorruptObject(where, f"stored bytes are not a zstd frame ({ex})") from None
-        if params.content_size != e.raw_len:
+        if params.content_size != raw_len:
             size = "no size" if params.content_size == zstandard.CONTENTSIZE_UNKNOWN else f"{params.content_size} bytes"
-            raise CorruptObject(where, f"zstd frame declares {size}, the entry {e.raw_len}")
-        dctx = self._dict if e.method == METHOD_ZSTD_DICT else self._plain
+            raise CorruptObject(where, f"zstd frame declares {size}, the entry {raw_len}")
+        dctx = self._dict if method == METHOD_ZSTD_DICT else self._plain
         if dctx is None:
             raise CorruptObject(where, "entry needs a dictionary the pack does not have")
         try:
             out = dctx.decompress(stored, allow_extra_data=False)
         except zstandard.ZstdError as ex:
             raise CorruptObject(where, f"zstd frame does not decompress ({ex})") from None
-        if len(out) != e.raw_len:  # pragma: no cover - libzstd enforces the declared size
-            raise CorruptObject(where, f"zstd frame holds {len(out)} bytes, the entry declares {e.raw_len}")
+        if len(out) != raw_len:  # pragma: no cover - libzstd enforces the declared size
+            raise CorruptObject(where, f"zstd frame holds {len(out)} bytes, the entry declares {raw_len}")
         return out
 
 
@@ -294,6 +322,54 @@ class Compressor:
         if len(frame) >= len(raw):
             return METHOD_STORED, raw
         return (METHOD_ZSTD_DICT if self.has_dict else METHOD_ZSTD), frame
+
+    def compress_many(self, raws: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        """:meth:`compress` of each of ``raws``, in order: the same bytes, faster.
+
+        Several objects are compressed in one call, in parallel threads, by
+        python-zstandard's ``multi_compress_to_buffer``: each input is still
+        one frame, made with this compressor's parameters and dictionary by
+        the same one-shot call as :meth:`compress`, so the frames are byte for
+        byte those of :meth:`compress` (whatever the thread count; the tests
+        check it). Falls back to a loop where that API is missing (the CFFI
+        backend) or for a handful of objects.
+        """
+        if len(raws) < _MULTI_MIN or not _MULTI_OK:
+            return [self.compress(r) for r in raws]
+        # Threads only for small objects: each thread's context is sized for
+        # its largest input, and for large ones they cost memory (and time)
+        # that the parallelism does not pay back.
+        threads = _compress_threads() if max(map(len, raws)) <= _THREADED_MAX_OBJECT else 1
+        try:
+            frames = self._cctx.multi_compress_to_buffer(raws, threads=threads)
+        except (AttributeError, NotImplementedError):  # pragma: no cover - the CFFI backend
+            return [self.compress(r) for r in raws]
+        method = METHOD_ZSTD_DICT if self.has_dict else METHOD_ZSTD
+        out = []
+        for raw, seg in zip(raws, frames):
+            if len(seg) >= len(raw):
+                out.append((METHOD_STORED, raw))
+            else:
+                out.append((method, seg.tobytes()))
+        if len(out) != len(raws):  # pragma: no cover - one frame per input
+            raise RuntimeError("zstd returned fewer frames than inputs")
+        return out
+
+
+#: Batches smaller than this are compressed one call at a time.
+_MULTI_MIN = 8
+#: Batches with an object larger than this are compressed in one thread.
+_THREADED_MAX_OBJECT = 64 << 10
+_MULTI_OK = hasattr(zstandard.ZstdCompressor, "multi_compress_to_buffer") and getattr(zstandard, "backend", "cext") == "cext"
+
+
+def _compress_threads() -> int:
+    """Threads for batch compression: the CPUs this process may use, at most 4."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(4, n))
 
 
 # -------------------------------------------------------------- dictionary
@@ -319,46 +395,75 @@ def choose_dictionary(samples: Sequence[bytes], total_bytes: int, level: int = C
     saving measured on the samples is scaled to it and must exceed the
     dictionary's own size. Deterministic for given samples (one thread).
     """
+    return _choose_dictionary(samples, total_bytes, level)[0]
+
+
+def _choose_dictionary(
+    samples: Sequence[bytes], total_bytes: int, level: int
+) -> tuple[bytes | None, int, list[tuple[int, bytes]]]:
+    """:func:`choose_dictionary`, and what its estimate compressed: the probe's
+    step (every k-th sample) and each probed sample as :meth:`Compressor.compress`
+    with the dictionary at ``level`` gives it (empty without a dictionary)."""
     sample_bytes = sum(len(s) for s in samples)
     if sample_bytes < _DICT_MIN_SAMPLE_BYTES or len(samples) < _DICT_MIN_SAMPLES:
-        return None
+        return None, 1, []
     size = dictionary_size_for(total_bytes)
     try:
         zd = zstandard.train_dictionary(size, list(samples), k=1024, d=8, steps=0, level=level, threads=1)
     except zstandard.ZstdError:
-        return None  # too little or too uniform data to train on
+        return None, 1, []  # too little or too uniform data to train on
     d = zd.as_bytes()
     plain = Compressor(None, level)
     with_d = Compressor(d, level)
     # Estimate on at most ~2 MiB of the samples (every k-th), scaled up.
-    probe = samples[:: max(1, sample_bytes // (2 << 20))]
+    step = max(1, sample_bytes // (2 << 20))
+    probe = samples[::step]
     probe_bytes = sum(len(s) for s in probe)
-    saving = sum(len(plain.compress(s)[1]) - len(with_d.compress(s)[1]) for s in probe)
+    with_frames = with_d.compress_many(probe)
+    saving = sum(len(f) for _m, f in plain.compress_many(probe)) - sum(len(f) for _m, f in with_frames)
     saving = saving * total_bytes // max(1, probe_bytes)
-    return d if saving > len(d) else None
+    if saving > len(d):
+        return d, step, with_frames
+    return None, 1, []
 
 
-def sample_dictionary(read: Callable[[ObjectId], RawObject], small: Sequence[ObjectId], small_total: int) -> bytes | None:
+def sample_dictionary(
+    read: Callable[[ObjectId], RawObject],
+    small: Sequence[ObjectId],
+    small_total: int,
+    compressed: dict[ObjectId, tuple[int, bytes]] | None = None,
+) -> bytes | None:
     """A dictionary for a pack, trained on a sample of its small objects.
 
     ``small`` lists the pack's objects of at most :data:`DICT_SAMPLE_MAX_OBJECT`
     bytes (``small_total`` bytes together); every k-th is read, at most
     :data:`DICT_SAMPLE_BUDGET` bytes in all — a constant, whatever the pack's
     size. None when a dictionary would not pay for itself.
+
+    ``compressed``, if given, receives the objects that the choice already
+    compressed with the dictionary it returns (about 2 MiB of them), as
+    ``id -> (method, stored bytes)``: what :class:`PackStream` with that
+    dictionary would make of them, for :meth:`PackStream.add_many`'s
+    ``precompressed``.
     """
     if small_total < _DICT_MIN_SAMPLE_BYTES or len(small) < _DICT_MIN_SAMPLES:
         return None
     mean = small_total / len(small)
     step = max(1, int(len(small) * mean / DICT_SAMPLE_BUDGET) + 1) if small_total > DICT_SAMPLE_BUDGET else 1
     samples: list[bytes] = []
+    ids: list[ObjectId] = []
     budget = DICT_SAMPLE_BUDGET
     for oid in small[::step]:
         raw = read(oid).raw
         if len(raw) > budget:
             break
         samples.append(raw)
+        ids.append(oid)
         budget -= len(raw)
-    return choose_dictionary(samples, small_total)
+    d, probe_step, frames = _choose_dictionary(samples, small_total, COMPRESSION_LEVEL)
+    if d is not None and compressed is not None:
+        compressed.update(zip(ids[::probe_step], frames))
+    return d
 
 
 # ------------------------------------------------------------------ index
@@ -455,11 +560,23 @@ class PackInfo:
     size: int
 
 
+#: Writes are gathered into pieces of this size.
+_FLUSH = 1 << 20
+#: Objects compressed per batch by :meth:`PackStream.add_many`.
+_BATCH_BYTES = 1 << 20
+
+
 class PackStream:
     """Encode one pack into ``sink`` entry by entry, hashing as it goes.
 
     Pure: ``sink`` does the I/O. Remembers each entry's id, offset and CRC
     (for the index) in compact arrays; object contents are not kept.
+
+    Entries are gathered into a buffer of about :data:`_FLUSH` bytes, which
+    is hashed and handed to ``sink`` in one piece (one BLAKE3 update and one
+    sink call per MiB rather than two per entry); a stored part of that size
+    or more goes through on its own. ``sink`` receives ``bytes`` and the
+    concatenation of what it receives is the pack, as before.
     """
 
     def __init__(self, sink: Callable[[bytes], None], dictionary: bytes | None = None, level: int = COMPRESSION_LEVEL) -> None:
@@ -474,12 +591,27 @@ class PackStream:
         self._seen: set[ObjectId] = set()
         self.raw_bytes = 0
         self.trailer: bytes | None = None
+        self._out = bytearray()
+        self._pre: dict[ObjectId, tuple[int, bytes]] | None = None
         self._emit(encode_pack_header(self.dictionary))
 
+    def _drain(self) -> None:
+        if self._out:
+            data = bytes(self._out)
+            self._out.clear()
+            self._hash.update(data)
+            self._sink(data)
+
     def _emit(self, b: bytes | memoryview) -> None:
-        self._hash.update(b)
-        self._sink(b)
         self.size += len(b)
+        if len(b) >= _FLUSH:
+            self._drain()
+            self._hash.update(b)
+            self._sink(b)
+            return
+        self._out += b
+        if len(self._out) >= _FLUSH:
+            self._drain()
 
     @property
     def count(self) -> int:
@@ -493,8 +625,57 @@ class PackStream:
         if obj.id in self._seen:
             return False
         method, stored = self._compressor.compress(obj.raw)
-        self._append(encode_entry_header(method, obj.id, len(obj.raw), stored), stored, obj.id, len(obj.raw))
+        self._append_new(method, obj.id, len(obj.raw), stored)
         return True
+
+    def add_many(
+        self,
+        objs: Iterable[RawObject],
+        batch_bytes: int = _BATCH_BYTES,
+        precompressed: dict[ObjectId, tuple[int, bytes]] | None = None,
+    ) -> int:
+        """:meth:`add` each of ``objs`` in order; return how many were new.
+
+        The same pack bytes as one :meth:`add` per object: objects are
+        compressed in batches of about ``batch_bytes`` (at least one
+        object; memory: one batch and its frames) by
+        :meth:`Compressor.compress_many`. An object found in
+        ``precompressed`` (``id -> (method, stored)``, as
+        :func:`sample_dictionary` gives for this stream's dictionary at this
+        stream's level) is not compressed again; its item is removed.
+        """
+        self._pre = precompressed if precompressed else None
+        added = 0
+        batch: list[RawObject] = []
+        size = 0
+        ids: set[ObjectId] = set()
+        for obj in objs:
+            if obj.id in self._seen or obj.id in ids:
+                continue
+            ids.add(obj.id)
+            batch.append(obj)
+            size += len(obj.raw)
+            if size >= batch_bytes:
+                added += self._add_batch(batch)
+                batch, size = [], 0
+                ids.clear()
+        if batch:
+            added += self._add_batch(batch)
+        self._pre = None
+        return added
+
+    def _add_batch(self, batch: list[RawObject]) -> int:
+        pre = self._pre
+        if pre is None:
+            done = self._compressor.compress_many([o.raw for o in batch])
+        else:
+            known = [pre.pop(o.id, None) for o in batch]
+            fresh = iter(self._compressor.compress_many([o.raw for o, k in zip(batch, known) if k is None]))
+            done = [k if k is not None else next(fresh) for k in known]
+        append = self._append_new
+        for obj, (method, stored) in zip(batch, done):
+            append(method, obj.id, len(obj.raw), stored)
+        return len(batch)
 
     def add_entry(self, head: bytes | memoryview, stored: bytes | memoryview) -> bool:
         """Append an entry copied verbatim from a pack with the same dictionary.
@@ -506,21 +687,44 @@ class PackStream:
         check_entry_crc(head, stored, e, "copied entry")
         if e.id in self._seen:
             return False
-        self._append(bytes(head), stored, e.id, e.raw_len)
+        self._append(bytes(head), stored, e.id, e.raw_len, e.crc)
         return True
 
-    def _append(self, head: bytes, stored: bytes | memoryview, oid: ObjectId, raw_len: int) -> None:
+    def add_checked_entry(self, head: bytes, stored: bytes | memoryview, oid: ObjectId, raw_len: int, crc: int) -> bool:
+        """:meth:`add_entry` for an entry the caller has already checked.
+
+        ``head`` and ``stored`` are exactly the bytes that the caller parsed
+        with :func:`parse_entry_fields` (against a pack with this pack's
+        dictionary: same ``has_dict``), giving ``oid``, ``raw_len`` and
+        ``crc``, and whose CRC it verified (an import, which verifies each
+        bundle entry and then stages it): parsing and CRC-ing the same bytes
+        again would find nothing new, so this does not.
+        """
+        if oid in self._seen:
+            return False
+        self._append(head, stored, oid, raw_len, crc)
+        return True
+
+    def _append_new(self, method: int, oid: ObjectId, raw_len: int, stored: bytes) -> None:
+        head = _ENTRY_COVERED.pack(ENTRY_MAGIC, method, oid, raw_len, len(stored))
+        crc = zlib.crc32(stored, zlib.crc32(head))
+        self._append(head + _U32.pack(crc), stored, oid, raw_len, crc)
+
+    def _append(self, head: bytes, stored: bytes | memoryview, oid: ObjectId, raw_len: int, crc: int) -> None:
+        """Record one entry and queue its bytes: its whole header, then ``stored``."""
         self._seen.add(oid)
         self.ids.append(oid)
         self.offsets.append(self.size)
-        self.crcs.append(_U32.unpack_from(head, _CRC_COVERED)[0])
+        self.crcs.append(crc)
         self.raw_bytes += raw_len
-        self._emit(head)
+        self._out += head
+        self.size += len(head)
         self._emit(stored)
 
     def finish(self) -> bytes:
         """Write the end record and trailer; return the trailer (the pack's name)."""
         self._emit(encode_end(self.count))
+        self._drain()
         self.trailer = self._hash.digest()
         self._sink(self.trailer)
         self.size += TRAILER_SIZE
@@ -529,9 +733,6 @@ class PackStream:
     def index(self) -> bytes:
         assert self.trailer is not None, "finish() first"
         return encode_index(self.ids, self.crcs, self.offsets, self.trailer)
-
-
-_FLUSH = 1 << 20
 
 
 class PackWriter:
@@ -586,6 +787,12 @@ class PackWriter:
 
     def add_entry(self, head: bytes | memoryview, stored: bytes | memoryview) -> bool:
         return self.stream.add_entry(head, stored)
+
+    def add_many(self, objs: Iterable[RawObject]) -> int:
+        return self.stream.add_many(objs)
+
+    def add_checked_entry(self, head: bytes, stored: bytes | memoryview, oid: ObjectId, raw_len: int, crc: int) -> bool:
+        return self.stream.add_checked_entry(head, stored, oid, raw_len, crc)
 
     def seal(self) -> "SealedPack":
         """Finish and fsync the temporary pack; nothing is visible yet."""

@@ -20,6 +20,7 @@ import zstandard
 from kxen_agent.cli import main as cli_main
 from kxen_agent.cli.store_cmds import register
 from kxen_agent.store import Store, fsck
+from kxen_agent.store import bundle as bundle_mod
 from kxen_agent.store.bundle import (
     BadBundle,
     BundleRefused,
@@ -448,6 +449,84 @@ def test_export_import_and_verify_memory_does_not_grow_with_the_bundle(tmp_path)
     for step in ("export", "verify", "import"):
         assert big[step] < 12 << 20, (step, big)  # a few objects' worth, not 48 MiB
         assert big[step] < small[step] + (2 << 20), (step, small, big)  # and no more for 4x the bundle
+
+
+# ------------------------------------------------------------------ fast paths: the same answers
+
+
+def _outcome(path: str):
+    try:
+        i = verify_bundle(path)
+        return ("ok", i.objects, i.object_bytes, i.pack_bytes, i.file_bytes, i.digest, dict(i.kinds))
+    except BadBundle as e:
+        return ("bad", str(e))
+
+
+def test_reading_in_any_piece_size_gives_the_same_answers(tmp_path, monkeypatch):
+    """The reader's read-ahead is invisible: every hostile file, and every cut
+    and some flipped bits of a bundle with a dictionary, get the same answer
+    (the same error, at the same offset) whatever the piece size."""
+    s = Store(str(tmp_path / "s"))
+    chain(s, "ses/big", 70, tag="a session whose messages are long and alike, as agent transcripts are " * 6)
+    out = tmp_path / "big.kxb"
+    assert export_bundle(s, ["ses/big"], out).capabilities == ("zstd-dict",)
+    data = out.read_bytes()
+    rng = random.Random(11)
+    paths = [str(p) for p in sorted(HOSTILE.iterdir()) if p.suffix in (".kxb", ".json")]
+    for i, cut in enumerate(sorted(set(range(0, 120)) | set(range(len(data) - 80, len(data) + 1)) | set(rng.sample(range(len(data)), 60)))):
+        p = tmp_path / f"cut{i}.kxb"
+        p.write_bytes(data[:cut])
+        paths.append(str(p))
+    for i in range(40):
+        m = bytearray(data)
+        m[rng.randrange(len(m))] ^= 1 << rng.randrange(8)
+        p = tmp_path / f"flip{i}.kxb"
+        p.write_bytes(bytes(m))
+        paths.append(str(p))
+    (tmp_path / "garbage.kxb").write_bytes(data + b"\0")
+    paths.append(str(tmp_path / "garbage.kxb"))
+    want = {p: _outcome(p) for p in paths}
+    assert want[paths[-1]][0] == "bad" and want[str(tmp_path / "flip0.kxb")][0] == "bad"
+    assert sum(w[0] == "ok" for w in want.values()) == 1 + sum(n.startswith("valid") for n in os.listdir(HOSTILE))  # the whole cut
+    for piece in (1, 3, 57, 1000):
+        monkeypatch.setattr(bundle_mod, "_READ_CHUNK", piece)
+        assert {p: _outcome(p) for p in paths} == want, piece
+
+
+def test_export_writes_the_same_bundle_whatever_it_keeps_in_memory(src, tmp_path, monkeypatch):
+    chain(src, "ses/a", 70, tag="a session whose messages are long and alike, as agent transcripts are " * 6)
+    want = export_bundle(src, ["ses/a", "ses/b"], tmp_path / "want.kxb")
+    assert want.capabilities == ("zstd-dict",)
+    for budget in (0, 5000, 1 << 30):
+        monkeypatch.setattr(bundle_mod, "EXPORT_KEEP_BUDGET", budget)
+        got = export_bundle(src, ["ses/a", "ses/b"], tmp_path / f"k{budget}.kxb")
+        assert (tmp_path / f"k{budget}.kxb").read_bytes() == (tmp_path / "want.kxb").read_bytes()
+        assert got == want.__class__(**{**want.__dict__, "path": got.path})
+
+
+def test_import_finds_loose_objects_by_listing_or_by_stat(src, tmp_path, monkeypatch):
+    out = tmp_path / "ab.kxb"
+    info = export_bundle(src, ["ses/a", "ses/b"], out)
+    objs = list(iter_bundle_objects(str(out)))
+    for cap in (None, 0):
+        dst = Store(str(tmp_path / f"dst{cap}"))
+        with dst.writing():
+            for o in objs[::3]:  # a third of them already here, loose
+                dst.put_raw(o)
+        if cap is not None:  # every non-empty fan-out dir is "too big to list": a stat per lookup
+            monkeypatch.setattr(bundle_mod._LooseNames, "MIN_CAP", cap)
+            monkeypatch.setattr(bundle_mod._LooseNames, "PER_LOOKUP", cap)
+        names = bundle_mod._LooseNames(dst.loose, len(objs))
+        for o in objs:
+            assert names.has(o.id) == dst.loose.has(o.id)
+        assert not names.has(b"\xee" * 32)
+        assert (None in names.names.values()) == (cap is not None)
+        res = import_bundle(dst, str(out))
+        assert res.new_objects == info.objects - len(objs[::3])
+        assert refs_of(dst, "ses/a", "ses/b") == refs_of(src, "ses/a", "ses/b")
+        assert fsck(Store(dst.root)).clean
+        assert import_bundle(dst, str(out)).new_objects == 0
+        monkeypatch.undo()
 
 
 # ------------------------------------------------------------------ CLI

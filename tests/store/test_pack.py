@@ -20,13 +20,18 @@ from kxen_agent.store.pack import (
     METHOD_ZSTD,
     METHOD_ZSTD_DICT,
     BadPack,
+    Compressor,
     Decompressor,
     Entry,
     PackReader,
+    PackStream,
     PackWriter,
     choose_dictionary,
     encode_entry,
+    encode_pack_header,
+    parse_entry_fields,
     parse_entry_header,
+    sample_dictionary,
     scan_entries,
 )
 
@@ -314,6 +319,89 @@ def test_entries_copy_verbatim_between_packs_with_the_same_dictionary(tmp_path):
         w.abort()
     ra.close()
     rb.close()
+
+
+# ------------------------------------------------------------------ fast paths: the same bytes
+
+
+def _stream_bytes(dictionary, feed) -> tuple[bytes, bytes]:
+    out = bytearray()
+    st = PackStream(out.extend, dictionary)
+    feed(st)
+    st.finish()
+    return bytes(out), st.index()
+
+
+@pytest.mark.parametrize("use_dict", [False, True])
+def test_batch_compression_and_checked_copies_write_the_pack_that_one_add_per_object_writes(use_dict):
+    rng = random.Random(4)
+    objs = messages(500, seed=4)
+    # incompressible objects (stored raw), one larger than the write buffer
+    objs[10:10] = [encode_object("blob", rng.randbytes(3000)), encode_object("blob", rng.randbytes((1 << 20) + 5))]
+    raws = [o.raw for o in objs]
+    d = choose_dictionary(raws, sum(map(len, raws))) if use_dict else None
+    assert (d is not None) == use_dict
+    c = Compressor(d)
+    assert c.compress_many(raws) == [c.compress(r) for r in raws]  # one thread: a large object
+    small = [r for r in raws if len(r) <= 64 << 10]
+    assert c.compress_many(small) == [c.compress(r) for r in small]  # threads
+    assert c.compress_many(raws[:3]) == [c.compress(r) for r in raws[:3]]  # below the batch threshold
+    assert {m for m, _f in c.compress_many(raws)} == {METHOD_STORED, METHOD_ZSTD_DICT if use_dict else METHOD_ZSTD}
+
+    def one_by_one(st):
+        for o in objs + objs[:3]:
+            st.add(o)
+
+    want = _stream_bytes(d, one_by_one)
+    for batch in (1, 5000, 1 << 20):
+        assert _stream_bytes(d, lambda st: st.add_many(objs + objs[:3], batch_bytes=batch)) == want
+    # Entries copied with and without re-checking: the same pack again.
+    entries = [(want[0][e.offset : e.offset + ENTRY_HEADER_SIZE], want[0][e.offset + ENTRY_HEADER_SIZE : e.end], e)
+               for e in scan_entries(want[0], len(encode_pack_header(d)), len(want[0]) - 44, "p", has_dict=use_dict)]
+    assert len(entries) == len(objs)
+    assert _stream_bytes(d, lambda st: [st.add_entry(h, s) for h, s, _e in entries]) == want
+    assert _stream_bytes(d, lambda st: [st.add_checked_entry(h, s, e.id, e.raw_len, e.crc) for h, s, e in entries * 2]) == want
+    assert parse_entry_fields(entries[0][0], 0, "p", has_dict=use_dict) == (
+        entries[0][2].method, entries[0][2].id, entries[0][2].raw_len, entries[0][2].stored_len, entries[0][2].crc)
+
+
+def test_the_dictionary_choice_hands_over_the_objects_it_compressed():
+    objs = messages(700, seed=6)
+    by_id = {o.id: o for o in objs}
+    small = [o.id for o in objs]
+    total = sum(len(o.raw) for o in objs)
+    pre: dict = {}
+    d = sample_dictionary(by_id.__getitem__, small, total, pre)
+    assert d is not None and d == sample_dictionary(by_id.__getitem__, small, total)
+    c = Compressor(d)
+    assert pre and all(pre[i] == c.compress(by_id[i].raw) for i in pre)
+    want = _stream_bytes(d, lambda st: [st.add(o) for o in objs])
+    assert _stream_bytes(d, lambda st: st.add_many(objs, precompressed=dict(pre))) == want
+    nothing: dict = {}
+    assert sample_dictionary(by_id.__getitem__, small[:10], total, nothing) is None and not nothing
+
+
+def test_malformed_entry_headers_fail_the_fast_parse_as_the_full_one():
+    head = encode_entry(METHOD_ZSTD, b"\x01" * 32, 100, b"x" * 40)[:ENTRY_HEADER_SIZE]
+    rng = random.Random(2)
+    cases = [head, head[:-1], b""]
+    for i in range(ENTRY_HEADER_SIZE):
+        for _ in range(3):
+            m = bytearray(head)
+            m[i] = rng.randrange(256)
+            cases.append(bytes(m))
+    for case in cases:
+        for has_dict in (False, True):
+            try:
+                e = parse_entry_header(case, 7, "w", has_dict=has_dict)
+                full = (e.method, e.id, e.raw_len, e.stored_len, e.crc)
+            except BadPack as ex:
+                full = str(ex)
+            try:
+                fast = parse_entry_fields(case, 7, "w", has_dict=has_dict)
+            except BadPack as ex:
+                fast = str(ex)
+            assert fast == full
 
 
 # ------------------------------------------------------------------ the store
