@@ -6,6 +6,7 @@ import collections
 import os
 import subprocess
 
+import pytest
 import zstandard
 
 from kxen_agent.store import FileIO, Store
@@ -149,3 +150,11 @@ def test_nested_batch_syncs_once_at_the_outer_end(state_dir):
         assert ("fsync_dir", fanout) not in io.ops
         store.put_raw(objs[2])
     assert io.ops.count(("fsync_dir", fanout)) == 1
+
+
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 65537, 3 * 65536 + 5])
+def test_file_io_reads_whole_files_across_its_read_chunks(tmp_path, size):
+    data = os.urandom(size)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    assert FileIO().read(str(p)) == data
