@@ -565,13 +565,28 @@ class Store:
         return self.loose.batch()
 
     def read_raw(self, oid: ObjectId) -> RawObject:
-        obj = self.loose.read_raw(oid)
-        if obj is not None:
-            return obj
+        # Packs first (Git's order): an index lookup costs no system call,
+        # while a failed open() of a loose name costs one per packed object.
+        # A corrupt copy is passed over while another copy is good (fsck
+        # still checks, and names, every copy); if none is, the first
+        # error found is raised.
+        err: CorruptObject | None = None
         for p in self.packs:
-            obj = p.read_raw(oid)
+            try:
+                obj = p.read_raw(oid)
+            except CorruptObject as e:
+                err = err or e
+                continue
             if obj is not None:
                 return obj
+        try:
+            obj = self.loose.read_raw(oid)
+        except CorruptObject as e:
+            raise (err or e) from None
+        if obj is not None:
+            return obj
+        if err is not None:
+            raise err
         # A concurrent gc may have packed the object since we listed packs.
         if os.path.isdir(os.path.join(self.root, "objects", "pack")):
             self.reload_packs()

@@ -13,7 +13,7 @@ import pytest
 
 from kxen_agent.store import Store, fsck
 from kxen_agent.store.fsio import FileIO
-from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, encode_object
+from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, compress_loose, encode_object
 from kxen_agent.store.pack import (
     ENTRY_HEADER_SIZE,
     METHOD_STORED,
@@ -156,6 +156,30 @@ def test_lookup_is_logarithmic_and_reads_only_the_entry(tmp_path):
         r.read_raw(victim.id)
     with pytest.raises(BadPack):
         r.verify()
+    r.close()
+
+
+def test_after_many_lookups_a_reader_answers_from_a_dict_with_the_same_answers(tmp_path):
+    objs = [encode_object("blob", b"object %d" % i) for i in range(600)]
+    info = write_pack(str(tmp_path), objs)
+    r = PackReader.open(info.pack_path[:-5])
+    absent = [encode_object("blob", b"absent %d" % i).id for i in range(300)]
+    for a in absent:  # lookups past the threshold, each a binary search
+        assert not r.has(a)
+    calls = 0
+    real = r._id_at
+
+    def counting(i):
+        nonlocal calls
+        calls += 1
+        return real(i)
+
+    r._id_at = counting  # type: ignore[method-assign]
+    for o in objs:
+        assert r.read_raw(o.id).raw == o.raw
+    for a in absent:
+        assert not r.has(a) and r.read_raw(a) is None
+    assert calls == 0  # no binary search any more
     r.close()
 
 
@@ -421,6 +445,44 @@ def test_store_reads_packed_and_loose_objects_alike(tmp_path):
     assert set(store.iter_ids()) == {o.id for o in objs}
     rep = fsck(store)
     assert rep.clean and rep.packed == 30 and rep.loose == len(objs) - 30
+
+
+def _damage(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("bad", ["loose", "packed", "both"])
+def test_a_corrupt_copy_is_passed_over_while_another_copy_is_good(tmp_path, bad):
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    obj = encode_object("blob", b"kept twice " * 40)
+    info = write_pack(store.pack_dir, [obj], io=store.io)
+    store.put_raw(obj)
+    # Put a loose copy next to the packed one (put_raw skips objects a pack holds).
+    path = store.loose.path(obj.id)
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            f.write(compress_loose(obj.raw))
+    if bad in ("loose", "both"):
+        _damage(path, os.path.getsize(path) - 2)
+    if bad in ("packed", "both"):
+        r = PackReader.open(info.pack_path[:-5])
+        off, _crc = r._locate(obj.id)
+        r.close()
+        _damage(info.pack_path, off + ENTRY_HEADER_SIZE + 3)
+    store = Store(store.root)
+    if bad == "both":
+        with pytest.raises(CorruptObject):
+            store.read_raw(obj.id)
+    else:
+        assert store.get(obj.id) == obj.body
+    # fsck checks every copy and names the bad one(s).
+    rep = fsck(store)
+    assert not rep.clean and len(rep.problems) == (2 if bad == "both" else 1)
 
 
 def test_a_broken_index_is_named_by_fsck_and_does_not_stop_the_store(tmp_path):
