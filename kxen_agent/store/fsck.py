@@ -22,7 +22,7 @@ from kxen_agent.errors import KxenError
 from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, decode_body, links_of
 from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file
-from .repo import Store
+from .repo import Store, skeleton_dirs
 
 #: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
 #: ``FORMAT.tmp_…`` (the FORMAT file's, §10.3).
@@ -33,7 +33,7 @@ __all__ = ["FsckReport", "Problem", "fsck"]
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack
+    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton
     where: str
     message: str
 
@@ -81,6 +81,23 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
     links: dict[ObjectId, list[ObjectId]] = {}
 
     strays: set[str] = set()
+
+    # 0. A version-2 state dir's skeleton (§10.3): writers rely on these
+    # names being durable directories, so one missing (removed by hand) or
+    # replaced by a file is damage, not a leftover.
+    not_dirs: set[str] = set()
+    if store.format_version >= 2:
+        for rel in skeleton_dirs():
+            d = os.path.join(store.root, rel)
+            if os.path.isdir(d):
+                continue
+            if os.path.lexists(d):
+                not_dirs.add(d)
+                rep.problems.append(Problem("skeleton", d, "is not a directory; move it out of the state dir"))
+            else:
+                rep.problems.append(Problem(
+                    "skeleton", d, "directory is missing (removed by hand?); the next write makes it again, "
+                    "then run fsck again"))
 
     # 1. Every loose object: name == hash, strict header and body.
     for path, named in store.loose.scan():
@@ -195,7 +212,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root))
-    rep.stray_files = sorted(strays)
+    rep.stray_files = sorted(strays - not_dirs)
     return rep
 
 

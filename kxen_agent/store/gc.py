@@ -232,7 +232,10 @@ def gc(
     cutoff_ns = None if cutoff is None else int(cutoff * 1e9)
     objects_dir = os.path.join(store.root, "objects")
     rep.bytes_before = _disk_usage(objects_dir)
-    store.io.makedirs(os.path.join(store.root, "locks"))
+    # Before the first file gc makes (its lock file): upgrade a version-1
+    # dir, or sync the state dir once, so that no file of gc's can outlive
+    # a FORMAT a crash loses (§10.3).
+    store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0):
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)

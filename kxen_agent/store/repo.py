@@ -88,15 +88,26 @@ def _only_skeleton(root: str) -> bool:
     leaves: an unfinished empty store, not somebody else's directory.
     """
     allowed = set(skeleton_dirs())
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        if rel != "." and rel not in allowed:
-            return False
-        if any(not (rel == "." and f.startswith(_FORMAT_TMP_PREFIX)) for f in filenames):
-            return False
-        for d in dirnames:
-            if (d if rel == "." else os.path.join(rel, d)) not in allowed:
+
+    def unreadable(e: OSError) -> None:
+        raise e  # a directory we cannot list may hold anything: not ours to fill
+
+    try:
+        for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+            rel = os.path.relpath(dirpath, root)
+            if rel != "." and rel not in allowed:
                 return False
+            if any(not (rel == "." and f.startswith(_FORMAT_TMP_PREFIX)) for f in filenames):
+                return False
+            for d in dirnames:
+                # os.walk lists a symlink to a directory among dirnames (and
+                # does not enter it): the skeleton has no links.
+                if (d if rel == "." else os.path.join(rel, d)) not in allowed or os.path.islink(
+                    os.path.join(dirpath, d)
+                ):
+                    return False
+    except OSError:
+        return False
     return True
 
 
@@ -430,7 +441,13 @@ class Store:
         parents: set[str] = set()
         for rel in skeleton_dirs():
             d = os.path.join(self.root, rel)
-            self.io.mkdir(d)
+            try:
+                self.io.mkdir(d)
+            except FileExistsError:
+                raise StateDirError(
+                    f"{d} is in the way of a directory of the state dir's skeleton; "
+                    "move it out of the state dir, then retry"
+                ) from None
             parents.add(os.path.dirname(d))
         # Deepest first, so that each directory's own contents are synced
         # before the entry naming it is; one barrier would do as well, the
@@ -459,7 +476,8 @@ class Store:
         from .pack import PackWriter
 
         self.ensure_initialized()
-        return PackWriter(self.pack_dir, self.io, dictionary, parents=(os.path.join(self.root, "objects"), self.root))
+        # objects/pack is in the skeleton: its name and objects/'s are durable.
+        return PackWriter(self.pack_dir, self.io, dictionary)
 
     def _load_packs(self) -> None:
         """Open every pack whose index is in place (the index is the commit point).

@@ -208,6 +208,62 @@ def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
         assert os.path.isdir(os.path.join(store.root, rel))
 
 
+@pytest.mark.parametrize("extra", [
+    ("file", "objects/ab/x"),
+    ("file", "refs/sessions/g"),
+    ("file", "locks/gc.lock"),
+    ("file", "objects/FORMAT.tmp_0123456789abcdef"),
+    ("dir", "objects/zz"),
+    ("symlink", "refs"),
+])
+def test_without_format_anything_but_the_skeleton_makes_a_dir_foreign(tmp_path, extra):
+    root = tmp_path / "state"
+    root.mkdir()
+    kind, rel = extra
+    for d in skeleton_dirs():
+        if kind == "symlink" and (d == rel or d.startswith(rel + os.sep)):
+            continue
+        (root / d).mkdir()
+    if kind == "file":
+        (root / rel).write_bytes(b"")
+    elif kind == "dir":
+        (root / rel).mkdir()
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", root / rel)
+    with pytest.raises(StateDirError, match="not a kxen-agent state dir"):
+        Store(str(root))
+
+
+def test_without_format_an_unlistable_dir_is_foreign(tmp_path, monkeypatch):
+    root = tmp_path / "state"
+    (root / "objects").mkdir(parents=True)
+    import kxen_agent.store.repo as repo_mod
+
+    def walk_that_cannot_list(top, onerror=None, **kw):
+        # What os.walk does with a subdirectory it may not list (EACCES;
+        # root ignores the mode bits, so the error is simulated).
+        yield str(root), ["objects"], []
+        if onerror is not None:
+            onerror(PermissionError(13, "Permission denied", str(root / "objects")))
+
+    monkeypatch.setattr(repo_mod.os, "walk", walk_that_cannot_list)
+    with pytest.raises(StateDirError, match="not a kxen-agent state dir"):
+        Store(str(root))
+
+
+def test_upgrading_a_version_1_dir_with_its_whole_skeleton_syncs_every_parent(state_dir):
+    for d in skeleton_dirs():
+        os.makedirs(os.path.join(str(state_dir), d), exist_ok=True)
+    (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io)
+    store.put("blob", b"z")
+    fmt = io.ops.index(("rename", os.path.join(store.root, "FORMAT")))
+    synced = {p for op, p in io.ops[:fmt] if op == "fsync_dir"}
+    assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs()} <= synced
+
+
 def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_path):
     root = tmp_path / "state"
     root.mkdir()
@@ -327,13 +383,37 @@ def test_fsck_survives_odd_entries_under_refs(store: Store, populated, entry):
             store.refs.read("sessions/dir")
 
 
-def test_a_two_char_plain_file_under_objects_is_a_stray(store: Store, populated):
-    stray = os.path.join(store.root, "objects", "ab")
-    os.rmdir(stray)  # an empty skeleton fan-out dir
-    _touch(stray, b"x")
+def test_a_non_object_name_under_objects_is_a_stray(store: Store, populated):
+    stray = _touch(os.path.join(store.root, "objects", "AB"), b"x")
     assert len(list(store.iter_ids())) == 2
     rep = fsck(store)
     assert rep.clean and rep.stray_files == [stray]
+
+
+def test_a_skeleton_dir_missing_or_replaced_by_a_file_is_a_problem(store: Store, populated):
+    gone = os.path.join(store.root, "objects", "ab")
+    os.rmdir(gone)  # an empty skeleton fan-out dir
+    in_the_way = os.path.join(store.root, "objects", "cd")
+    os.rmdir(in_the_way)
+    _touch(in_the_way, b"x")
+    rep = fsck(store)
+    assert sorted((p.kind, p.where) for p in rep.problems) == [("skeleton", gone), ("skeleton", in_the_way)]
+    assert "missing" in rep.problems[0].message + rep.problems[1].message
+    assert rep.stray_files == []
+    # A write into the missing fan-out dir makes it again.
+    obj = _blob_in("ab")
+    Store(store.root).put_raw(obj)
+    assert [p.where for p in fsck(store).problems] == [in_the_way]
+
+
+def test_upgrading_a_version_1_dir_refuses_a_file_in_the_skeletons_way(state_dir):
+    os.makedirs(os.path.join(str(state_dir), "objects"))
+    _touch(os.path.join(str(state_dir), "objects", "ab"), b"x")
+    (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
+    store = Store(str(state_dir))
+    with pytest.raises(StateDirError, match=r"objects/ab is in the way .* move it out of the state dir"):
+        store.put("blob", b"y")
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 1\n"  # not upgraded
 
 
 def test_temp_files_anywhere_are_strays_not_problems(store: Store, populated):
