@@ -53,7 +53,7 @@ from kxen_agent.errors import KxenError, UsageError
 
 from . import codec
 from .fsio import FileIO
-from .objects import CorruptObject, ObjectId, RawObject, decode_body, links_of, parse_object
+from .objects import CorruptObject, ObjectId, RawObject, decode_body, decode_stored, links_of, parse_object
 from .pack import (
     DICT_SAMPLE_BUDGET,
     DICT_SAMPLE_MAX_OBJECT,
@@ -1018,7 +1018,7 @@ def _closure_order(
                 kept += size + _KEPT_OVERHEAD
         kinds[kind] = kinds.get(kind, 0) + 1
         if kind != "blob":  # a blob has no links and no structure to check
-            links = _links(kind, decode_body(obj))
+            links = _links(kind, decode_stored(obj))
             for child in reversed(links):
                 if child not in seen:
                     stack.append((child, oid))
@@ -1209,7 +1209,7 @@ def _reaches(store: Store, start: ObjectId, target: ObjectId) -> bool:
             continue
         if obj.kind == "blob":
             continue
-        stack.extend(c for c in links_of(obj.kind, decode_body(obj)) if c not in seen)
+        stack.extend(c for c in links_of(obj.kind, decode_stored(obj)) if c not in seen)
     return False
 
 

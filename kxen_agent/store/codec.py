@@ -68,6 +68,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_ITEMS",
     "decode",
+    "decode_admitted",
     "decode_strict",
     "encode",
 ]
@@ -526,6 +527,28 @@ def _fast_codec() -> tuple[_LoadsFn, _DumpsFn] | tuple[None, None]:
 
 
 _fast_loads, _fast_dumps = _fast_codec()
+
+
+def decode_admitted(data: bytes) -> Any:
+    """Decode the body of an object this store already holds, its hash just verified.
+
+    What a store holds was admitted in canonical form — written by
+    :func:`encode`, or accepted by :func:`decode` when an import checked it
+    (``objects_spec.md`` §5.4) — and the hash check on the read shows the
+    bytes are those admitted. Re-proving the form on every read would find
+    nothing new (as ``git cat-file`` does not re-run ``git fsck``'s checks),
+    so this only decodes: cbor2's C decoder with every tag refused.
+    Only bytes planted with a matching hash could be non-canonical, and
+    whoever can plant those can plant canonical ones as well; fsck and
+    imports use :func:`decode`, which proves the form. Anything cbor2
+    refuses goes to :func:`decode`, which raises the precise error.
+    """
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(data, semantic_decoders=_REFUSE_TAGS, tag_hook=_refuse_tag, max_depth=MAX_DEPTH + 1)
+        except Exception:
+            pass
+    return decode(data, links_only=True)
 
 
 def decode(data: bytes, *, links_only: bool = False, max_items: int | None = None) -> Any:

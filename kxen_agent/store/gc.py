@@ -38,7 +38,7 @@ from typing import Callable, Iterable
 from kxen_agent.errors import KxenError, UsageError
 
 from .locks import file_lock
-from .objects import CorruptObject, ObjectId, decode_body, links_of
+from .objects import CorruptObject, ObjectId, decode_stored, links_of
 from .pack import DICT_SAMPLE_MAX_OBJECT, PackReader, sample_dictionary
 from .refs import CorruptRef
 from .repo import MissingObject, Store
@@ -167,7 +167,7 @@ def _closure(
             continue
         try:
             obj = store.read_raw(oid)
-            value = decode_body(obj)
+            value = decode_stored(obj)
         except MissingObject:
             if strict:
                 raise GcAborted(f"object {oid.hex()} (reached from {where}) is missing") from None

@@ -33,6 +33,7 @@ __all__ = [
     "RawObject",
     "compress_loose",
     "decode_body",
+    "decode_stored",
     "decompress_loose",
     "encode_object",
     "hash_bytes",
@@ -145,6 +146,22 @@ def decode_body(obj: RawObject) -> Any:
         return obj.body
     try:
         return codec.decode(obj.raw[obj.body_offset :], links_only=True)
+    except codec.DecodeError as e:
+        raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
+
+
+def decode_stored(obj: RawObject) -> Any:
+    """The value of an object read back from the store (its id just verified).
+
+    Decoded without re-proving the canonical form the store admitted it in
+    (:func:`codec.decode_admitted`; ``objects_spec.md`` §5.4 step 5):
+    reads, loads, exports and gc use this; fsck and imports use the strict
+    :func:`decode_body`.
+    """
+    if obj.kind == "blob":
+        return obj.body
+    try:
+        return codec.decode_admitted(obj.raw[obj.body_offset :])
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 

@@ -22,7 +22,7 @@ from kxen_agent.errors import KxenError, UsageError
 from .fsio import OS_IO, FileIO
 from .locks import FileLock, LockBusy
 from .loose import LooseObjects
-from .objects import CorruptObject, ObjectId, RawObject, decode_body, encode_object
+from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
 from .refs import RefStore, validate_group, validate_ref_name
 
 try:
@@ -619,7 +619,7 @@ class Store:
         obj = self.read_raw(oid)
         if kind is not None and obj.kind != kind:
             raise CorruptObject(oid.hex(), f"is a {obj.kind} object, expected a {kind}")
-        return decode_body(obj)
+        return decode_stored(obj)
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.

@@ -137,3 +137,32 @@ def test_structured_body_must_be_strict():
     obj = objects.parse_object(b"message %d\x00" % len(short_link) + short_link, "x")
     with pytest.raises(CorruptObject, match="links must be 32-byte ids"):
         objects.decode_body(obj)
+
+
+def test_reads_trust_the_admitted_form_fsck_proves_it(tmp_path):
+    # A store admits objects in canonical form only (its encoder, an
+    # import's strict check): a read verifies the id and decodes, fsck
+    # re-proves the form. An object planted with a matching id but
+    # unsorted keys therefore reads, and fsck names it.
+    from kxen_agent.store import Store, fsck
+
+    body = bytes.fromhex("a2616200616100")  # {"b": 0, "a": 0}: unsorted keys
+    raw = b"message %d\x00" % len(body) + body
+    obj = objects.parse_object(raw, "x")
+    store = Store(str(tmp_path / "state"))
+    store.ensure_initialized()
+    path = store.loose.path(obj.id)
+    with open(path, "wb") as f:
+        f.write(objects.compress_loose(raw))
+    assert store.get(obj.id) == {"b": 0, "a": 0}
+    rep = fsck(store)
+    assert [(p.kind, p.where) for p in rep.problems] == [("corrupt-object", path)]
+    assert "canonical order" in rep.problems[0].message
+
+
+@pytest.mark.parametrize("data", ["", "ff", "1b00", "5a00000010", "a1", "c24101", "d81c8100"])
+def test_decode_admitted_still_refuses_what_cbor2_cannot_decode_and_every_tag(data):
+    # Garbage, truncations, lengths past the end and tags (a bignum, a
+    # shared value) fail with the strict decoder's message.
+    with pytest.raises(codec.DecodeError):
+        codec.decode_admitted(bytes.fromhex(data))
