@@ -227,7 +227,16 @@ def decompress_loose(frame: bytes, where: str, limit: int = MAX_OBJECT_SIZE + _M
         raise CorruptObject(where, "zstd frame does not declare its content size")
     if size > limit:
         raise CorruptObject(where, f"zstd frame declares {size} bytes, more than the limit {limit}")
-    dobj = _decompressor().decompressobj()  # a fresh stream each read: the checks below need it
+    try:
+        # One-shot: refuses a truncated frame and any byte after it, and
+        # allocates the declared size (checked above) once.
+        out = _decompressor().decompress(frame, allow_extra_data=False)
+    except zstandard.ZstdError:
+        pass  # the stream decompressor below says exactly what is wrong
+    else:
+        if len(out) == size:
+            return out
+    dobj = _decompressor().decompressobj()  # a fresh stream: the checks below need it
     try:
         out = dobj.decompress(frame)
     except zstandard.ZstdError as e:
