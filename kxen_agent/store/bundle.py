@@ -291,38 +291,6 @@ def _check_header(value: Any, where: str, offset: int) -> _Header:
 # ================================================================== verification
 
 
-def _links(kind: str, value: Any) -> list[ObjectId]:
-    """``list(links_of(kind, value))``: the same ids in the same order, faster.
-
-    A body is mostly one small map (a message: strings, integers, links and
-    a short list of small maps); walking it by recursion over the values
-    costs less than the general walk's stack of every value.
-    """
-    if kind == "blob":
-        return []
-    t = type(value)
-    if t is bytes:
-        return [value]
-    out: list[ObjectId] = []
-    if t is dict:
-        _links_in(kind, value.values(), out, 0)
-    elif t is list:
-        _links_in(kind, value, out, 0)
-    return out
-
-
-def _links_in(kind: str, values: Any, out: list[ObjectId], depth: int) -> None:
-    for v in values:
-        t = type(v)
-        if t is bytes:
-            out.append(v)
-        elif t is dict or t is list:
-            if depth >= 32:  # deep nesting (a strict body has at most 64 levels): the general walk
-                out.extend(links_of(kind, v))
-            else:
-                _links_in(kind, v.values() if t is dict else v, out, depth + 1)
-
-
 class _Closure:
     """Checks, in one pass, that the objects are exactly the closure of the refs."""
 
@@ -364,7 +332,7 @@ class _Closure:
         except CorruptObject as e:
             raise BadBundle(where, f"object {obj.hex}: {e.reason}", offset, unit) from None
         seen, pending = self.seen, self.pending
-        for child in _links(kind, value):
+        for child in links_of(kind, value):
             if child not in seen and child not in pending:
                 # who asked for it: the linking object's id (named in an error only)
                 pending[child] = obj.id
@@ -1018,7 +986,7 @@ def _closure_order(
                 kept += size + _KEPT_OVERHEAD
         kinds[kind] = kinds.get(kind, 0) + 1
         if kind != "blob":  # a blob has no links and no structure to check
-            links = _links(kind, decode_stored(obj))
+            links = links_of(kind, decode_stored(obj))
             for child in reversed(links):
                 if child not in seen:
                     stack.append((child, oid))

@@ -105,7 +105,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
             strays.add(path)
             continue
         try:
-            obj = store.loose.read_path(path)
+            obj = store.loose.read_named(path, named)
             value = decode_body(obj)
         except CorruptObject as e:
             rep.problems.append(Problem("corrupt-object", path, e.reason))
@@ -113,7 +113,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
         except OSError as e:
             rep.problems.append(Problem("corrupt-object", path, f"unreadable: {e.strerror}"))
             continue
-        links[obj.id] = list(links_of(obj.kind, value))
+        links[obj.id] = links_of(obj.kind, value)
         rep.loose += 1
         rep.bytes += len(obj.raw)
         if progress:
@@ -137,7 +137,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
                 continue
             rep.packed += 1
             if oid not in links:
-                links[oid] = list(links_of(obj.kind, value))
+                links[oid] = links_of(obj.kind, value)
                 rep.bytes += len(obj.raw)
             if progress:
                 progress(1)

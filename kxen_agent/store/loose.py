@@ -89,6 +89,10 @@ class LooseObjects:
         raw = decompress_loose(frame, path)
         return parse_object(raw, path, expect_id=oid)
 
+    def read_named(self, path: str, oid: ObjectId) -> RawObject:
+        """Read and verify the object at ``path``, which :meth:`scan` named ``oid`` (fsck)."""
+        return parse_object(decompress_loose(self.io.read(path), path), path, expect_id=oid)
+
     def read_path(self, path: str) -> RawObject:
         """Read and verify the object stored at ``path`` (fsck)."""
         sub, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)
@@ -245,9 +249,9 @@ class LooseObjects:
             if not (_FANOUT_NAME.fullmatch(sub) and os.path.isdir(d)):
                 yield d, None
                 continue
+            prefix = d + os.sep
             for name in _listdir(d):
-                path = os.path.join(d, name)
-                yield path, bytes.fromhex(sub + name) if _OBJECT_NAME.fullmatch(name) else None
+                yield prefix + name, bytes.fromhex(sub + name) if _OBJECT_NAME.fullmatch(name) else None
 
     def with_prefix(self, hexprefix: str) -> list[ObjectId]:
         """Ids starting with ``hexprefix`` (at least 2 lower-case hex digits)."""

@@ -166,10 +166,40 @@ def decode_stored(obj: RawObject) -> Any:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 
 
-def links_of(kind: str, value: Any) -> Iterator[ObjectId]:
-    """Every object id that ``value`` links to (its byte strings), in order."""
+def links_of(kind: str, value: Any) -> list[ObjectId]:
+    """Every object id that ``value`` links to (its byte strings), in order.
+
+    A body is mostly one small map (a message: strings, integers, links and
+    a short list of small maps): a recursion over the values costs less
+    than a general walk's stack of every value; nesting past 32 levels (a
+    strict body has at most 64) finishes with the stack walk.
+    """
     if kind == "blob":
-        return
+        return []
+    t = type(value)
+    if t is bytes:
+        return [value]
+    out: list[ObjectId] = []
+    if t is dict:
+        _links_in(value.values(), out, 0)
+    elif t is list:
+        _links_in(value, out, 0)
+    return out
+
+
+def _links_in(values: Any, out: list[ObjectId], depth: int) -> None:
+    for v in values:
+        t = type(v)
+        if t is bytes:
+            out.append(v)
+        elif t is dict or t is list:
+            if depth >= 32:
+                out.extend(_links_deep(v))
+            else:
+                _links_in(v.values() if t is dict else v, out, depth + 1)
+
+
+def _links_deep(value: Any) -> Iterator[ObjectId]:
     stack = [value]
     while stack:
         v = stack.pop()

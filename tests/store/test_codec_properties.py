@@ -120,3 +120,29 @@ def test_a_mutated_loose_frame_never_yields_other_bytes_under_the_id(data):
     # frame header's unused bit), so a few mutants still hold the very same
     # object; none may hold different bytes under the object's id.
     assert got.raw == obj.raw
+
+
+def _links_by_stack(value):
+    """The obvious walk: every byte string, depth first, in document order."""
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is bytes:
+            out.append(v)
+        elif type(v) is dict:
+            stack.extend(reversed(list(v.values())))
+        elif type(v) is list:
+            stack.extend(reversed(v))
+    return out
+
+
+@SETTINGS
+@given(linked_values, st.integers(0, 70))
+def test_links_of_finds_every_link_in_order_at_any_depth(v, depth):
+    from kxen_agent.store.objects import links_of
+
+    nested = v
+    for i in range(depth):  # past the recursion's 32 levels, the stack walk takes over
+        nested = [nested, b"\x01" * 32] if i % 2 else {"k": nested}
+    assert links_of("message", nested) == _links_by_stack(nested)
+    assert links_of("blob", nested) == []
