@@ -544,6 +544,13 @@ def w_export(plan: Plan, res: Results, sets: dict[int, ExportSet]) -> dict[int, 
           "git", ">= 1.0", 1.0)
     speed("import+verify: kxen vs dulwich (index the pack, check it)", "import", "dulwich", ">= 5", 5.0)
     speed("import+verify: kxen vs JSONL+zstd (decompress, parse every line)", "import", "jsonl", "(context)", None)
+    # Per object, each side counting its own objects (Git: commit + tree + blob
+    # per message; kxen: a message, and a blob for content over 1 KiB).
+    ko, go = m["kxen_objects"], m["dulwich_objects"]
+    for op, what in (("export", "export"), ("import", "import+verify")):
+        k, g = m[f"kxen_{op}"], m[f"git_{op}"]
+        res.add("3 export", f"{what}: objects/s, kxen ({ko:,.0f} objects) vs git ({go:,.0f} objects)",
+                f"{ko / k:,.0f} obj/s", f"{go / g:,.0f} obj/s", (ko / k) / (go / g), "(context)", None)
     per = lambda b: f"{b / N:,.0f} B/msg"  # noqa: E731
     res.add("3 size", f"bundle of {N:,} msgs: kxen / git bundle", per(m["kxen_bytes"]), per(m["git_bytes"]),
             m["kxen_bytes"] / m["git_bytes"], "<= 0.8", m["kxen_bytes"] <= 0.8 * m["git_bytes"])
