@@ -250,15 +250,18 @@ class FileIO:
         self._did("mkdir", path)
         self.fsync_dir(parent)
 
-    def write_durable(self, path: str, data: bytes) -> None:
-        """Replace ``path`` atomically and durably: temp, fsync, rename, fsync dir."""
-        directory = os.path.dirname(path)
-        tmp = self.write_tmp(directory, data)
+    def rename_into_place(self, tmp: str, dst: str) -> None:
+        """Rename temp file ``tmp`` onto ``dst``; if that fails, remove ``tmp`` (§9.3 rule 10)."""
         try:
-            self.rename(tmp, path)
+            self.rename(tmp, dst)
         except BaseException:
             self._discard(tmp)
             raise
+
+    def write_durable(self, path: str, data: bytes) -> None:
+        """Replace ``path`` atomically and durably: temp, fsync, rename, fsync dir."""
+        directory = os.path.dirname(path)
+        self.rename_into_place(self.write_tmp(directory, data), path)
         self.fsync_dir(directory)
 
 

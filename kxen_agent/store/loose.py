@@ -135,15 +135,7 @@ class LooseObjects:
         if self._before_write:
             self._before_write()
         self.io.makedirs(d)
-        tmp = self.io.write_tmp(d, compress_loose(obj.raw))
-        try:
-            self.io.rename(tmp, path)
-        except BaseException:
-            try:
-                self.io.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        self.io.rename_into_place(self.io.write_tmp(d, compress_loose(obj.raw)), path)
         ident = self._identity_of(path)  # taken before the barrier: the file it makes durable
         self._barrier(d)
         self._made_durable(obj.id, ident)

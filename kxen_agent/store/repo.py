@@ -414,14 +414,7 @@ class Store:
         tmp = self.io.write_tmp(
             self.root, b"kxen-agent-state %d\n" % FORMAT_VERSION, prefix=_FORMAT_TMP_PREFIX
         )
-        try:
-            self.io.rename(tmp, path)
-        except BaseException:
-            try:
-                self.io.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        self.io.rename_into_place(tmp, path)
         self.io.fsync_dir(self.root)
         # The state dir's own name must be durable too: an earlier
         # attempt may have made it and failed before syncing its parent.
