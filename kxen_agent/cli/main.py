@@ -87,7 +87,8 @@ def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON r
         status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
         out(
             f"fsck {store.root}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
-            f"{rep.refs} refs in {rep.groups} groups, {rep.reachable} reachable, "
+            f"{rep.refs} ref{'' if rep.refs == 1 else 's'} in {rep.groups} group{'' if rep.groups == 1 else 's'}, "
+            f"{rep.reachable} reachable, "
             f"{len(rep.dangling)} dangling: {status}"
         )
     if not rep.clean:

@@ -36,7 +36,7 @@ def test_clean_store_exits_zero_and_lists_dangling(state_dir, populated):
     assert p.returncode == 0, p.stderr.decode()
     out = p.stdout.decode()
     assert f"dangling object {populated['dangling'].hex()}" in out
-    assert "3 objects" in out and "1 refs in 1 groups" in out and "2 reachable" in out and "clean" in out
+    assert "3 objects" in out and "1 ref in 1 group," in out and "2 reachable" in out and "clean" in out
     code, rep = _fsck_json(state_dir)
     assert code == 0
     assert rep["clean"] is True and rep["problems"] == []
