@@ -53,6 +53,7 @@ from kxen_agent.errors import KxenError, UsageError
 
 from . import codec
 from .fsio import FileIO
+from .loose import LooseNames
 from .objects import CorruptObject, ObjectId, RawObject, decode_body, decode_stored, links_of, parse_object
 from .pack import (
     DICT_SAMPLE_BUDGET,
@@ -1213,63 +1214,6 @@ def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
 Transform = Callable[[str, dict[str, bytes]], Mapping[str, bytes]]
 
 
-class _LooseNames:
-    """Which of a bundle's objects the store holds as loose files, with few system calls.
-
-    The first lookup in a fan-out directory lists it, unless it holds more
-    than a few times the names expected to be looked up there (then each
-    lookup is a ``stat``, as ``LooseObjects.has``): importing into a new or
-    small store costs one listing per directory instead of a ``stat`` per
-    object. The answer is the directory as it was when listed; an object
-    another process writes later is then staged again, a harmless second
-    copy (nothing removes loose objects meanwhile: that is gc's, under the
-    exclusive store lock, and import holds it shared).
-    """
-
-    #: A fan-out dir is listed if it holds at most max(MIN_CAP, PER_LOOKUP x
-    #: the lookups expected in it) names: listing costs about that many stats.
-    #: At most MAX_CAP, whatever the (unchecked yet) header declares: memory
-    #: holds at most 256 x MAX_CAP names.
-    MIN_CAP = 256
-    PER_LOOKUP = 8
-    MAX_CAP = 4096
-
-    def __init__(self, loose: Any, objects: int) -> None:
-        self.loose = loose
-        self.cap = min(self.MAX_CAP, max(self.MIN_CAP, self.PER_LOOKUP * (objects // 256 + 1)))
-        self.names: dict[str, frozenset[str] | None] = {}  # fan-out name -> its entries, or None: stat
-
-    def has(self, oid: ObjectId) -> bool:
-        h = oid.hex()
-        try:
-            names = self.names[h[:2]]
-        except KeyError:
-            names = self._list(oid, h)
-        if names is None:
-            return self.loose.has(oid)
-        return h[2:] in names
-
-    def _list(self, oid: ObjectId, h: str) -> frozenset[str] | None:
-        d, name = os.path.split(self.loose.path(oid))
-        names: frozenset[str] | None = None
-        if name == h[2:] and os.path.basename(d) == h[:2]:  # the layout of §5.1, else ask the store
-            try:
-                found: set[str] = set()
-                with os.scandir(d) as it:
-                    for entry in it:
-                        found.add(entry.name)
-                        if len(found) > self.cap:
-                            break
-                    else:
-                        names = frozenset(found)
-            except FileNotFoundError:
-                names = frozenset()
-            except OSError:
-                names = None
-        self.names[h[:2]] = names
-        return names
-
-
 def import_bundle(
     store: Store,
     path: str,
@@ -1300,7 +1244,7 @@ def import_bundle(
             try:
                 found_dirs: set[str] = set()
                 found_packed = False
-                loose = _LooseNames(store.loose, r.header.objects)
+                loose = LooseNames(store.loose, r.header.objects)
                 add_checked = None
                 for item in r:
                     oid = item.obj.id

@@ -253,3 +253,58 @@ class LooseObjects:
             for n in _listdir(os.path.join(self.dir, hexprefix[:2]))
             if _OBJECT_NAME.fullmatch(n) and n.startswith(rest)
         ]
+
+
+class LooseNames:
+    """Which of many expected objects (an import's) the store holds as loose files, with few system calls.
+
+    The first lookup in a fan-out directory lists it, unless it holds more
+    than a few times the names expected to be looked up there (then each
+    lookup is a ``stat``, as ``LooseObjects.has``): importing into a new or
+    small store costs one listing per directory instead of a ``stat`` per
+    object. The answer is the directory as it was when listed; an object
+    another process writes later is then staged again, a harmless second
+    copy (nothing removes loose objects meanwhile: that is gc's, under the
+    exclusive store lock, and import holds it shared).
+    """
+
+    #: A fan-out dir is listed if it holds at most max(MIN_CAP, PER_LOOKUP x
+    #: the lookups expected in it) names: listing costs about that many stats.
+    #: At most MAX_CAP, whatever the (unchecked yet) header declares: memory
+    #: holds at most 256 x MAX_CAP names.
+    MIN_CAP = 256
+    PER_LOOKUP = 8
+    MAX_CAP = 4096
+
+    def __init__(self, loose: LooseObjects, objects: int) -> None:
+        self.loose = loose
+        self.cap = min(self.MAX_CAP, max(self.MIN_CAP, self.PER_LOOKUP * (objects // 256 + 1)))
+        self.names: dict[str, frozenset[str] | None] = {}  # fan-out name -> its entries, or None: stat
+
+    def has(self, oid: ObjectId) -> bool:
+        h = oid.hex()
+        try:
+            names = self.names[h[:2]]
+        except KeyError:
+            names = self._list(h)
+        if names is None:
+            return self.loose.has(oid)
+        return h[2:] in names
+
+    def _list(self, h: str) -> frozenset[str] | None:
+        names: frozenset[str] | None = None
+        try:
+            found: set[str] = set()
+            with os.scandir(os.path.join(self.loose.dir, h[:2])) as it:
+                for entry in it:
+                    found.add(entry.name)
+                    if len(found) > self.cap:
+                        break
+                else:
+                    names = frozenset(found)
+        except FileNotFoundError:
+            names = frozenset()
+        except OSError:
+            names = None
+        self.names[h[:2]] = names
+        return names

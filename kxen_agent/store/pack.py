@@ -348,10 +348,7 @@ class Compressor:
         # its largest input, and for large ones they cost memory (and time)
         # that the parallelism does not pay back.
         threads = _compress_threads() if max(map(len, raws)) <= _THREADED_MAX_OBJECT else 1
-        try:
-            frames = self._cctx.multi_compress_to_buffer(raws, threads=threads)
-        except (AttributeError, NotImplementedError):  # pragma: no cover - the CFFI backend
-            return [self.compress(r) for r in raws]
+        frames = self._cctx.multi_compress_to_buffer(raws, threads=threads)
         method = METHOD_ZSTD_DICT if self.has_dict else METHOD_ZSTD
         out = []
         for raw, seg in zip(raws, frames):
@@ -1031,9 +1028,6 @@ class PackReader:
         where = f"{self.path}:{oid.hex()}"
         if off < self.data_start or off + ENTRY_HEADER_SIZE > self.entries_end:
             raise CorruptObject(where, f"index offset {off} is outside the pack's entries")
-        return self._entry_at(oid, off, crc, where)
-
-    def _entry_at(self, oid: ObjectId, off: int, crc: int, where: str) -> tuple[Entry, bytes, bytes] | None:
         try:
             head = self._pack[off : off + ENTRY_HEADER_SIZE]
         except ValueError:  # mapping closed by another thread's reload

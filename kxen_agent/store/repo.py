@@ -581,7 +581,27 @@ class Store:
         # A corrupt copy is passed over while another copy is good (fsck
         # still checks, and names, every copy); if none is, the first
         # error found is raised.
-        err: CorruptObject | None = None
+        obj, err = self._read_packed(oid, None)
+        if obj is not None:
+            return obj
+        try:
+            obj = self.loose.read_raw(oid)
+        except CorruptObject as e:
+            raise (err or e) from None
+        if obj is not None:
+            return obj
+        # A concurrent gc may have packed the object since we listed packs.
+        if os.path.isdir(self.pack_dir):
+            self.reload_packs()
+            obj, err = self._read_packed(oid, err)
+            if obj is not None:
+                return obj
+        if err is not None:
+            raise err
+        raise MissingObject(oid.hex(), self.root)
+
+    def _read_packed(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
+        """The object from the first pack with a good copy, and the first error met (or ``err``)."""
         for p in self.packs:
             try:
                 obj = p.read_raw(oid)
@@ -589,23 +609,8 @@ class Store:
                 err = err or e
                 continue
             if obj is not None:
-                return obj
-        try:
-            obj = self.loose.read_raw(oid)
-        except CorruptObject as e:
-            raise (err or e) from None
-        if obj is not None:
-            return obj
-        if err is not None:
-            raise err
-        # A concurrent gc may have packed the object since we listed packs.
-        if os.path.isdir(os.path.join(self.root, "objects", "pack")):
-            self.reload_packs()
-            for p in self.packs:
-                obj = p.read_raw(oid)
-                if obj is not None:
-                    return obj
-        raise MissingObject(oid.hex(), self.root)
+                return obj, err
+        return None, err
 
     def get(self, oid: ObjectId, kind: str | None = None) -> Any:
         """The decoded value of object ``oid``, checking its kind if given."""

@@ -21,6 +21,7 @@ from kxen_agent.cli import main as cli_main
 from kxen_agent.cli.store_cmds import register
 from kxen_agent.store import Store, fsck
 from kxen_agent.store import bundle as bundle_mod
+from kxen_agent.store.loose import LooseNames
 from kxen_agent.store.bundle import (
     BadBundle,
     BundleRefused,
@@ -514,9 +515,9 @@ def test_import_finds_loose_objects_by_listing_or_by_stat(src, tmp_path, monkeyp
             for o in objs[::3]:  # a third of them already here, loose
                 dst.put_raw(o)
         if cap is not None:  # every non-empty fan-out dir is "too big to list": a stat per lookup
-            monkeypatch.setattr(bundle_mod._LooseNames, "MIN_CAP", cap)
-            monkeypatch.setattr(bundle_mod._LooseNames, "PER_LOOKUP", cap)
-        names = bundle_mod._LooseNames(dst.loose, len(objs))
+            monkeypatch.setattr(LooseNames, "MIN_CAP", cap)
+            monkeypatch.setattr(LooseNames, "PER_LOOKUP", cap)
+        names = LooseNames(dst.loose, len(objs))
         for o in objs:
             assert names.has(o.id) == dst.loose.has(o.id)
         assert not names.has(b"\xee" * 32)
