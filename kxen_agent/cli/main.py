@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except SystemExit as e:
         code = e.code
+        if _stdout_pipe_closed():
+            return 141  # as git does: the reader (`| head`) went away, nothing failed
         return code if isinstance(code, int) else (0 if code is None else 1)
     except KxenError as e:
         err(f"kxen-agent: error: {e}")
@@ -142,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         # commit point comes last, so what was acknowledged before is intact.
         err(f"kxen-agent: error: {os_error_line(e)}")
         return 1
+
+
+def _stdout_pipe_closed() -> bool:
+    """Whether typer caught EPIPE on stdout: it then swaps in click's PacifyFlushWrapper and exits 1.
+
+    By name: typer vendors click in some versions and imports it in others.
+    """
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
 
 
 def os_error_line(e: OSError) -> str:

@@ -1144,7 +1144,8 @@ class LeaseTorture:
                     stop = None
                 elif now > stop_deadline:
                     self.fail(f"round {r}: nobody took over the lease of stopped pid {stop.pid} "
-                              f"within {10 * self.ttl + 15:.0f}s")
+                              f"within {10 * self.ttl + 15:.0f}s ({len(live)} contenders live, "
+                              f"holder record {self.holder()}, group lock free: {self.group_lock_free()})")
                     holder_child = next(c for c in slots if c is not None and c.pid == stop.pid)
                     holder_child.signal(signal.SIGCONT)
                     continued[stop.pid] = stop
@@ -1174,8 +1175,11 @@ class LeaseTorture:
                         killed.add(target.pid)
                         self.figs.kills += 1
                         events.pop(0)
-            # Contenders.
-            if not done and not pending_unknown:
+            # Contenders. While ops wait for the human nobody new starts, except
+            # while a holder is stopped: only a contender can take its lease over
+            # (the holder may be one that found the run waiting and was about to
+            # exit 3 when the stop caught it).
+            if stop is not None or (not done and not pending_unknown):
                 for i in range(self.procs):
                     if slots[i] is None and now >= next_spawn[i]:
                         c = self.launcher.spawn(["--resume", self.ses, "--json"], self.env, self.root)

@@ -562,6 +562,19 @@ def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
     assert count == n
     assert kx.show(ses)["messages"] == n
 
+    # `session log | head`: the reader goes away after one line. Like git: exit
+    # 141 (128 + SIGPIPE), nothing on stderr — not a failure, not a traceback.
+    for extra in ((), ("--json",)):
+        p = subprocess.Popen([KXEN_AGENT, "session", "log", ses, *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=kx.env)
+        assert p.stdout is not None and p.stderr is not None
+        first = p.stdout.readline()
+        p.stdout.close()
+        rc = p.wait(timeout=TIMEOUT_S)
+        err = p.stderr.read().decode()
+        assert b"message 0" in first or first.startswith(b"msg_"), first
+        assert (rc, err) == (141, ""), (extra, rc, err)
+
 
 # ---------------------------------------------------------------- 7. unknown and malformed ids
 
