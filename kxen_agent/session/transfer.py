@@ -23,10 +23,12 @@ from typing import Callable, Mapping
 
 from kxen_agent.errors import UsageError
 from kxen_agent.store import Store
-from kxen_agent.store.bundle import BundleInfo, ImportResult, export_bundle, import_bundle, verify_bundle
+from kxen_agent.store.bundle import (BundleInfo, ImportResult, export_bundle, import_bundle,
+                                     verify_bundle_with_ref_targets)
+from kxen_agent.store.objects import decode_stored
 
 from .sessions import NS, SessionStore
-from .workspace import WorkspaceIdentity, check_binding, inspect_workspace
+from .workspace import WorkspaceError, WorkspaceIdentity, check_binding, inspect_workspace
 
 __all__ = ["ImportedSessions", "export_sessions", "import_sessions"]
 
@@ -69,13 +71,26 @@ def import_sessions(store: Store, path: str, workspace: str, *,
     running run.
     """
     current = inspect_workspace(workspace)
-    info = verify_bundle(path)
+    info, targets = verify_bundle_with_ref_targets(path)
     for group in info.refs:
         ns, _, ses = group.partition("/")
         if ns != NS:
             raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
         if "meta" not in info.refs[group]:
             raise UsageError(f"bundle {path}: session {ses} has no metadata ref; nothing imported")
+        meta = targets[info.refs[group]["meta"]]
+        if meta.kind != "session":
+            raise UsageError(f"bundle {path}: the metadata ref of session {ses} names a {meta.kind} object, "
+                             f"not a session; nothing imported")
+        # Judged before the state dir is touched, so a refused import leaves
+        # nothing behind (not even a new, empty state dir); ``transform``
+        # below checks again against what it builds on.
+        value = decode_stored(meta)
+        try:
+            recorded = WorkspaceIdentity.from_record(value.get("workspace") if isinstance(value, dict) else None)
+        except WorkspaceError as e:
+            raise UsageError(f"bundle {path}: session {ses}: {e}; nothing imported") from None
+        check_binding(recorded, current, rebind=True)
     sessions = SessionStore(store)
 
     def transform(group: str, refs: dict[str, bytes]) -> dict[str, bytes]:

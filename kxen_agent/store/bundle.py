@@ -92,6 +92,7 @@ __all__ = [
     "import_bundle",
     "iter_bundle_objects",
     "verify_bundle",
+    "verify_bundle_with_ref_targets",
 ]
 
 BUNDLE_MAGIC = b"KXBUNDLE"
@@ -914,6 +915,26 @@ def verify_bundle(path: str, *, progress: Progress | None = None) -> BundleInfo:
                 progress(1)
         assert r.info is not None
         return r.info
+
+
+def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None
+                                   ) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
+    """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
+
+    So a caller can judge the refs (a session's binding) before it touches
+    a state dir: an import refused then writes nothing, not even a state dir.
+    """
+    with _reading(path) as r:
+        _set_total(progress, r.header.objects)
+        wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
+        kept: dict[ObjectId, RawObject] = {}
+        for item in r:
+            if item.obj.id in wanted:
+                kept[item.obj.id] = item.obj
+            if progress:
+                progress(1)
+        assert r.info is not None
+        return r.info, kept
 
 
 def iter_bundle_objects(path: str) -> Iterator[RawObject]:

@@ -86,16 +86,6 @@ def refs_and_objects(state: Path) -> tuple[dict, list[str], dict]:
     return refs, objs, logs
 
 
-def holds_no_session(kx: Kx) -> None:
-    """The target of a refused import: no state dir at all, or one with no session and a clean fsck."""
-    if not kx.state_dir.exists():
-        return
-    assert kx.sessions() == []
-    kx.fsck_clean()
-    refs, objects, _ = refs_and_objects(kx.state_dir)
-    assert refs == {} and objects == [], (refs, objects)
-
-
 @dataclass(frozen=True)
 class Source:
     tmp: Path
@@ -206,7 +196,29 @@ def test_import_refused_for_a_workspace_that_fails_the_identity_check(source: So
     for ws, bundle, why in cases:
         err = kx.refused("session", "import", str(bundle), "--workspace", str(ws))
         assert why in err, err
-        holds_no_session(kx)
+        # The binding is judged before the state dir is touched: none was created.
+        assert not kx.state_dir.exists(), sorted(p.name for p in kx.state_dir.iterdir())
+
+
+@pytest.mark.parametrize("meta", [
+    ("blob", b"not a session"),
+    ("session", {"id": "ses_0123456789abcdef0123"}),  # no workspace record
+    ("session", ["a", "list"]),
+])
+def test_import_refuses_a_bundle_whose_metadata_ref_is_not_a_session(tmp_path: Path, meta: tuple) -> None:
+    """A well-formed bundle whose ``meta`` ref names no usable session: one line, exit 1, no state dir."""
+    from kxen_agent.store import RefUpdate
+    from kxen_agent.store.bundle import export_bundle
+
+    src = Store(str(tmp_path / "src"))
+    oid = src.put(*meta)
+    src.refs.transaction("sessions/ses_0123456789abcdef0123", [RefUpdate("meta", None, oid)], reason="test")
+    bundle = tmp_path / "odd.bundle"
+    export_bundle(src, ["sessions/ses_0123456789abcdef0123"], str(bundle))
+    kx = Kx(tmp_path / "state")
+    err = kx.refused("session", "import", str(bundle), "--workspace", str(git_workspace(tmp_path / "ws")))
+    assert "ses_0123456789abcdef0123" in err and "nothing imported" in err, err
+    assert not kx.state_dir.exists()
 
 
 # ---------------------------------------------------------------- 3 and 6. re-import, fast-forward, lease, divergence
