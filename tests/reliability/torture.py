@@ -255,6 +255,9 @@ class Launcher:
         self.scratch = scratch
         scratch.mkdir(parents=True, exist_ok=True)
         self._n = 0
+        # pid -> how many CLI processes got it: pids are reused, so a check
+        # that names a process by pid judges only those started once.
+        self.started: Counter = Counter()
         base = {k: v for k, v in os.environ.items() if not k.startswith("KXEN_AGENT_")}
         for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
             base.pop(k, None)
@@ -269,12 +272,14 @@ class Launcher:
         if exec_:
             with open(out, "wb") as o, open(err, "wb") as e:
                 p = subprocess.Popen([KXEN_AGENT, *args], env=full, cwd=cwd, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+            self.started[p.pid] += 1
             return Child(p.pid, p, args, out, err)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
             _fork_child(args, full, str(cwd), out, err)
+        self.started[pid] += 1
         return Child(pid, None, args, out, err)
 
     def run(self, args: Sequence[str], env: Mapping[str, str], cwd: Path, *, exec_: bool = False,
@@ -974,7 +979,6 @@ class LeaseTorture:
         self.stops: list[StopRecord] = []
         self.verdicts: dict[str, bool] = {}
         self.refused_pids: set[int] = set()
-        self.spawned_pids: Counter = Counter()
         self.round_calls: list[list[dict]] = []
         self.holders_seen: dict[int, set[int]] = {}
         self.first_fence = 0
@@ -1184,7 +1188,6 @@ class LeaseTorture:
                     if slots[i] is None and now >= next_spawn[i]:
                         c = self.launcher.spawn(["--resume", self.ses, "--json"], self.env, self.root)
                         slots[i] = c
-                        self.spawned_pids[c.pid] += 1
                         self.figs.spawned += 1
             time.sleep(0.005)
         show = self._show_run(r)
@@ -1284,7 +1287,9 @@ class LeaseTorture:
         current = self.fence()
         self.figs.grants = current - self.first_fence
         self.figs.failures += reflog_violations(self.reflog_entries(), current, self.stops, self.holders_seen,
-                                                self.refused_pids, self.spawned_pids)
+                                                # every CLI process counts: a round's setup run or a
+                                                # resolve may get the pid of an earlier refused contender
+                                                self.refused_pids, self.launcher.started)
 
 
 def reflog_violations(log: Sequence[Any], current_fence: int, stops: Sequence[StopRecord],
