@@ -222,7 +222,7 @@ class Conversation:
 
     # ---------------------------------------------------------- messages
 
-    def messages(self, n: int, run: str = "run_bench") -> Iterator[dict]:
+    def messages(self, n: int, run: str = "run_benchmark000000000") -> Iterator[dict]:
         """Exactly ``n`` messages; the history never ends inside a tool turn's
         calls unless ``n`` cuts it there (a fork point must not, see fork_points)."""
         rng = self.rng

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print("pyinstrument is not installed: .venv/bin/pip install pyinstrument", file=sys.stderr)
         return 2
     from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.session.schema import SESSION_SCHEMA
     from kxen_agent.store import export_bundle, fsck, import_bundle
 
     from ._kxen import measuring_store
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     prof.stop()
                 else:
                     prof.start()
-                    fsck(measuring_store(es.root))
+                    fsck(measuring_store(es.root), schema=SESSION_SCHEMA)  # as `kxen-agent fsck` runs it
                     prof.stop()
         print(prof.output_text(unicode=True, color=False, show_all=False))
         if args.html:

@@ -579,6 +579,7 @@ def w_export(plan: Plan, res: Results, sets: dict[int, ExportSet]) -> dict[int, 
 
 
 def w_fsck(plan: Plan, res: Results, sets: dict[int, ExportSet], meds: dict[int, dict[str, float]] | None) -> dict:
+    from kxen_agent.session.schema import SESSION_SCHEMA
     from kxen_agent.store import fsck
 
     from ._kxen import measuring_store
@@ -588,13 +589,14 @@ def w_fsck(plan: Plan, res: Results, sets: dict[int, ExportSet], meds: dict[int,
         kl, kp, gf, klc, kpc, gfc = [], [], [], [], [], []
         packed = meds[n]["import_dir"] if meds else None
         for _ in range(plan.repeats):
-            t, c, rep = ctimed(fsck, measuring_store(es.root))
+            # as `kxen-agent fsck` runs it: bytes, closure and the session schema
+            t, c, rep = ctimed(fsck, measuring_store(es.root), schema=SESSION_SCHEMA)
             if not rep.clean:
                 raise RuntimeError(f"fsck of {es.root} found problems: {[p.line() for p in rep.problems][:3]}")
             kl.append(t)
             klc.append(c)
             if packed:
-                t, c, rep = ctimed(fsck, measuring_store(packed))  # type: ignore[arg-type]
+                t, c, rep = ctimed(fsck, measuring_store(packed), schema=SESSION_SCHEMA)  # type: ignore[arg-type]
                 kp.append(t)
                 kpc.append(c)
             t, c, _ = ctimed(peers.git, "fsck", "--no-progress", cwd=es.git)

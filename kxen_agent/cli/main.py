@@ -8,15 +8,24 @@ exit-code table.
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from typing import Optional
 
 import typer
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.schema import SESSION_SCHEMA
 from kxen_agent.store import Store, decode_body, fsck as run_fsck
 
-from ._render import Progress, emit_json, err, out, to_jsonable
+from ._render import Progress, dumps_json, emit_json, err, out, term_text, to_jsonable
+
+# click's exceptions, wherever this typer takes click from (it vendors click
+# as typer._click in some versions and imports it in others).
+_click_exceptions = importlib.import_module(typer.BadParameter.__module__)
+ClickException = _click_exceptions.ClickException
+ClickAbort = typer.Abort  # what typer's runner raises on EOF at a prompt (click's own Abort, or typer's)
 
 app = typer.Typer(
     name="kxen-agent",
@@ -73,20 +82,21 @@ def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON r
     """Verify every object, ref and reflog, and the closure between them."""
     store = open_store()
     prog = Progress("fsck", enabled=not json_out)
-    rep = run_fsck(store, progress=prog)
+    rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
     prog.done()
     if json_out:
         emit_json(rep.to_json())
     else:
+        # A problem line can quote what a damaged or hostile state dir holds (ref names, file names).
         for p in rep.problems:
-            err(p.line())
+            err(term_text(p.line(), quote=False))
         for d in rep.dangling:
             out(f"dangling object {d}")
         for f in rep.stray_files:
-            out(f"stray file {f} (left by an interrupted write; gc removes it)")
+            out(f"stray file {term_text(f)} (left by an interrupted write; gc removes it)")
         status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
         out(
-            f"fsck {store.root}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
+            f"fsck {term_text(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
             f"{rep.refs} ref{'' if rep.refs == 1 else 's'} in {rep.groups} group{'' if rep.groups == 1 else 's'}, "
             f"{rep.reachable} reachable, "
             f"{len(rep.dangling)} dangling: {status}"
@@ -110,29 +120,39 @@ def cat_object_cmd(
     elif obj.kind == "blob":
         sys.stdout.buffer.write(value)
     else:
-        import json
-
         out(f"{obj.kind} {obj.hex}")
-        out(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+        out(dumps_json(to_jsonable(value), indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, render errors as one line, return the exit code.
 
-    Typer handles usage errors itself (exit 2); library errors arrive here
-    as :class:`KxenError` and become one line on stderr.
+    The app runs with click's standalone mode off, so a usage error (a
+    missing argument, an unknown option or command) comes back here as a
+    click exception and is printed as one line like every other error,
+    instead of click's boxed usage text; ``--help`` still prints the help
+    and exits 0 (click's ``Exit(0)``, returned as the code). Library errors
+    arrive as :class:`KxenError`.
     """
+    stdout_was = _stdout_identity()
     try:
-        app(args=argv, prog_name="kxen-agent")
-        return 0
+        code = app(args=argv, prog_name="kxen-agent", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except SystemExit as e:
         code = e.code
-        if _stdout_pipe_closed():
+        if _stdout_pipe_closed() or _stdout_swapped_for_devnull(stdout_was):
             return 141  # as git does: the reader (`| head`) went away, nothing failed
         return code if isinstance(code, int) else (0 if code is None else 1)
     except KxenError as e:
-        err(f"kxen-agent: error: {e}")
+        # The message may quote stored text (an imported session's values) or argv.
+        err(f"kxen-agent: error: {term_text(str(e), quote=False)}")
         return e.exit_code
+    except ClickException as e:
+        err(f"kxen-agent: error: {term_text(click_error_line(e, sys.argv[1:] if argv is None else argv), quote=False)}")
+        return e.exit_code
+    except ClickAbort:
+        err("kxen-agent: aborted")
+        return 1
     except KeyboardInterrupt:
         err("kxen-agent: interrupted")
         return 130
@@ -142,8 +162,44 @@ def main(argv: list[str] | None = None) -> int:
         # A failing disk (ENOSPC, EIO, EROFS...) reaches here as the OSError
         # the store's FileIO raised. Every store write is atomic and its
         # commit point comes last, so what was acknowledged before is intact.
-        err(f"kxen-agent: error: {os_error_line(e)}")
+        err(f"kxen-agent: error: {term_text(os_error_line(e), quote=False)}")
         return 1
+
+
+def click_error_line(e: ClickException, argv: list[str]) -> str:
+    """One line for a click usage error, pointing at the command's --help.
+
+    ``kxen-agent session show`` without SES gives "missing argument 'SES'
+    (see kxen-agent session show --help)". A group named without a command
+    (``kxen-agent session``) lists its commands. (The groups do not set
+    ``no_args_is_help``: typer's rich help printer writes the whole help
+    while that error is being made, before it could be turned into one line.)
+    """
+    ctx = getattr(e, "ctx", None)
+    msg = " ".join(e.format_message().split()).rstrip(".")
+    if ctx is not None and hasattr(ctx.command, "list_commands") and msg == "Missing command":
+        names = ctx.command.list_commands(ctx)
+        msg = f"{ctx.command_path} needs a command" + (f": {', '.join(names)}" if names else "")
+    elif len(msg) > 1 and msg[0].isupper() and msg[1].islower():
+        msg = msg[0].lower() + msg[1:]  # "Missing argument" -> "missing argument", as our own errors read
+    # click's parser raises some errors ("option '--prune' requires an argument") without a context.
+    msg += f" (see {ctx.command_path if ctx is not None else _command_path(argv)} --help)"
+    return msg
+
+
+def _command_path(argv: list[str]) -> str:
+    """``kxen-agent session show`` for ``argv`` = ``session show ...``: the (sub)commands it names, best effort."""
+    cmd = typer.main.get_command(app)
+    words = ["kxen-agent"]
+    for tok in argv:
+        if tok.startswith("-"):
+            continue
+        sub = getattr(cmd, "commands", {}).get(tok)
+        if sub is None:
+            break
+        cmd = sub
+        words.append(tok)
+    return " ".join(words)
 
 
 def _stdout_pipe_closed() -> bool:
@@ -152,6 +208,32 @@ def _stdout_pipe_closed() -> bool:
     By name: typer vendors click in some versions and imports it in others.
     """
     return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _stdout_identity() -> tuple[int, int] | None:
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _stdout_swapped_for_devnull(before: tuple[int, int] | None) -> bool:
+    """Whether rich caught EPIPE (``--help | head``): it dup2s /dev/null over stdout and exits 1.
+
+    Only a change of stdout to /dev/null counts, so a real exit 1 with
+    stdout already on /dev/null stays 1.
+    """
+    if before is None:
+        return False
+    now = _stdout_identity()
+    if now is None or now == before:
+        return False
+    try:
+        dn = os.stat(os.devnull)
+    except OSError:
+        return False
+    return now == (dn.st_dev, dn.st_ino)
 
 
 def os_error_line(e: OSError) -> str:

@@ -11,29 +11,80 @@ from typing import Iterator, Optional
 import typer
 
 from kxen_agent.errors import UsageError
+from kxen_agent.runtime.lease import lease_ttl_s
 from kxen_agent.runtime.runner import Runner, RunResult
 from kxen_agent.session.agent_def import load_agent_definition
 from kxen_agent.store import Store
+from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
-from ._render import emit_json, err, out
+from ._render import emit_json, err, out, out_text, term_text as t
 
 DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
 
 run_app = typer.Typer(help="Run a task in a new session; show or resolve runs.", no_args_is_help=False)
 
 
+#: The longest task (UTF-8 bytes) `run` and `--resume --task` accept. The task
+#: is stored inline in the run's state object (objects are at most
+#: MAX_OBJECT_SIZE, 64 MiB) and in the first message; a quarter of the object
+#: limit leaves room for the run state's other fields even after redaction,
+#: which can grow a text 2.5-fold ("[REDACTED]" for a 4-character secret).
+MAX_TASK_BYTES = MAX_OBJECT_SIZE // 4
+_TOO_LONG_HINT = "shorten it (or put the bulk in a file in the workspace and name that file in the task)"
+
+
+def check_text(text: str, what: str, *, limit: int = MAX_TASK_BYTES, hint: str = "shorten it") -> bytes:
+    """The UTF-8 bytes of ``text`` from the command line; UsageError if it is not UTF-8 or too long.
+
+    Undecodable argv bytes reach Python as lone surrogates (surrogateescape);
+    they cannot be stored as text, so they are refused here, before any
+    session or object exists.
+    """
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        byte = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"code point U+{ch:04X}"
+        raise UsageError(f"{what} is not valid UTF-8 text ({byte} at character {e.start}); "
+                         "give it as UTF-8 text") from None
+    if len(data) > limit:
+        raise UsageError(f"{what} is {len(data)} bytes, over the {limit}-byte limit; {hint}")
+    return data
+
+
 def read_task(task: Optional[str], task_file: Optional[str]) -> Optional[str]:
+    """The task from --task or --task-file, checked (UTF-8, not blank, at most MAX_TASK_BYTES) or None.
+
+    All of it is checked here, in the CLI, so a bad task is refused before
+    a session, a run or any object is created.
+    """
     if task is not None and task_file is not None:
         raise UsageError("give either --task or --task-file, not both")
     if task_file is not None:
-        try:
-            with open(task_file, encoding="utf-8") as f:
-                return f.read()
-        except OSError as e:
-            raise UsageError(f"cannot read task file {task_file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"task file {task_file} is not UTF-8 text") from None
+        text = _read_task_file(task_file)
+        if not text.strip():
+            raise UsageError(f"task file {task_file} is empty (or only whitespace); write the task in it")
+        return text
+    if task is not None:
+        check_text(task, "--task", hint=_TOO_LONG_HINT)
+        if not task.strip():
+            raise UsageError("--task is empty (or only whitespace); say what the agent should do")
     return task
+
+
+def _read_task_file(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            # One byte past the limit tells "too long" without reading a huge file whole.
+            data = f.read(MAX_TASK_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read task file {path}: {e.strerror}") from None
+    if len(data) > MAX_TASK_BYTES:
+        raise UsageError(f"task file {path} is over the {MAX_TASK_BYTES}-byte task limit; {_TOO_LONG_HINT}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"task file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
 #: The signals that request cooperative cancellation of a run.
@@ -104,12 +155,12 @@ def render_result(res: RunResult, json_out: bool) -> None:
     if json_out:
         emit_json(res.to_json())
     else:
-        out(f"session {res.session} run {res.run}: {res.status} after {res.turn} turn(s) (model {res.model})")
+        out(f"session {res.session} run {res.run}: {t(res.status)} after {res.turn} turn(s) (model {t(res.model)})")
         if res.result:
-            out(f"result: {res.result}")
+            out_text("result", res.result)
         if res.error:
-            out(f"error: {res.error}")
-        for op in res.unknown_ops:
+            out_text("error", res.error)
+        for op in map(t, res.unknown_ops):
             out(
                 f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
                 f"`kxen-agent run resolve {res.session} {res.run} {op} --output TEXT [--is-error]` "
@@ -119,7 +170,10 @@ def render_result(res: RunResult, json_out: bool) -> None:
 
 
 def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
-    return Runner(Store.open(), cancel=cancel, on_event=(lambda line: None) if json_out else (lambda line: err(f"kxen-agent: {line}")))
+    def note(line: str) -> None:  # progress notes name paths and stored values
+        err(f"kxen-agent: {t(line, quote=False)}")
+
+    return Runner(Store.open(), cancel=cancel, on_event=(lambda line: None) if json_out else note)
 
 
 @run_app.callback(invoke_without_command=True)
@@ -140,6 +194,7 @@ def run_cmd(
     if text is None:
         raise UsageError("run needs a task: --task TEXT or --task-file FILE")
     lock = load_agent_definition(agent or DEFAULT_AGENT)
+    lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
     with cancellation(json_out) as cancel:
         res = make_runner(cancel, json_out).start(workspace, text, lock)
     render_result(res, json_out)
@@ -148,6 +203,7 @@ def run_cmd(
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
                rebind: bool, json_out: bool) -> None:
     text = read_task(task, task_file)
+    lease_ttl_s()
     with cancellation(json_out) as cancel:
         res = make_runner(cancel, json_out).resume(ses, task=text, workspace=workspace, rebind=rebind)
     render_result(res, json_out)
@@ -182,22 +238,23 @@ def show_cmd(
     if json_out:
         emit_json(doc)
         return
-    out(f"run {run} (session {ses}, #{st['index']}): {st['status']}{'' if st.get('settled') else ' (not settled)'}")
-    out(f"model: {st['model']}   turns: {st['turn']}")
-    out(f"task: {st['task']}")
+    # Stored text goes through t()/out_text(): an imported run's values are someone else's bytes.
+    out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(st['status'])}{'' if st.get('settled') else ' (not settled)'}")
+    out(f"model: {t(st['model'])}   turns: {st['turn']}")
+    out_text("task", st["task"])
     if st.get("result") is not None:
-        out(f"result: {st['result']}")
+        out_text("result", st["result"])
     if st.get("error"):
-        out(f"error: {st['error']}")
+        out_text("error", st["error"])
     out(f"journal ({len(journal)} operation(s)):")
     for j in journal:
-        out(f"  {j['op']}  {j['state']:<14} {j['tool']} {j['arguments']}")
+        out(f"  {t(j['op'])}  {t(j['state']):<14} {t(j['tool'])} {t(str(j['arguments']))}")
         if j["outcome"] is not None:
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""
-            out(f"      {'error' if j['outcome']['isError'] else 'output'}: {first[0] if first else ''}{tail}")
+            out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
         elif j["state"] == "OutcomeUnknown":
-            out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {ses} {run} {j['op']} --output TEXT`")
+            out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
 
 
 @run_app.command("resolve")
@@ -210,8 +267,10 @@ def resolve_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Record a human-established outcome for one UNKNOWN operation (never re-runs it)."""
+    check_text(output, "--output")  # before the lease is taken: a bad value changes nothing
+    lease_ttl_s()
     res = Runner(Store.open()).resolve(ses, run, op, output, is_error=is_error)
     if json_out:
         emit_json(res)
     else:
-        out(f"{op} resolved ({'error' if is_error else 'ok'}); continue with `kxen-agent --resume {ses}`")
+        out(f"{t(op)} resolved ({'error' if is_error else 'ok'}); continue with `kxen-agent --resume {t(ses)}`")

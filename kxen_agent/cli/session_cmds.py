@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Optional
 
 import typer
 
+from kxen_agent.errors import KxenError
 from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.sessions import SessionInfo, SessionStore
 from kxen_agent.store import Store
 
-from ._render import emit_json, out
+from ._render import dumps_json, emit_json, err, out, term_block, term_text as t
 
-session_app = typer.Typer(help="List, inspect, fork, delete, export and import sessions.", no_args_is_help=True)
+# Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
+session_app = typer.Typer(help="List, inspect, fork, delete, export and import sessions.", no_args_is_help=False)
 
 
 def _sessions() -> SessionStore:
@@ -23,7 +26,7 @@ def _sessions() -> SessionStore:
 def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
     runs = []
     for run, oid in info.runs.items():
-        st = runner.store.get(oid, "run")
+        st = runner.read_run(info, run, oid)
         runs.append({"id": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
                      "turn": st["turn"], "model": st["model"], "task": st["task"]})
     runs.sort(key=lambda r: r["index"])
@@ -40,10 +43,20 @@ def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     store = Store.open()
     runner = Runner(store)
     rows = []
-    for info in runner.sessions.list():
-        runs = _runs_json(runner, info)
-        d = info.to_json()
-        d["messages"] = runner.sessions.message_count(info)
+
+    def damaged(group: str, e: Exception) -> None:
+        # As `git for-each-ref` does with a broken ref: say so, list the rest.
+        err(f"kxen-agent: warning: ignoring {t(group, quote=False)}, which does not read as a session: "
+            f"{t(str(e), quote=False)}; `kxen-agent fsck` checks the state dir")
+
+    for info in runner.sessions.list(on_damaged=damaged):
+        try:  # its head and runs are read here: one damaged session is named, the others listed
+            runs = _runs_json(runner, info)
+            d = info.to_json()
+            d["messages"] = runner.sessions.message_count(info)
+        except KxenError as e:
+            damaged(info.group, e)
+            continue
         d["runs"] = runs
         d["status"] = runs[-1]["status"] if runs else None
         rows.append(d)
@@ -51,11 +64,11 @@ def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         emit_json({"stateDir": store.root, "sessions": rows})
         return
     if not rows:
-        out(f"no sessions in {store.root}")
+        out(f"no sessions in {t(store.root)}")
         return
     for d in rows:
-        fork = f" fork of {d['parentId']} ({d['forkKind']})" if d["parentId"] else ""
-        out(f"{d['id']}  {d['status'] or 'no runs':<14} {d['messages']:>6} msgs  {d['workspace']['root']}{fork}")
+        fork = f" fork of {t(d['parentId'])} ({t(d['forkKind'] or '-')})" if d["parentId"] else ""
+        out(f"{t(d['id'])}  {t(d['status'] or 'no runs'):<14} {d['messages']:>6} msgs  {t(d['workspace']['root'])}{fork}")
 
 
 @session_app.command("show")
@@ -73,25 +86,28 @@ def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
     if json_out:
         emit_json(d)
         return
-    out(f"session {d['id']}")
-    out(f"  parentId:     {d['parentId'] or '-'}")
-    out(f"  branchRootId: {d['branchRootId']}")
-    out(f"  forkPoint:    {d['forkPoint'] or '-'}")
-    out(f"  forkKind:     {d['forkKind'] or '-'}")
+    # Every stored text goes through t(): an imported session's values are someone else's bytes.
+    out(f"session {t(d['id'])}")
+    out(f"  parentId:     {t(d['parentId'] or '-')}")
+    out(f"  branchRootId: {t(d['branchRootId'])}")
+    out(f"  forkPoint:    {t(d['forkPoint'] or '-')}")
+    out(f"  forkKind:     {t(d['forkKind'] or '-')}")
     out(f"  created:      {_when(d['createdNs'])}")
     ws = d["workspace"]
-    out(f"  workspace:    {ws['root']}")
-    out(f"    identity:   {ws['identity']}")
+    out(f"  workspace:    {t(ws['root'])}")
+    out(f"    identity:   {t(ws['identity'])}")
     if ws.get("repoRoot"):
-        out(f"    repository: {ws['repoRoot']}  branch {ws.get('branch') or '(detached)'}  HEAD {ws.get('head') or '(none)'}")
+        out(f"    repository: {t(ws['repoRoot'])}  branch {t(ws.get('branch') or '(detached)')}  "
+            f"HEAD {t(ws.get('head') or '(none)')}")
         if ws.get("remoteHash"):
-            out(f"    remote:     {ws['remoteHash']} (hash of the credential-free origin URL)")
+            out(f"    remote:     {t(ws['remoteHash'])} (hash of the credential-free origin URL)")
     a = d["agent"]
-    out(f"  agent lock:   {a['lock']} ({a['name']}, {a['provider']}/{a['model']})")
-    out(f"  messages:     {d['messages']} (head {d['head'] or '-'})")
+    out(f"  agent lock:   {a['lock']} ({t(str(a['name']))}, {t(str(a['provider']))}/{t(str(a['model']))})")
+    out(f"  messages:     {d['messages']} (head {t(d['head'] or '-')})")
     out("  runs:")
     for r in d["runs"]:
-        out(f"    {r['id']}  #{r['index']} {r['status']}{'' if r['settled'] else ' (not settled)'}  turns {r['turn']}  task: {r['task'][:60]}")
+        out(f"    {t(r['id'])}  #{r['index']} {t(r['status'])}{'' if r['settled'] else ' (not settled)'}  "
+            f"turns {r['turn']}  task: {t(r['task'][:60])}")
 
 
 @session_app.command("log")
@@ -101,20 +117,18 @@ def log_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = type
     info = sessions.get(ses)
     if json_out:
         # JSON Lines: one message per line, so a long history streams.
-        import json
-        import sys
-
         for m in sessions.iter_forward(info.head):
-            sys.stdout.write(json.dumps(m.to_json(), ensure_ascii=False) + "\n")
+            sys.stdout.write(dumps_json(m.to_json()) + "\n")
         return
     for m in sessions.iter_forward(info.head):
-        head = f"{m.id[:16]}  #{m.seq} {m.role}" + (f" ({m.run})" if m.run else "")
+        head = f"{t(m.id[:16])}  #{m.seq} {t(m.role)}" + (f" ({t(m.run)})" if m.run else "")
         out(head)
         if m.content:
-            for line in m.content.rstrip("\n").split("\n"):
+            # A message is a block: its newlines and tabs stay, every other control is escaped.
+            for line in term_block(m.content):
                 out(f"    {line}")
         for c in m.tool_calls:
-            out(f"    -> {c['name']} {c['arguments']}  [{c['id']}]")
+            out(f"    -> {t(c['name'])} {t(str(c['arguments']))}  [{t(c['id'])}]")
 
 
 @session_app.command("tree")
@@ -126,13 +140,13 @@ def tree_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
     def label(sid: str) -> str:
         info = family.get(sid)
         if info is None:
-            return f"{sid} (deleted or not here)"
+            return f"{t(sid)} (deleted or not here)"
         m = info.meta
-        extra = f" at {m['forkPoint'][:16]}" if m.get("forkPoint") else ""
-        kind = f" [{m['forkKind']}]" if m.get("forkKind") else ""
+        extra = f" at {t(m['forkPoint'][:16])}" if m.get("forkPoint") else ""
+        kind = f" [{t(m['forkKind'])}]" if m.get("forkKind") else ""
         gone = " (deleted)" if info.deleted_ns is not None else ""
         mark = "  <- this session" if sid == ses else ""
-        return f"{sid}{kind}{extra}{gone}  {info.workspace.root}{mark}"
+        return f"{t(sid)}{kind}{extra}{gone}  {t(info.workspace.root)}{mark}"
 
     if json_out:
         def node(sid: str) -> dict:
@@ -170,8 +184,8 @@ def fork_cmd(
         return
     out(f"{info.id}")
     ws = info.workspace
-    extra = f", worktree {ws.root} on branch {ws.branch}" if worktree else ""
-    out(f"forked from {ses} at {info.meta.get('forkPoint') or '(empty history)'} ({info.meta['forkKind']}{extra})")
+    extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}" if worktree else ""
+    out(f"forked from {t(ses)} at {t(info.meta.get('forkPoint') or '(empty history)')} ({t(info.meta['forkKind'])}{extra})")
 
 
 @session_app.command("delete")
@@ -203,29 +217,56 @@ def export_cmd(
     if json_out:
         emit_json(info.to_json())
         return
-    out(f"wrote {output}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
+    out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
 
 
 @session_app.command("import")
 def import_cmd(
     bundle: str = typer.Argument(..., metavar="FILE"),
-    workspace: str = typer.Option(..., "--workspace", "-w", help="The workspace to bind the imported sessions to."),
+    workspace: list[str] = typer.Option(
+        ..., "--workspace", "-w", metavar="DIR|SES=DIR",
+        help="The workspace to bind the imported sessions to; SES=DIR binds one session elsewhere "
+             "(a worktree fork: a worktree of its branch). Repeatable."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to WORKSPACE."""
-    from kxen_agent.runtime.lease import Lease
+    from kxen_agent.runtime.lease import Lease, lease_ttl_s
     from kxen_agent.session.transfer import import_sessions
 
     from ._render import Progress
 
+    lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
+    default, per_session = _workspaces(workspace)
     store = Store.open()
     prog = Progress("import", enabled=not json_out)
-    res = import_sessions(store, bundle, workspace, progress=prog,
+    res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
                           acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
     prog.done()
     if json_out:
         emit_json(res.to_json())
         return
     for ses, status in sorted(res.sessions.items()):
-        out(f"{ses}: {status}, bound to {res.workspace.root}")
-    out(f"imported {bundle}: {res.result.new_objects} new objects; resume with `kxen-agent --resume SES --workspace {res.workspace.root}`")
+        out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")
+    out(f"imported {t(bundle)}: {res.result.new_objects} new objects; "
+        f"resume with `kxen-agent --resume SES --workspace {t(res.workspace.root)}`")
+
+
+def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
+    """``--workspace`` values: one DIR (the default binding), and SES=DIR for sessions bound elsewhere."""
+    from kxen_agent.errors import UsageError
+    from kxen_agent.session.schema import SES_RE
+
+    default: list[str] = []
+    per_session: dict[str, str] = {}
+    for v in values:
+        ses, eq, d = v.partition("=")
+        if eq and SES_RE.fullmatch(ses):
+            if ses in per_session:
+                raise UsageError(f"--workspace {t(ses, quote=False)}=DIR is given twice; give each session once")
+            per_session[ses] = d
+        else:
+            default.append(v)
+    if len(default) != 1:
+        raise UsageError(f"give exactly one --workspace DIR (the default binding), got {len(default)}; "
+                         "bind single sessions elsewhere with --workspace SES=DIR")
+    return default[0], per_session

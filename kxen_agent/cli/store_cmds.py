@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import typer
 
+from kxen_agent.session.schema import SESSION_SCHEMA
 from kxen_agent.store import Store
 from kxen_agent.store.bundle import BundleInfo, verify_bundle
 from kxen_agent.store.gc import DEFAULT_PRUNE, gc as run_gc, parse_duration
 
-from ._render import Progress, emit_json, out
+from ._render import Progress, emit_json, out, term_text as t
 
 __all__ = ["bundle_app", "register"]
 
-bundle_app = typer.Typer(help="Check bundles (session export/import files).", no_args_is_help=True)
+
+# Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
+bundle_app = typer.Typer(help="Check bundles (session export/import files).", no_args_is_help=False)
 
 
 def _size(n: int) -> str:
@@ -54,16 +57,16 @@ def gc_cmd(
         f"{_size(rep.bytes_before)} -> {_size(rep.bytes_after)}"
     )
     for g in rep.groups_removed:
-        out(f"removed deleted group {g}")
+        out(f"removed deleted group {t(g)}")
 
 
 def bundle_verify_cmd(
     file: str = typer.Argument(..., metavar="FILE", help="A bundle (pack or JSON form)."),
     json_out: bool = typer.Option(False, "--json", help="Print what the bundle holds as JSON."),
 ) -> None:
-    """Check a bundle completely (no state dir needed): header, every object's hash, the closure."""
+    """Check a bundle completely (no state dir needed): header, every object's hash and shape, the closure."""
     prog = Progress("verify", enabled=not json_out)
-    info = verify_bundle(file, progress=prog)
+    info = verify_bundle(file, progress=prog, schema=SESSION_SCHEMA)
     prog.done()
     if json_out:
         emit_json(info.to_json())
@@ -72,12 +75,12 @@ def bundle_verify_cmd(
 
 
 def _print_info(info: BundleInfo) -> None:
-    caps = ", ".join(info.capabilities) or "none"
-    out(f"bundle {info.path}: ok, {info.format} form, version {info.version}, capabilities: {caps}")
+    caps = ", ".join(map(t, info.capabilities)) or "none"
+    out(f"bundle {t(info.path)}: ok, {info.format} form, version {info.version}, capabilities: {caps}")
     for g in sorted(info.refs):
         for name, oid in sorted(info.refs[g].items()):
-            out(f"{oid.hex()} {g}/{name}")
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(info.kinds.items()))
+            out(f"{oid.hex()} {t(f'{g}/{name}')}")
+    kinds = ", ".join(f"{n} {t(k)}" for k, n in sorted(info.kinds.items()))
     pack = f", pack {_size(info.pack_bytes)}" if info.format == "pack" else ""
     out(f"{info.objects} objects ({kinds}), {_size(info.object_bytes)} of objects{pack}, file {_size(info.file_bytes)}")
     out(f"digest {info.digest}")

@@ -71,7 +71,13 @@ GROUP_LOCK_WAIT_S = 10.0
 
 
 def lease_ttl_s() -> float:
-    """The lease expiry from ``KXEN_AGENT_LEASE_TTL_S`` (seconds, > 0; default 30)."""
+    """The lease expiry from ``KXEN_AGENT_LEASE_TTL_S`` (seconds, 0.1 to 86400; default 30).
+
+    The renewer writes the holder record every TTL/3, so a tiny TTL
+    (``1e-300`` is a float > 0) would rewrite it in a loop with no pause;
+    0.1 s is well below any real use (the tests' shortest is 0.3 s).
+    """
+    low, high = 0.1, 86_400.0
     raw = os.environ.get("KXEN_AGENT_LEASE_TTL_S")
     if raw is None or raw.strip() == "":
         return DEFAULT_TTL_S
@@ -79,8 +85,9 @@ def lease_ttl_s() -> float:
         ttl = float(raw)
     except ValueError:
         ttl = -1.0
-    if not 0 < ttl <= 86_400:
-        raise UsageError(f"KXEN_AGENT_LEASE_TTL_S={raw!r} is not a number of seconds in (0, 86400]; unset it for 30")
+    if not low <= ttl <= high:
+        raise UsageError(f"KXEN_AGENT_LEASE_TTL_S={raw!r} is not a number of seconds from {low:g} to "
+                         f"{high:g}; unset it for {DEFAULT_TTL_S:g}")
     return ttl
 
 

@@ -298,6 +298,18 @@ class OpenAIProvider:
                 key,
             )
         message = choices[0].message
+        for c in message.tool_calls or ():
+            fn = getattr(c, "function", None)
+            if getattr(c, "type", "function") == "function" and not (
+                    isinstance(getattr(fn, "name", None), str) and fn.name
+                    and isinstance(getattr(fn, "arguments", None) or "", str)):
+                # Nothing could run it or pair a result with it: the answer is unusable, not the run.
+                raise self._scrub(ProviderError(
+                    f"model provider at {self._where()} returned a tool call without a function name or with "
+                    "non-text arguments; check the model's tool-calling support", transient=False), key)
+        if message.content is not None and not isinstance(message.content, str):
+            raise self._scrub(ProviderError(f"model provider at {self._where()} returned non-text content",
+                                            transient=False), key)
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
             for c in (message.tool_calls or ())

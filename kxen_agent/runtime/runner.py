@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
-from kxen_agent.store import RefUpdate, Store
+from kxen_agent.store import CorruptObject, RefUpdate, Store
 
 from .faults import check_spec as check_fault_spec, fault
-from .lease import Lease
+from .lease import Lease, lease_ttl_s
 from .providers import AssistantTurn, ProviderError, make_provider
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
 
@@ -118,12 +119,20 @@ class Runner:
         oid = info.runs.get(run)
         if oid is None:
             raise RunError(f"run {run} is not in session {info.id}; `kxen-agent session show {info.id}` lists its runs")
-        return oid, self.store.get(oid, "run")
+        return oid, self.read_run(info, run, oid)
+
+    def read_run(self, info: SessionInfo, run: str, oid: bytes) -> dict:
+        """The run state ``runs/<run>`` names, checked (§14.5) and checked to be that run's."""
+        st = read(self.store, oid, "run")
+        if (st["id"], st["session"]) != (run, info.id):
+            raise CorruptObject(oid.hex(), f"ref runs/{run} of session {info.id} names the state of run {st['id']} "
+                                f"of session {st['session']}; `kxen-agent fsck` lists every damaged object")
+        return st
 
     def latest_run(self, info: SessionInfo) -> tuple[str, bytes, dict] | None:
         best = None
         for run, oid in info.runs.items():
-            st = self.store.get(oid, "run")
+            st = self.read_run(info, run, oid)
             if best is None or st["index"] > best[2]["index"]:
                 best = (run, oid, st)
         return best
@@ -139,7 +148,10 @@ class Runner:
         newer = []
         cur = head
         while cur is not None and cur != cached_head:
-            e = self.store.get(cur, "journal")
+            e = read(self.store, cur, "journal")
+            if e["run"] != state["id"]:
+                raise CorruptObject(cur.hex(), f"journal entry of run {e['run']} in the journal of run {state['id']}; "
+                                    "`kxen-agent fsck` lists every damaged object")
             newer.append(e)
             cur = e.get("previous")
         out = (cached if cur is not None else []) + newer[::-1]
@@ -155,7 +167,7 @@ class Runner:
 
     def entry_output(self, e: dict) -> str | None:
         if "outputBlob" in e:
-            return self.store.get(e["outputBlob"], "blob").decode("utf-8")
+            return text_blob(self.store, e["outputBlob"])
         return e.get("output")
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
@@ -170,8 +182,10 @@ class Runner:
         from kxen_agent.session.workspace import inspect_workspace
 
         check_fault_spec()  # a misspelt fault point is refused before anything is written
+        lease_ttl_s()  # so is a bad KXEN_AGENT_LEASE_TTL_S (the lease is taken after the session exists)
         ws = inspect_workspace(workspace_path)
         self._check_tools(agent_lock)
+        make_provider(agent_lock)  # and a lock no provider can be made from
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
         run = new_id("run")
@@ -233,6 +247,13 @@ class Runner:
         secrets = self._secrets(agent)
         latest = self.latest_run(info)
         index = 0 if latest is None else latest[2]["index"] + 1
+        # What the loop needs first is read (and checked) before the start is
+        # committed: a lock no provider can be made from, or a head message
+        # that does not read, must refuse the task, not leave a run `running`
+        # that every resume fails on.
+        make_provider(agent)
+        if info.head is not None:
+            self.sessions.read_message(info.head)
         now = time.time_ns()
         with self.store.writing():
             head = self.sessions.append_messages(info.head, [{"role": "user", "content": redact(task, secrets), "run": run}])
@@ -242,7 +263,7 @@ class Runner:
                 "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
                 "startHead": head, "startedNs": now, "updatedNs": now,
             }
-            oid = self.store.put("run", st)
+            oid = put(self.store, "run", st)
             self.store.refs.transaction(
                 info.group,
                 [RefUpdate("head", info.head, head), RefUpdate(f"runs/{run}", None, oid)],
@@ -348,7 +369,7 @@ class _RunCtx:
         st["updatedNs"] = time.time_ns()
         if journal is not None:
             st["journal"] = journal
-        return self.store.put("run", st), st
+        return put(self.store, "run", st), st
 
     def update(self, changes: dict, *, reason: str, head: tuple[bytes | None, bytes] | None = None,
                journal: bytes | None = None) -> None:
@@ -381,7 +402,7 @@ class _RunCtx:
                     if prev is not None:
                         e["previous"] = prev
                     e["timeNs"] = time.time_ns()
-                    prev = self.store.put("journal", e)
+                    prev = put(self.store, "journal", e)
             self.update(changes or {}, reason=reason, journal=prev)
 
     # ---------------------------------------------------------------- the loop

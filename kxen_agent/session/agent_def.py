@@ -23,7 +23,13 @@ Format (paths relative to the definition file)::
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
 
 Limitations: seconds must be whole milliseconds (``0.0005`` is refused, not
-rounded) so the stored value is exactly what was written.
+rounded) so the stored value is exactly what was written. A definition file
+is at most :data:`MAX_DEFINITION_BYTES` (1 MiB) and a steps file at most
+:data:`MAX_STEPS_BYTES` (16 MiB), checked before either is read whole; the
+lock they make must fit one object (``MAX_OBJECT_SIZE``, 64 MiB). TOML and
+JSON nested deeper than Python's recursion limit (about 1000 levels) are
+refused as "nested too deeply", and JSON integers longer than 4000 digits
+as too long.
 """
 
 from __future__ import annotations
@@ -37,10 +43,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kxen_agent.errors import UsageError
+from kxen_agent.store import codec
+from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
 __all__ = [
     "DEFAULT_SYSTEM",
     "KNOWN_TOOLS",
+    "MAX_DEFINITION_BYTES",
+    "MAX_STEPS_BYTES",
     "PROVIDERS",
     "AgentDefinitionError",
     "canonical_steps_json",
@@ -49,6 +59,11 @@ __all__ = [
     "parse_agent_definition",
     "validate_script_steps",
 ]
+
+#: The largest agent definition file: far more than any system prompt needs.
+MAX_DEFINITION_BYTES = 1 << 20
+#: The largest script steps file; its canonical JSON is stored in the lock.
+MAX_STEPS_BYTES = 16 << 20
 
 KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
 PROVIDERS = ("script", "openai")
@@ -128,6 +143,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > 4000:  # int() refuses more than 4300 with a message about sys.set_int_max_str_digits
+        raise ValueError(f"an integer of {digits} digits is too long")
+    return int(text)
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, value in pairs:
@@ -191,24 +213,34 @@ def _steps_problem(steps: Any, tools: tuple[str, ...] | list[str]) -> str | None
     return None
 
 
+def _read_limited(path: str, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``path``: one more than allowed tells "too big" without reading it all."""
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
+
+
 def _read_steps(source: str, base_dir: str, script: str) -> list[Any]:
     path = os.path.join(base_dir, script)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_limited(path, MAX_STEPS_BYTES)
     except FileNotFoundError:
         raise AgentDefinitionError(
             source, "script", f"steps file {path} not found; create it or fix the path (relative to the definition)"
         ) from None
     except OSError as e:
         raise AgentDefinitionError(source, "script", f"cannot read steps file {path}: {e.strerror}") from None
+    if len(data) > MAX_STEPS_BYTES:
+        raise AgentDefinitionError(
+            source, "script", f"steps file {path} is larger than the {MAX_STEPS_BYTES}-byte limit; shorten the script"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise AgentDefinitionError(source, "script", f"steps file {path} is not UTF-8 (byte {e.start})") from None
     try:
         return json.loads(
-            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float
+            text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float,
+            parse_int=_bounded_int,
         )
     except json.JSONDecodeError as e:
         raise AgentDefinitionError(
@@ -216,6 +248,8 @@ def _read_steps(source: str, base_dir: str, script: str) -> list[Any]:
         ) from None
     except ValueError as e:
         raise AgentDefinitionError(source, "script", f"steps file {path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise AgentDefinitionError(source, "script", f"steps file {path} is nested too deeply; flatten it") from None
 
 
 # -- definition -----------------------------------------------------------------------------
@@ -301,6 +335,8 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise AgentDefinitionError(source, None, f"invalid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise AgentDefinitionError(source, None, "invalid TOML: arrays or tables nested too deeply") from None
 
     for key in doc:
         if key in TOP_LEVEL_KEYS:
@@ -328,9 +364,16 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         )
 
     model = _string(source, doc, "model")
+    if model is not None and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
+        raise AgentDefinitionError(source, "model", "must be one line without control characters")
     base_url = _string(source, doc, "base_url")
     if base_url is not None:
-        parts = urllib.parse.urlsplit(base_url)
+        try:
+            parts = urllib.parse.urlsplit(base_url)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as e:  # "http://[::1" (unclosed IPv6 bracket), "http://h:99999"
+            raise AgentDefinitionError(source, "base_url", f"not a valid URL ({e}); expected e.g. "
+                                       "http://127.0.0.1:8000/v1") from None
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise AgentDefinitionError(source, "base_url", "expected an http:// or https:// URL")
         if "@" in parts.netloc:
@@ -356,7 +399,10 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         problem = _steps_problem(steps, tools)
         if problem is not None:
             raise AgentDefinitionError(source, "script", f"{script}: {problem}")
-        script_text = canonical_steps_json(steps)
+        try:
+            script_text = canonical_steps_json(steps)
+        except RecursionError:  # the encoder recurses like the decoder, a few frames deeper
+            raise AgentDefinitionError(source, "script", f"{script}: steps nested too deeply; flatten them") from None
         if model is None:
             model = "script"
     else:
@@ -365,7 +411,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         if model is None:
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
-    return {
+    lock = {
         "name": name,
         "provider": provider,
         "model": model,
@@ -376,19 +422,43 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         "policy": policy,
         "script": script_text,
     }
+    _check_lock_size(source, lock)
+    return lock
+
+
+def _check_lock_size(source: str, lock: dict[str, Any]) -> None:
+    """Refuse a lock that would not fit one object, before any session (or state dir) exists.
+
+    The file limits make this unlikely but do not rule it out: canonical
+    JSON can be longer than the steps file (``9e15`` becomes
+    ``9000000000000000.0``), and parse_agent_definition takes any text.
+    """
+    try:
+        size = len(codec.encode(lock))  # the object's body; the limit is on the body
+    except codec.EncodeError as e:
+        raise AgentDefinitionError(source, None, f"cannot be stored as an agent lock: {e}") from None
+    if size > MAX_OBJECT_SIZE:
+        raise AgentDefinitionError(
+            source, None, f"the agent lock would be {size} bytes, over the {MAX_OBJECT_SIZE}-byte object limit; "
+            "shorten system or the script's steps"
+        )
 
 
 def load_agent_definition(path: str) -> dict[str, Any]:
     """The lock body of the definition file at ``path`` (see :func:`parse_agent_definition`)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_limited(path, MAX_DEFINITION_BYTES)
     except FileNotFoundError:
         raise AgentDefinitionError(path, None, "agent definition not found; check the path") from None
     except IsADirectoryError:
         raise AgentDefinitionError(path, None, "is a directory, not an agent definition file") from None
     except OSError as e:
         raise AgentDefinitionError(path, None, f"cannot read agent definition: {e.strerror}") from None
+    if len(data) > MAX_DEFINITION_BYTES:
+        raise AgentDefinitionError(
+            path, None, f"agent definition is larger than the {MAX_DEFINITION_BYTES}-byte limit; shorten it "
+            "(the script provider's steps go in the steps file, which may be larger)"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -22,11 +22,12 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import AmbiguousId, MissingObject, RefUpdate, Store
+from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate, Store
 
+from .schema import SES_RE, put, read, text_blob
 from .workspace import (
     WorkspaceIdentity,
     check_binding,
@@ -50,7 +51,7 @@ __all__ = [
 BLOB_THRESHOLD = 1024
 
 NS = "sessions"
-_SES_RE = re.compile(r"ses_[0-9a-z]{8,40}")
+_SES_RE = SES_RE
 _MSG_RE = re.compile(r"msg_([0-9a-fA-F]{8,64})")
 
 
@@ -181,11 +182,19 @@ class SessionStore:
         meta_oid = state.refs.get("meta")
         if meta_oid is None or (state.deleted_ns is not None and not include_deleted):
             raise UnknownSession(ses, self.store.root)
-        meta = self.store.get(meta_oid, "session")
+        meta = read(self.store, meta_oid, "session")
+        if meta["id"] != ses:
+            raise CorruptObject(meta_oid.hex(), f"the meta ref of session {ses} names the metadata of {meta['id']}; "
+                                "`kxen-agent fsck` lists every damaged object")
         runs = {name[5:]: v for name, v in state.refs.items() if name.startswith("runs/")}
         return SessionInfo(ses, meta_oid, meta, state.refs.get("head"), runs, state.deleted_ns, state.fence)
 
-    def list(self, *, include_deleted: bool = False) -> list[SessionInfo]:
+    def list(self, *, include_deleted: bool = False,
+             on_damaged: Callable[[str, KxenError], None] | None = None) -> list[SessionInfo]:
+        """Every session, oldest first. A group that does not read as a session
+        (a bad id, damaged metadata) is passed to ``on_damaged(group, error)``
+        and left out, as ``git for-each-ref`` ignores a broken ref; without
+        ``on_damaged`` its error is raised."""
         out = []
         for group in self.store.refs.groups(NS):
             ses = group.split("/", 1)[1]
@@ -193,19 +202,23 @@ class SessionStore:
                 out.append(self.get(ses, include_deleted=include_deleted))
             except UnknownSession:
                 continue
+            except KxenError as e:
+                if on_damaged is None:
+                    raise
+                on_damaged(group, e)
         out.sort(key=lambda s: (s.meta["createdNs"], s.id))
         return out
 
     def agent(self, info: SessionInfo) -> dict:
-        return self.store.get(info.agent_oid, "agent")
+        return read(self.store, info.agent_oid, "agent")
 
     # ------------------------------------------------------------ messages
 
     def read_message(self, oid: bytes) -> Message:
-        v = self.store.get(oid, "message")
+        v = read(self.store, oid, "message")
         content = v.get("content")
         if "contentBlob" in v:
-            content = self.store.get(v["contentBlob"], "blob").decode("utf-8")
+            content = text_blob(self.store, v["contentBlob"])
         return Message(
             oid=oid,
             seq=v["seq"],
@@ -237,7 +250,7 @@ class SessionStore:
         cur = head
         while cur is not None:
             ids.append(cur)
-            cur = self.store.get(cur, "message").get("parent")
+            cur = read(self.store, cur, "message").get("parent")
         for oid in reversed(ids):
             yield self.read_message(oid)
 
@@ -252,7 +265,7 @@ class SessionStore:
         tool_call_id: str | None = None,
     ) -> bytes:
         """Write one message object (not yet on any ref); return its id."""
-        seq = 0 if parent is None else self.store.get(parent, "message")["seq"] + 1
+        seq = 0 if parent is None else read(self.store, parent, "message")["seq"] + 1
         return self._put_message(parent, seq, role, content, run, tool_calls, tool_call_id)
 
     def _put_message(self, parent, seq, role, content, run, tool_calls, tool_call_id) -> bytes:
@@ -271,12 +284,12 @@ class SessionStore:
             ]
         if tool_call_id is not None:
             v["toolCallId"] = tool_call_id
-        return self.store.put("message", v)
+        return put(self.store, "message", v)
 
     def append_messages(self, parent: bytes | None, messages: list[dict]) -> bytes | None:
         """Write a chain of messages after ``parent``; return the new head id."""
         head = parent
-        seq = -1 if parent is None else self.store.get(parent, "message")["seq"]
+        seq = -1 if parent is None else read(self.store, parent, "message")["seq"]
         with self.store.batch():
             for m in messages:
                 seq += 1
@@ -301,14 +314,14 @@ class SessionStore:
             ) from None
         if self.store.read_raw(oid).kind != "message":
             raise UsageError(f"{text} names a {self.store.read_raw(oid).kind} object, not a message; {listing}")
-        target_seq = self.store.get(oid, "message")["seq"]
+        target_seq = read(self.store, oid, "message")["seq"]
         # Walk back from the head until the target's depth: the message must
         # be in *this* session's history (forks share objects).
         cur = info.head
         while cur is not None:
             if cur == oid:
                 return oid
-            v = self.store.get(cur, "message")
+            v = read(self.store, cur, "message")
             if v["seq"] <= target_seq:
                 break
             cur = v.get("parent")
@@ -325,7 +338,7 @@ class SessionStore:
         answered: set[str] = set()
         cur: bytes | None = point
         while cur is not None:
-            v = self.store.get(cur, "message")
+            v = read(self.store, cur, "message")
             if v["role"] == "tool":
                 if v.get("toolCallId") is not None:
                     answered.add(v["toolCallId"])
@@ -345,10 +358,10 @@ class SessionStore:
         cur: bytes | None = head
         while cur is not None and cur != point:
             newer.append(cur)
-            cur = self.store.get(cur, "message").get("parent")
+            cur = read(self.store, cur, "message").get("parent")
         pending = set(self._pending_calls(point)[0])
         for oid in reversed(newer):
-            v = self.store.get(oid, "message")
+            v = read(self.store, oid, "message")
             if v["role"] == "tool":
                 pending.discard(v.get("toolCallId"))
             elif v["role"] == "assistant" and v.get("toolCalls"):
@@ -381,7 +394,7 @@ class SessionStore:
     # ------------------------------------------------------------ create / fork
 
     def put_agent(self, lock_body: dict) -> bytes:
-        return self.store.put("agent", lock_body)
+        return put(self.store, "agent", lock_body)
 
     def _meta(
         self,
@@ -418,8 +431,8 @@ class SessionStore:
         ses = new_id("ses")
         with self.store.writing():
             agent = self.put_agent(agent_lock)
-            meta = self.store.put(
-                "session",
+            meta = put(
+                self.store, "session",
                 self._meta(
                     ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
                     fork_point=None, fork_kind=None, reason="create",
@@ -457,8 +470,8 @@ class SessionStore:
         try:
             new = new_id("ses")
             with self.store.writing():
-                meta = self.store.put(
-                    "session",
+                meta = put(
+                    self.store, "session",
                     self._meta(
                         new,
                         agent=parent.agent_oid,
@@ -497,8 +510,8 @@ class SessionStore:
             return info
         m = info.meta
         with self.store.writing():
-            meta = self.store.put(
-                "session",
+            meta = put(
+                self.store, "session",
                 self._meta(
                     ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
                     branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
@@ -514,8 +527,8 @@ class SessionStore:
 
     def rebound_meta(self, meta: dict, meta_oid: bytes, workspace: WorkspaceIdentity, reason: str) -> bytes:
         """Write a new metadata object for an imported session (no ref moved)."""
-        return self.store.put(
-            "session",
+        return put(
+            self.store, "session",
             self._meta(
                 meta["id"], agent=meta["agent"], workspace=workspace, parent_id=meta.get("parentId"),
                 branch_root_id=meta["branchRootId"], fork_point=meta.get("forkPoint"),
@@ -538,7 +551,8 @@ class SessionStore:
         root = info.meta["branchRootId"]
         # Deleted sessions stay in the family (marked by ``deleted_ns``) so
         # that the forks of a deleted fork are still drawn under it.
-        family = {s.id: s for s in self.list(include_deleted=True) if s.meta["branchRootId"] == root}
+        family = {s.id: s for s in self.list(include_deleted=True, on_damaged=lambda g, e: None)
+                  if s.meta["branchRootId"] == root}
         children: dict[str, list[str]] = {}
         for s in family.values():
             p = s.meta.get("parentId")
@@ -549,10 +563,35 @@ class SessionStore:
             children.setdefault(root, []).append(p)
         for v in children.values():
             v.sort(key=lambda i: (family[i].meta["createdNs"] if i in family else 0, i))
-        return root, children, family
+        return root, _acyclic(root, children, family), family
 
     def message_count(self, info: SessionInfo) -> int:
         if info.head is None:
             return 0
-        return self.store.get(info.head, "message")["seq"] + 1
+        return read(self.store, info.head, "message")["seq"] + 1
 
+
+def _acyclic(root: str, children: dict[str, list[str]], family: dict[str, SessionInfo]) -> dict[str, list[str]]:
+    """The fork tree from ``root`` with every session once, whatever ``parentId`` says.
+
+    Hand-edited or imported metadata can name a parent that makes a cycle
+    (a session its own parent, two naming each other): such a session is
+    drawn once, under the root, instead of recursing forever.
+    """
+    tree: dict[str, list[str]] = {}
+    seen = {root}
+    pending = [root]
+    while True:
+        while pending:
+            cur = pending.pop()
+            kids = [c for c in children.get(cur, []) if c not in seen]
+            seen.update(kids)
+            if kids:
+                tree[cur] = kids
+            pending.extend(kids)
+        orphans = sorted(i for i in family if i not in seen)
+        if not orphans:
+            return tree
+        tree.setdefault(root, []).append(orphans[0])
+        seen.add(orphans[0])
+        pending.append(orphans[0])

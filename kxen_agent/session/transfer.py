@@ -27,8 +27,9 @@ from kxen_agent.store.bundle import (BundleInfo, ImportResult, export_bundle, im
                                      verify_bundle_with_ref_targets)
 from kxen_agent.store.objects import decode_stored
 
+from .schema import RUN_RE, SES_RE, SESSION_SCHEMA
 from .sessions import NS, SessionStore
-from .workspace import WorkspaceError, WorkspaceIdentity, check_binding, inspect_workspace
+from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
 __all__ = ["ImportedSessions", "export_sessions", "import_sessions"]
 
@@ -52,48 +53,78 @@ def export_sessions(store: Store, ses_ids: list[str], out: str, *, fmt: str | No
 class ImportedSessions:
     result: ImportResult
     sessions: Mapping[str, str]  # ses id -> created | updated | unchanged | restored
-    workspace: WorkspaceIdentity
+    workspace: WorkspaceIdentity  # the default binding (``--workspace DIR``)
+    bindings: Mapping[str, WorkspaceIdentity]  # ses id -> the workspace it is bound to
 
     def to_json(self) -> dict:
         d = self.result.to_json()
         d["sessions"] = dict(self.sessions)
         d["workspace"] = self.workspace.root
+        d["workspaces"] = {ses: ws.root for ses, ws in sorted(self.bindings.items())}
         return d
 
 
 def import_sessions(store: Store, path: str, workspace: str, *,
+                    workspaces: Mapping[str, str] | None = None,
                     progress: Callable[[int], None] | None = None,
                     acquire_lease: Callable[[str], object] | None = None) -> ImportedSessions:
     """Import every session of the bundle at ``path`` and bind it to ``workspace``.
 
+    ``workspaces`` (ses id -> dir) binds some sessions elsewhere: a worktree
+    fork (its own branch ``kxen/NAME``) exported with its parent is bound to
+    a worktree of that branch on this runner, the parent to ``workspace``.
     ``acquire_lease(ses)`` (the runtime's mutation lock) is taken for each
     session that already exists here, so an import never lands under a
     running run.
     """
-    current = inspect_workspace(workspace)
-    info, targets = verify_bundle_with_ref_targets(path)
+    default = inspect_workspace(workspace)
+    chosen = {ses: inspect_workspace(d) for ses, d in (workspaces or {}).items()}
+    # Every object's shape and link kinds are checked with the bytes (§14),
+    # so what lands here is what the readers can read.
+    info, targets = verify_bundle_with_ref_targets(path, schema=SESSION_SCHEMA)
+    unknown = sorted(set(chosen) - {g.partition("/")[2] for g in info.refs})
+    if unknown:
+        raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
+                         f"{', '.join(sorted(g.partition('/')[2] for g in info.refs))}); nothing imported")
+    # Every group first: the schema judged the objects only if all are sessions.
     for group in info.refs:
         ns, _, ses = group.partition("/")
-        if ns != NS:
+        if ns != NS or not SES_RE.fullmatch(ses):
             raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
-        if "meta" not in info.refs[group]:
+    for group in info.refs:
+        ses = group.partition("/")[2]
+        refs = info.refs[group]
+        if "meta" not in refs:
             raise UsageError(f"bundle {path}: session {ses} has no metadata ref; nothing imported")
-        meta = targets[info.refs[group]["meta"]]
-        if meta.kind != "session":
-            raise UsageError(f"bundle {path}: the metadata ref of session {ses} names a {meta.kind} object, "
-                             f"not a session; nothing imported")
+        meta = decode_stored(targets[refs["meta"]])
+        if meta["id"] != ses:
+            raise UsageError(f"bundle {path}: the metadata of session {ses} is that of {meta['id']}; nothing imported")
+        for name, oid in refs.items():
+            if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
+                raise UsageError(f"bundle {path}: session {ses} has ref {name!r}, which no session has "
+                                 "(meta, head, runs/<run>); nothing imported")
+            if name.startswith("runs/"):
+                st = decode_stored(targets[oid])
+                if (st["id"], st["session"]) != (name[5:], ses):
+                    raise UsageError(f"bundle {path}: ref {group}/{name} names the state of run {st['id']} "
+                                     f"of session {st['session']}; nothing imported")
         # Judged before the state dir is touched, so a refused import leaves
         # nothing behind (not even a new, empty state dir); ``transform``
         # below checks again against what it builds on.
-        value = decode_stored(meta)
         try:
-            recorded = WorkspaceIdentity.from_record(value.get("workspace") if isinstance(value, dict) else None)
-        except WorkspaceError as e:
-            raise UsageError(f"bundle {path}: session {ses}: {e}; nothing imported") from None
-        check_binding(recorded, current, rebind=True)
+            check_binding(WorkspaceIdentity.from_record(meta["workspace"]), chosen.get(ses, default), rebind=True)
+        except WorkspaceMismatch as e:
+            if len(info.refs) == 1 or ses in chosen:
+                raise
+            # A family: a fork with its own worktree needs its own binding.
+            raise WorkspaceMismatch(
+                f"session {ses}: {e}; or bind this session to another checkout with --workspace {ses}=DIR "
+                f"(for a worktree fork: a worktree of its branch {meta['workspace'].get('branch') or '?'})",
+                field=e.field, recorded=e.recorded, current=e.current) from None
     sessions = SessionStore(store)
 
     def transform(group: str, refs: dict[str, bytes]) -> dict[str, bytes]:
+        current = chosen.get(group.partition("/")[2], default)
         meta_oid = refs["meta"]
         meta = store.get(meta_oid, "session")
         recorded = WorkspaceIdentity.from_record(meta["workspace"])
@@ -115,9 +146,9 @@ def import_sessions(store: Store, path: str, workspace: str, *,
                 ses = group.partition("/")[2]
                 if store.refs.read(group).refs.get("meta") is not None:
                     stack.enter_context(acquire_lease(ses))
-        res = import_bundle(store, path, transform=transform, progress=progress)
+        res = import_bundle(store, path, transform=transform, progress=progress, schema=SESSION_SCHEMA)
     by_ses = {g.partition("/")[2]: s for g, s in res.groups.items()}
-    return ImportedSessions(res, by_ses, current)
+    return ImportedSessions(res, by_ses, default, {ses: chosen.get(ses, default) for ses in by_ses})
 
 
 def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:

@@ -54,7 +54,8 @@ from kxen_agent.errors import KxenError, UsageError
 from . import codec
 from .fsio import FileIO
 from .loose import LooseNames
-from .objects import CorruptObject, ObjectId, RawObject, decode_body, decode_stored, links_of, parse_object
+from .objects import (CorruptObject, ObjectId, RawObject, Schema, SchemaViolation, a_kind, decode_body, decode_stored,
+                      links_of, parse_object)
 from .pack import (
     DICT_SAMPLE_BUDGET,
     DICT_SAMPLE_MAX_OBJECT,
@@ -308,6 +309,19 @@ class _Closure:
         self.count = 0
         self.bytes = 0
         self.kinds: dict[str, int] = {}
+        self.schema: Schema | None = None
+
+    def use_schema(self, schema: Schema) -> None:
+        """Also check every object's shape and the kind each link and ref names (before any object)."""
+        self.schema = schema
+        self.kind_of: dict[ObjectId, str] = {}
+        # id -> (kind it must be, who says so)
+        self.expect: dict[ObjectId, tuple[str, str | bytes]] = {}
+        for g in sorted(self.hdr.refs):
+            for name, oid in sorted(self.hdr.refs[g].items()):
+                k = schema.ref_kind(g, name)
+                if k is not None:
+                    self._expect(oid, k, f"ref {g}/{name}", None, "byte")
 
     def add(self, obj: RawObject, offset: int | None, unit: str = "byte") -> None:
         where = self.where
@@ -327,6 +341,12 @@ class _Closure:
         self.count += 1
         self.bytes += len(obj.raw)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if self.schema is not None:
+            self.kind_of[obj.id] = kind
+            want = self.expect.pop(obj.id, None)
+            if want is not None and want[0] != kind:
+                raise BadBundle(where, f"{self._who(want[1])} must name {a_kind(want[0])} object, "
+                                f"but object {obj.hex} is {a_kind(kind)}", offset, unit)
         if kind == "blob":  # raw bytes: nothing to decode, no links
             return
         try:
@@ -338,6 +358,24 @@ class _Closure:
             if child not in seen and child not in pending:
                 # who asked for it: the linking object's id (named in an error only)
                 pending[child] = obj.id
+        if self.schema is not None:
+            try:
+                typed = self.schema.check(kind, value)
+            except SchemaViolation as e:
+                raise BadBundle(where, f"object {obj.hex} ({kind}): {e}", offset, unit) from None
+            for child, k in typed:
+                self._expect(child, k, obj.id, offset, unit)
+
+    def _expect(self, oid: ObjectId, kind: str, who: str | bytes, offset: int | None, unit: str) -> None:
+        seen_kind = self.kind_of.get(oid)
+        if seen_kind is None:
+            self.expect.setdefault(oid, (kind, who))
+            if self.expect[oid][0] != kind:
+                raise BadBundle(self.where, f"object {oid.hex()} must be {a_kind(self.expect[oid][0])} for "
+                                f"{self._who(self.expect[oid][1])} and {a_kind(kind)} for {self._who(who)}", offset, unit)
+        elif seen_kind != kind:
+            raise BadBundle(self.where, f"{self._who(who)} must name {a_kind(kind)} object, "
+                            f"but object {oid.hex()} is {a_kind(seen_kind)}", offset, unit)
 
     def _who(self, who: str | bytes) -> str:
         return who if isinstance(who, str) else f"object {who.hex()}"
@@ -894,21 +932,28 @@ def _open_reader(path: str, f: BinaryIO):
 
 
 @contextlib.contextmanager
-def _reading(path: str) -> Iterator[Any]:
+def _reading(path: str, schema: Schema | None = None) -> Iterator[Any]:
     try:
         f = open(path, "rb")
     except OSError as e:
         raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
     with f:
-        yield _open_reader(path, f)
+        r = _open_reader(path, f)
+        # A bundle is checked against the schema when every group it holds is
+        # one the schema governs (a session bundle); one that mixes in other
+        # groups is checked byte by byte only (and a session import refuses it).
+        if schema is not None and all(schema.governs(g) for g in r.header.refs):
+            r.closure.use_schema(schema)
+        yield r
 
 
-def verify_bundle(path: str, *, progress: Progress | None = None) -> BundleInfo:
+def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema | None = None) -> BundleInfo:
     """Check a bundle completely without a state dir; its refs, object count and sizes.
 
-    Raises :class:`BadBundle` naming the first problem.
+    Raises :class:`BadBundle` naming the first problem. With ``schema``,
+    every object's shape and the kind each link and ref names are checked too.
     """
-    with _reading(path) as r:
+    with _reading(path, schema) as r:
         _set_total(progress, r.header.objects)
         for _item in r:
             if progress:
@@ -917,14 +962,14 @@ def verify_bundle(path: str, *, progress: Progress | None = None) -> BundleInfo:
         return r.info
 
 
-def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None
+def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None, schema: Schema | None = None
                                    ) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
     """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
 
     So a caller can judge the refs (a session's binding) before it touches
     a state dir: an import refused then writes nothing, not even a state dir.
     """
-    with _reading(path) as r:
+    with _reading(path, schema) as r:
         _set_total(progress, r.header.objects)
         wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
         kept: dict[ObjectId, RawObject] = {}
@@ -1015,8 +1060,47 @@ def _closure_order(
     return order, total, smalls, small, kinds
 
 
+def _export_target(path: str) -> str:
+    """The file an export to ``path`` replaces: ``path``, or the file a symlink there names.
+
+    As ``git bundle create`` does (its lock file follows symlinks), a
+    symlink is followed and its target replaced, the link kept; a target
+    that does not exist yet is created. Anything there that is not a
+    regular file — a directory, a device (``/dev/full``), a FIFO, a socket,
+    a symlink loop — is refused before anything is written: renaming the
+    temp file over it would replace it (as root, turn ``/dev/full`` into a
+    regular file). Raises :class:`BundleWriteError`.
+    """
+    target = os.path.realpath(path)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return target  # a new file (a missing directory fails when the temp file is made)
+    except OSError as e:
+        raise BundleWriteError(f"cannot write bundle {path}: {e.strerror}; nothing was written") from None
+    if stat.S_ISREG(st.st_mode):
+        return target
+    if stat.S_ISDIR(st.st_mode):
+        what = "a directory"
+    elif stat.S_ISLNK(st.st_mode):
+        what = "a symbolic link that does not resolve (a loop)"
+    else:
+        what = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+                stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(st.st_mode), "not a regular file")
+    via = f" (the target of symlink {path})" if os.path.islink(path) and target != os.path.abspath(path) else ""
+    raise BundleWriteError(
+        f"cannot write bundle {path}: {target if via else 'it'} is {what}{via}, not a regular file; "
+        "nothing was written — give the path of a new file or of a regular file to replace"
+    )
+
+
 class _Sink:
-    """Buffered writes to a file object or, through a FileIO, a temp file renamed at the end."""
+    """Buffered writes to a file object or, through a FileIO, a temp file renamed at the end.
+
+    A path is resolved by :func:`_export_target` (symlinks followed, only a
+    regular file or a new one accepted); the temp file is made next to the
+    target, so the final rename stays in one directory.
+    """
 
     def __init__(self, out: str | os.PathLike | BinaryIO, io: FileIO) -> None:
         self.io = io
@@ -1029,8 +1113,8 @@ class _Sink:
             self.path = getattr(out, "name", "<stream>")
         else:
             self.path = os.fspath(out)
-            d = os.path.dirname(os.path.abspath(self.path))
-            self.tmp = io.write_tmp(d, b"", sync=False, prefix=".kxen-bundle-tmp-")
+            self.target = _export_target(self.path)
+            self.tmp = io.write_tmp(os.path.dirname(self.target), b"", sync=False, prefix=".kxen-bundle-tmp-")
 
     def write(self, b: bytes | memoryview) -> None:
         self.size += len(b)
@@ -1060,9 +1144,13 @@ class _Sink:
             self.f.flush()
             return
         self.io.fsync_path(self.tmp)
-        self.io.rename(self.tmp, self.path)
+        # Again, just before the rename: something not a regular file may have appeared there meanwhile.
+        if _export_target(self.path) != self.target:
+            raise BundleWriteError(f"cannot write bundle {self.path}: a symlink there was made, changed or "
+                                   "removed while the bundle was written; nothing was written — retry")
+        self.io.rename(self.tmp, self.target)
         self.tmp = None
-        self.io.fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        self.io.fsync_dir(os.path.dirname(self.target))
 
     def abort(self) -> None:
         if self.tmp is not None:
@@ -1084,11 +1172,15 @@ def export_bundle(
     """Write one bundle of ``groups``' refs and every object reachable from them.
 
     ``out`` is a path (written to a temp file, fsynced and renamed into
-    place: a failed export leaves nothing) or a binary file object.
+    place: a failed export leaves nothing; a symlink is followed, and a path
+    that holds anything but a regular file is refused, see
+    :func:`_export_target`) or a binary file object.
     Objects shared by several groups are written once. Raises
     :class:`NoSuchGroup` and :class:`MissingObject` before writing anything.
     """
     fmt = format_for_path("", fmt)
+    if not hasattr(out, "write"):
+        _export_target(os.fspath(out))  # a device or FIFO there is refused before the closure walk
     refs = _export_roots(store, groups)
     kept: dict[ObjectId, RawObject] = {}
     compressed: dict[ObjectId, tuple[int, bytes]] = {}
@@ -1105,7 +1197,10 @@ def export_bundle(
     try:
         sink = _Sink(out, store.io)
     except OSError as e:
-        raise BundleWriteError(f"cannot write bundle {os.fspath(out) if not hasattr(out, 'write') else '<stream>'}: {e.strerror}") from None
+        where = f" in {os.path.dirname(e.filename)}" if e.filename else ""
+        raise BundleWriteError(f"cannot write bundle {os.fspath(out) if not hasattr(out, 'write') else '<stream>'}: "
+                               f"cannot create a file{where}: {e.strerror}; nothing was written — check that "
+                               "the directory exists and is writable") from None
     try:
         if fmt == "pack":
             digest, pack_bytes = _write_pack_bundle(store, hdr, order, dictionary, sink, progress, kept, compressed)
@@ -1241,6 +1336,7 @@ def import_bundle(
     *,
     transform: Transform | None = None,
     progress: Progress | None = None,
+    schema: Schema | None = None,
 ) -> ImportResult:
     """Verify a bundle completely, then add its objects, then its refs.
 
@@ -1256,9 +1352,10 @@ def import_bundle(
     bundle's value does not descend from refuses the import
     (:class:`BundleRefused`); a bad bundle raises :class:`BadBundle`. Either
     way no ref, object or pack index is written (``transform`` may have
-    left unreferenced objects, which fsck reports as dangling).
+    left unreferenced objects, which fsck reports as dangling). With
+    ``schema``, an object of the wrong shape or kind is a :class:`BadBundle`.
     """
-    with _reading(path) as r:
+    with _reading(path, schema) as r:
         _set_total(progress, r.header.objects)
         with store.writing():  # gc must not prune (or take our temp pack) meanwhile
             writer: PackWriter | None = None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from kxen_agent.errors import KxenError
 
 from .loose import PACK_DIR_NAME
-from .objects import CorruptObject, ObjectId, decode_body, links_of
+from .objects import CorruptObject, ObjectId, Schema, SchemaViolation, a_kind, decode_body, links_of
 from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file
 from .repo import Store, skeleton_dirs
 
@@ -33,7 +33,7 @@ __all__ = ["FsckReport", "Problem", "fsck"]
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton
+    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton | schema
     where: str
     message: str
 
@@ -76,9 +76,32 @@ class FsckReport:
         }
 
 
-def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckReport:
+def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Schema | None = None) -> FsckReport:
+    """Verify every object, ref and reflog and the closure between them.
+
+    With ``schema`` (the session layer's, from the CLI), the shape of each
+    object reachable from a group the schema governs, and the kind every
+    link and ref of those names, are checked too: problem kind ``schema``.
+    """
     rep = FsckReport(store.root)
     links: dict[ObjectId, list[ObjectId]] = {}
+    kind_of: dict[ObjectId, str] = {}
+    # Judged while each object is decoded, reported once reachability is known:
+    # id -> (where, what is wrong) and id -> [(link, kind it must name)].
+    misshapen: dict[ObjectId, tuple[str, str]] = {}
+    typed: dict[ObjectId, list[tuple[ObjectId, str]]] = {}
+
+    def check_shape(where: str, obj: Any, value: Any) -> None:
+        kind_of[obj.id] = obj.kind
+        if schema is None:
+            return
+        try:
+            want = schema.check(obj.kind, value)
+        except SchemaViolation as e:
+            misshapen[obj.id] = (where, f"{obj.kind} object: {e}")
+        else:
+            if want:
+                typed[obj.id] = want
 
     strays: set[str] = set()
 
@@ -114,6 +137,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
             rep.problems.append(Problem("corrupt-object", path, f"unreadable: {e.strerror}"))
             continue
         links[obj.id] = links_of(obj.kind, value)
+        check_shape(path, obj, value)
         rep.loose += 1
         rep.bytes += len(obj.raw)
         if progress:
@@ -138,6 +162,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
             rep.packed += 1
             if oid not in links:
                 links[oid] = links_of(obj.kind, value)
+                check_shape(f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", obj, value)
                 rep.bytes += len(obj.raw)
             if progress:
                 progress(1)
@@ -145,6 +170,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
 
     # 3. Refs and reflogs.
     roots: list[tuple[str, ObjectId]] = []
+    governed_roots: list[ObjectId] = []
     keep: set[ObjectId] = set()
     for group in store.refs.groups():
         rep.groups += 1
@@ -165,6 +191,12 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
         for name, value in state.refs.items():
             rep.refs += 1
             roots.append((f"{group}/{name}", value))
+            if schema is not None and schema.governs(group):
+                governed_roots.append(value)
+                kind = schema.ref_kind(group, name)
+                if kind is not None and kind_of.get(value, kind) != kind:
+                    rep.problems.append(Problem("schema", f"{group}/{name}", f"ref names object {value.hex()}, "
+                                                f"{a_kind(kind_of[value])}, where {a_kind(kind)} object belongs"))
             if name not in last:
                 rep.problems.append(Problem("reflog-mismatch", f"{group}/{name}", "ref has no reflog entry"))
             elif last[name] != value:
@@ -199,21 +231,43 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None) -> FsckRep
                     stack.append(child)
     rep.reachable = len(reachable)
 
+    # 4b. The schema, over what the groups it governs reach: each object's
+    # shape, and the kind each of its links names (a missing one is reported
+    # above).
+    if len(governed_roots) == len(roots):
+        governed = reachable  # the usual state dir holds only governed groups: the closure above
+    else:
+        governed = _closure(links, governed_roots, set())
+    for oid in sorted(misshapen.keys() & governed):
+        where, what = misshapen[oid]
+        rep.problems.append(Problem("schema", where, what))
+    for oid in sorted(typed.keys() & governed):
+        for child, kind in typed[oid]:
+            got = kind_of.get(child)
+            if got is not None and got != kind:
+                rep.problems.append(Problem("schema", oid.hex(), f"links to object {child.hex()}, {a_kind(got)}, "
+                                            f"where {a_kind(kind)} object belongs"))
+
     # 5. Dangling: present, reachable from neither refs nor reflogs.
-    alive = set(reachable)
-    stack = [k for k in keep if k in links]
-    while stack:
-        cur = stack.pop()
-        if cur in alive:
-            continue
-        alive.add(cur)
-        stack.extend(c for c in links[cur] if c in links and c not in alive)
+    alive = _closure(links, keep, set(reachable))
     rep.dangling = sorted(oid.hex() for oid in links if oid not in alive)
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
+
+
+def _closure(links: dict[ObjectId, list[ObjectId]], start: Any, into: set[ObjectId]) -> set[ObjectId]:
+    """``into`` plus every present object reachable from ``start`` (missing ones are reported elsewhere)."""
+    stack = [k for k in start if k in links]
+    while stack:
+        cur = stack.pop()
+        if cur in into:
+            continue
+        into.add(cur)
+        stack.extend(c for c in links[cur] if c in links and c not in into)
+    return into
 
 
 def _temp_files(root: str) -> list[str]:

@@ -43,7 +43,7 @@ from .pack import DICT_SAMPLE_MAX_OBJECT, PackReader, sample_dictionary
 from .refs import CorruptRef
 from .repo import MissingObject, Store
 
-__all__ = ["DEFAULT_PRUNE", "GcAborted", "GcReport", "BadDuration", "gc", "parse_duration"]
+__all__ = ["DEFAULT_PRUNE", "MAX_PRUNE_S", "GcAborted", "GcReport", "BadDuration", "gc", "parse_duration"]
 
 #: The default grace period, as git's ``gc.pruneExpire``.
 DEFAULT_PRUNE = "2w"
@@ -64,6 +64,11 @@ class GcAborted(KxenError):
         self.reason = reason
 
 
+#: The longest ``--prune`` grace period: 100 years (365.25-day), far past any
+#: object's age. A longer one means "never prune", which is spelt ``never``.
+MAX_PRUNE_S = 36525 * 86400
+
+
 def parse_duration(text: str) -> float | None:
     """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``,
     combinations (``1d12h``), ``0`` or ``now`` (no grace), ``never`` (None)."""
@@ -72,11 +77,20 @@ def parse_duration(text: str) -> float | None:
         return 0.0
     if t == "never":
         return None
+    shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
     if not _DURATION.fullmatch(t):
         raise BadDuration(
-            f"invalid --prune value {text!r}: give a duration like 2w, 3d, 12h, 30m, 45s, or 'now', '0', 'never'"
+            f"invalid --prune value {shown}: give a duration like 2w, 3d, 12h, 30m, 45s, or 'now', '0', 'never'"
         )
-    return float(sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", t)))
+    # Any number of digits matches; a grace past 100 years is a typo or a way
+    # to say "never" (and a long enough one overflows float or int parsing).
+    total = 0
+    for n, u in re.findall(r"(\d+)([smhdw])", t):
+        total += (int(n) if len(n) <= 12 else MAX_PRUNE_S + 1) * _UNITS[u]
+    if total > MAX_PRUNE_S:
+        raise BadDuration(f"--prune value {shown} is longer than 100 years; give a shorter duration "
+                          "(2w, 3d, 12h...), or --prune=never to keep every unreachable object")
+    return float(total)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import blake3
 import zstandard
@@ -31,6 +31,9 @@ __all__ = [
     "MAX_OBJECT_SIZE",
     "ObjectId",
     "RawObject",
+    "Schema",
+    "SchemaViolation",
+    "a_kind",
     "compress_loose",
     "decode_body",
     "decode_stored",
@@ -69,6 +72,37 @@ class CorruptObject(KxenError):
         super().__init__(f"corrupt object {where}: {reason}")
         self.where = where
         self.reason = reason
+
+
+def a_kind(kind: str) -> str:
+    """``"a message"``, ``"an agent"``: a kind with its article, for messages."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
+class SchemaViolation(ValueError):
+    """A well-formed object whose value breaks a layer above's rules (raised by a :class:`Schema`)."""
+
+
+class Schema(Protocol):
+    """What a layer above knows of its objects' shapes, for the readers that verify them whole.
+
+    The bundle reader and fsck call it: this layer knows no session, yet
+    an import must refuse, and fsck report, an object whose bytes are fine
+    but whose value the session layer cannot read. It governs the objects
+    reachable from the ref groups it claims (:meth:`governs`), no others.
+    """
+
+    def governs(self, group: str) -> bool:
+        """Whether the objects ref group ``group`` reaches must follow this schema."""
+        ...
+
+    def check(self, kind: str, value: Any) -> list[tuple[ObjectId, str]]:
+        """Raise :class:`SchemaViolation`, or return (link, kind it must name) pairs."""
+        ...
+
+    def ref_kind(self, group: str, name: str) -> str | None:
+        """The kind ref ``group/name`` must name, or None."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,3 +221,26 @@ def test_crash_after_response_calls_the_provider_again_once(okey: Cli, server: S
     assert res["result"] == "final words"
     assert len(server.chat_requests()) == 2
     assert [m["role"] for m in okey.log(s["id"])] == ["user", "assistant"]
+
+
+def test_a_call_without_id_gets_ours_and_one_without_name_fails_the_run(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    """What an OpenAI-compatible server leaves out never reaches the store as a malformed object:
+    a missing call id is replaced by ours (§14.1); a call with no function name fails the run in one
+    line, and the session still reads."""
+    effects = tmp_path / "effects.log"
+    server.reply_tool_calls([(None, "shell", json.dumps({"command": f"echo a >> '{effects}'"}))])  # type: ignore[list-item]
+    server.reply_content("ok")
+    agent = openai_agent(tmp_path, server)
+    res = okey.run_json(workspace, "no id", agent, expect=0).json()
+    assert read_lines(effects) == ["a"]
+    asked, results = tool_result_counts(okey.log(res["session"]))
+    assert asked == ["call_1_0"] and results["call_1_0"] == 1, (asked, results)
+
+    server.clear()
+    server.reply_tool_calls([("call_x", None, "{}")])  # type: ignore[list-item]
+    p = okey.resume(res["session"], "--task", "no name")
+    assert p.rc == 1 and "Traceback" not in p.err, str(p)
+    out = p.json()
+    assert out["status"] == "failed" and "without a function name" in out["error"], out
+    okey("session", "log", res["session"], expect=0)
+    okey.fsck_clean()

@@ -200,13 +200,13 @@ def test_import_refused_for_a_workspace_that_fails_the_identity_check(source: So
         assert not kx.state_dir.exists(), sorted(p.name for p in kx.state_dir.iterdir())
 
 
-@pytest.mark.parametrize("meta", [
-    ("blob", b"not a session"),
-    ("session", {"id": "ses_0123456789abcdef0123"}),  # no workspace record
-    ("session", ["a", "list"]),
+@pytest.mark.parametrize("meta, why", [
+    (("blob", b"not a session"), "ref sessions/ses_0123456789abcdef0123/meta must name a session object"),
+    (("session", {"id": "ses_0123456789abcdef0123"}), "(session): key 'parentId' is missing"),
+    (("session", ["a", "list"]), "(session): session metadata must be a map, not array"),
 ])
-def test_import_refuses_a_bundle_whose_metadata_ref_is_not_a_session(tmp_path: Path, meta: tuple) -> None:
-    """A well-formed bundle whose ``meta`` ref names no usable session: one line, exit 1, no state dir."""
+def test_import_refuses_a_bundle_whose_metadata_ref_is_not_a_session(tmp_path: Path, meta: tuple, why: str) -> None:
+    """A bundle sound byte for byte whose ``meta`` ref names no usable session: one line, no state dir."""
     from kxen_agent.store import RefUpdate
     from kxen_agent.store.bundle import export_bundle
 
@@ -217,7 +217,7 @@ def test_import_refuses_a_bundle_whose_metadata_ref_is_not_a_session(tmp_path: P
     export_bundle(src, ["sessions/ses_0123456789abcdef0123"], str(bundle))
     kx = Kx(tmp_path / "state")
     err = kx.refused("session", "import", str(bundle), "--workspace", str(git_workspace(tmp_path / "ws")))
-    assert "ses_0123456789abcdef0123" in err and "nothing imported" in err, err
+    assert f"bad bundle {bundle}" in err and why in err, err
     assert not kx.state_dir.exists()
 
 
@@ -342,3 +342,40 @@ def test_bundles_hold_no_credentials(source: Source) -> None:
         # No environment dump: not even the variable names.
         for name in (KEY_ENV.encode() + b"=", b"KXEN_TEST_CANARY", b"HOME="):
             assert all(name not in obj.raw for obj in objects), name
+
+
+# ---------------------------------------------------------------- a family with a worktree fork
+
+
+def test_a_family_with_a_worktree_fork_imports_with_a_binding_per_session(tmp_path: Path) -> None:
+    """The root binds to the clone (``--workspace DIR``), the worktree fork to a worktree of its branch
+    there (``--workspace SES=DIR``); without the second binding the import names the fix and writes nothing."""
+    repo = source_repo(tmp_path / "A")
+    agent = write_agent(tmp_path / "agent", STEPS)
+    src, dst = Kx(tmp_path / "state-a"), Kx(tmp_path / "state-b")
+    ses = src.run_json(repo, "first", agent, expect=0).json()["session"]
+    fork = src("session", "fork", ses, "--worktree", "alt", "--json", expect=0).json()["id"]
+    bundle = tmp_path / "family.bundle"
+    src("session", "export", ses, fork, "--output", str(bundle), expect=0)
+
+    checkout = clone(repo, tmp_path / "B")
+    err = dst.refused("session", "import", str(bundle), "--workspace", str(checkout))
+    assert f"session {fork}:" in err and f"--workspace {fork}=DIR" in err and "kxen/alt" in err, err
+    assert not dst.state_dir.exists()
+    for bad, why in ((f"{fork}", "SES=DIR"), (f"ses_0123456789abcdef0123={checkout}", "holds no session")):
+        err = dst.refused("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", bad)
+        assert why in err, err
+        assert not dst.state_dir.exists()
+
+    # The fork's branch came with the clone (origin/kxen/alt): a worktree of it is the fork's new home.
+    alt = tmp_path / "B-alt"
+    git(checkout, "worktree", "add", "-q", str(alt), "kxen/alt")
+    res = dst("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", f"{fork}={alt}",
+              "--json", expect=0).json()
+    assert res["sessions"] == {ses: "created", fork: "created"}, res
+    assert res["workspaces"] == {ses: os.path.realpath(checkout), fork: os.path.realpath(alt)}, res
+    assert dst.session_show(fork)["workspace"]["branch"] == "kxen/alt"
+    done = dst("--resume", fork, "--workspace", str(alt), "--task", "in the fork's worktree", "--json",
+               expect=0).json()
+    assert done["status"] == "completed" and done["session"] == fork, done
+    dst.fsck_clean()

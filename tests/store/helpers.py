@@ -96,3 +96,18 @@ def one_line_error(stderr: bytes) -> str:
     lines = text.strip().splitlines()
     assert len(lines) == 1, text
     return lines[0]
+
+
+def closure(store: Any, roots: Any) -> set[bytes]:
+    """Every object reachable from ``roots`` in ``store`` (read back, links followed)."""
+    from kxen_agent.store.objects import decode_body, links_of
+
+    seen, stack = set(), list(roots)
+    while stack:
+        oid = stack.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        obj = store.read_raw(oid)
+        stack.extend(links_of(obj.kind, decode_body(obj)))
+    return seen

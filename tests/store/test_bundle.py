@@ -35,6 +35,7 @@ from kxen_agent.store.bundle import (
 from kxen_agent.store.fsio import FileIO
 from kxen_agent.store.refs import RefUpdate
 from kxen_agent.store.repo import MissingObject
+from .helpers import closure
 
 HOSTILE = Path(__file__).parent / "hostile"
 
@@ -55,20 +56,6 @@ def chain(store: Store, group: str, n: int, *, tag: str, head: bytes | None = No
             updates.append(RefUpdate("meta", None, store.put("session", {"name": group, "workspace": "/w"})))
         store.refs.transaction(group, updates, reason="test")
     return prev
-
-
-def closure(store: Store, roots) -> set[bytes]:
-    from kxen_agent.store.objects import decode_body, links_of
-
-    seen, stack = set(), list(roots)
-    while stack:
-        oid = stack.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        obj = store.read_raw(oid)
-        stack.extend(links_of(obj.kind, decode_body(obj)))
-    return seen
 
 
 def refs_of(store: Store, *groups: str) -> dict[str, dict[str, bytes]]:

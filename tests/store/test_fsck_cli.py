@@ -12,7 +12,7 @@ from kxen_agent.store import RefUpdate, Store, fsck
 
 from .helpers import one_line_error, run_cli
 
-G = "sessions/s1"
+G = "notes/s1"  # not sessions/: these objects are free-form, the session schema does not govern them
 
 
 @pytest.fixture

@@ -1,0 +1,385 @@
+"""The shapes of session-layer objects (``objects_spec.md`` §14), checked where they come in.
+
+The store proves an object's bytes (its id, strict CBOR, links); this module
+proves that a ``session``, ``message``, ``run``, ``journal`` or ``agent``
+object has the keys and types the readers rely on, and which kind each of
+its links must name. A bundle from another machine, or a state dir edited by
+hand, can hold an object that passes every byte check and still has ``seq``
+as text or a ``parent`` naming a run; without this check the first reader to
+index it would stop with a traceback, and an import would have landed it.
+
+Pure functions over decoded values, no I/O. :data:`SESSION_SCHEMA` is the
+hook the store's bundle reader and fsck call (they know nothing of sessions);
+:func:`read` is what the session layer's readers use.
+
+Readers ignore keys they do not know (§14: a newer writer may add some);
+a key they need must be there with its type. Link kinds are checked where
+the link is followed (``Store.get`` with a kind), and by imports and fsck
+for every link at once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping
+
+from kxen_agent.errors import KxenError
+from kxen_agent.store import Store
+from kxen_agent.store.objects import CorruptObject, ObjectId, SchemaViolation
+
+__all__ = ["RUN_RE", "SESSION_SCHEMA", "SES_RE", "SessionSchema", "check", "put", "read", "ref_kind", "text_blob"]
+
+#: Ids as accepted on input (§14.1).
+SES_RE = re.compile(r"ses_[0-9a-z]{8,40}")
+RUN_RE = re.compile(r"run_[0-9a-z]{8,40}")
+_run_id = RUN_RE.fullmatch
+
+_SECTION = {"agent": "14.2", "session": "14.3", "message": "14.4", "run": "14.5", "journal": "14.6"}
+
+RUN_STATUSES = ("running", "input_required", "completed", "failed", "canceled")
+OP_STATES = ("Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
+OP_SOURCES = ("tool", "recovery", "cancel", "human")
+ROLES = ("user", "assistant", "tool")
+FORK_KINDS = (None, "conversation", "worktree")
+
+Links = list[tuple[ObjectId, str]]
+
+
+# ---------------------------------------------------------------- field checks
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, bytes):
+        return "link"
+    return {int: "int", str: "text", list: "array", dict: "map"}.get(type(v), type(v).__name__)
+
+
+class _Fields:
+    """Key checks over one map, collecting the links it must make."""
+
+    __slots__ = ("d", "links")
+
+    def __init__(self, value: Any, what: str) -> None:
+        if type(value) is not dict:
+            raise SchemaViolation(f"{what} must be a map, not {_type_name(value)}")
+        self.d = value
+        self.links: Links = []
+
+    def _get(self, key: str, optional: bool) -> Any:
+        if key not in self.d:
+            if optional:
+                return _ABSENT
+            raise SchemaViolation(f"key {key!r} is missing")
+        return self.d[key]
+
+    def text(self, key: str, *, null: bool = False, optional: bool = False,
+             one_of: tuple | None = None, match: re.Pattern | None = None) -> Any:
+        v = self._get(key, optional)
+        if v is _ABSENT or (v is None and null):
+            return None if v is _ABSENT else v
+        if type(v) is not str:
+            raise SchemaViolation(f"key {key!r} must be text{' or null' if null else ''}, not {_type_name(v)}")
+        if one_of is not None and v not in one_of:
+            raise SchemaViolation(f"key {key!r} is {v!r}, expected one of {_names(one_of)}")
+        if match is not None and not match.fullmatch(v):
+            raise SchemaViolation(f"key {key!r} is {v!r}, not an id of the form {match.pattern}")
+        return v
+
+    def int(self, key: str, *, low: int = 0, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is _ABSENT:
+            return None
+        if type(v) is not int:
+            raise SchemaViolation(f"key {key!r} must be an int, not {_type_name(v)}")
+        if v < low:
+            raise SchemaViolation(f"key {key!r} is {v}, below {low}")
+        return v
+
+    def bool(self, key: str, *, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is not _ABSENT and type(v) is not bool:
+            raise SchemaViolation(f"key {key!r} must be a bool, not {_type_name(v)}")
+        return None if v is _ABSENT else v
+
+    def link(self, key: str, kind: str, *, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is _ABSENT:
+            return None
+        if type(v) is not bytes:
+            raise SchemaViolation(f"key {key!r} must be a link to a {kind} object, not {_type_name(v)}")
+        self.links.append((v, kind))
+        return v
+
+
+class _Absent:
+    def __repr__(self) -> str:  # pragma: no cover - never shown
+        return "<absent>"
+
+
+_ABSENT = _Absent()
+
+
+def _names(values: tuple) -> str:
+    return ", ".join("null" if v is None else v for v in values)
+
+
+# ---------------------------------------------------------------- kinds
+
+def _agent(v: Any) -> Links:
+    from .agent_def import KNOWN_TOOLS, AgentDefinitionError, canonical_steps_json, validate_script_steps
+
+    f = _Fields(v, "an agent lock")
+    f.text("name")
+    provider = f.text("provider", one_of=("script", "openai"))
+    model = f.text("model")
+    if provider == "openai" and not model:
+        raise SchemaViolation("key 'model' is empty, but the provider is 'openai'")
+    f.text("base_url", null=True)
+    f.text("api_key_env", null=True)
+    f.text("system")
+    tools = f.d.get("tools")
+    if type(tools) is not list:
+        raise SchemaViolation(f"key 'tools' must be an array of text, not {_type_name(tools)}")
+    for t in tools:
+        if t not in KNOWN_TOOLS or type(t) is not str:
+            raise SchemaViolation(f"key 'tools' holds {t!r}, not one of {', '.join(KNOWN_TOOLS)}")
+    if len(set(tools)) != len(tools):
+        raise SchemaViolation("key 'tools' names a tool twice")
+    p = _Fields(f.d.get("policy"), "key 'policy'")
+    p.int("max_turns", low=1)
+    p.int("tool_timeout_ms", low=1)
+    p.int("cancel_window_ms")
+    script = f.text("script", null=True)
+    if provider == "script":
+        if script is None:
+            raise SchemaViolation("key 'script' is null, but the provider is 'script'")
+        import json
+
+        try:
+            steps = json.loads(script, parse_constant=_no_constant)
+            validate_script_steps(steps, tools, source="the agent lock's script")
+            canonical = canonical_steps_json(steps)
+        except (ValueError, RecursionError, AgentDefinitionError) as e:
+            raise SchemaViolation(f"key 'script' is not a valid steps list: {_one_line(e)}") from None
+        if canonical != script:
+            raise SchemaViolation("key 'script' is not canonical JSON (§14.2)")
+    return f.links
+
+
+def _session(v: Any) -> Links:
+    from .workspace import WorkspaceError, WorkspaceIdentity
+
+    f = _Fields(v, "session metadata")
+    f.text("id", match=SES_RE)
+    f.text("parentId", null=True, match=SES_RE)
+    f.text("branchRootId", match=SES_RE)
+    f.text("forkPoint", null=True)
+    f.text("forkKind", null=True, one_of=FORK_KINDS)
+    f.link("agent", "agent")
+    try:
+        WorkspaceIdentity.from_record(f._get("workspace", False))
+    except WorkspaceError as e:
+        raise SchemaViolation(_one_line(e)) from None
+    f.int("createdNs")
+    f.int("revisedNs")
+    f.text("reason")
+    f.link("previous", "session", optional=True)
+    return f.links
+
+
+def _message(v: Any) -> Links:
+    # Every history read checks each message (a resume loads them all), so
+    # the common shapes are judged here in a few lookups; anything else, and
+    # every error, goes the long way, which names the rule broken.
+    if type(v) is dict:
+        seq, role, parent = v.get("seq"), v.get("role"), v.get("parent")
+        content = v.get("content", _ABSENT)
+        run, tcid = v.get("run"), v.get("toolCallId")
+        if (type(seq) is int and seq >= 0 and (role == "user" or role == "assistant" or role == "tool")
+                and type(role) is str and (type(parent) is bytes if seq else "parent" not in v)
+                and (content is _ABSENT or content is None or type(content) is str)
+                and (run is None and "run" not in v or type(run) is str and _run_id(run) is not None)
+                and (tcid is None and "toolCallId" not in v or type(tcid) is str)):
+            blob = v.get("contentBlob")
+            if ("contentBlob" not in v) if content is not _ABSENT else (type(blob) is bytes):
+                calls = v.get("toolCalls")
+                if calls is None:
+                    ok = "toolCalls" not in v
+                else:
+                    ok = type(calls) is list and len(calls) > 0 and role == "assistant"
+                    for c in calls if ok else ():
+                        if not (type(c) is dict and type(c.get("id")) is str and type(c.get("name")) is str
+                                and type(c.get("arguments")) is str):
+                            ok = False
+                            break
+                if ok:
+                    links = [(parent, "message")] if seq else []
+                    if blob is not None:
+                        links.append((blob, "blob"))
+                    return links
+    return _message_slow(v)
+
+
+def _message_slow(v: Any) -> Links:
+    f = _Fields(v, "a message")
+    seq = f.int("seq")
+    role = f.text("role", one_of=ROLES)
+    parent = f.link("parent", "message", optional=True)
+    if (parent is None) != (seq == 0):
+        raise SchemaViolation(f"seq {seq} with{'out' if parent is None else ''} a parent "
+                              "(seq 0 is the first message and only it has no parent)")
+    has_text, has_blob = "content" in f.d, "contentBlob" in f.d
+    if has_text == has_blob:
+        raise SchemaViolation("exactly one of 'content' and 'contentBlob' must be present")
+    if has_text:
+        f.text("content", null=True)
+    else:
+        f.link("contentBlob", "blob")
+    f.text("run", optional=True, match=RUN_RE)
+    if "toolCalls" in f.d:
+        calls = f.d["toolCalls"]
+        if type(calls) is not list or not calls:
+            raise SchemaViolation("key 'toolCalls' must be a non-empty array")
+        for i, call in enumerate(calls):
+            c = _Fields(call, f"toolCalls[{i}]")
+            for key in ("id", "name", "arguments"):
+                try:
+                    c.text(key)
+                except SchemaViolation as e:
+                    raise SchemaViolation(f"toolCalls[{i}]: {e}") from None
+        if role != "assistant":
+            raise SchemaViolation(f"a {role} message carries tool calls")
+    f.text("toolCallId", optional=True)
+    return f.links
+
+
+def _run(v: Any) -> Links:
+    f = _Fields(v, "a run state")
+    f.text("id", match=RUN_RE)
+    f.text("session", match=SES_RE)
+    f.int("index")
+    f.text("task")
+    f.text("model")
+    f.link("agent", "agent")
+    f.text("status", one_of=RUN_STATUSES)
+    f.int("turn")
+    f.text("result", null=True)
+    f.text("error", null=True)
+    f.bool("settled")
+    f.link("startHead", "message")
+    f.int("startedNs")
+    f.int("updatedNs")
+    f.link("previous", "run", optional=True)
+    f.link("journal", "journal", optional=True)
+    return f.links
+
+
+def _journal(v: Any) -> Links:
+    f = _Fields(v, "a journal entry")
+    f.text("op")
+    f.text("run", match=RUN_RE)
+    f.int("turn")
+    f.text("callId")
+    f.text("tool")
+    f.text("arguments")
+    f.link("message", "message")
+    f.bool("sideEffects")
+    state = f.text("state", one_of=OP_STATES)
+    f.text("source", one_of=OP_SOURCES)
+    if "output" in f.d and "outputBlob" in f.d:
+        raise SchemaViolation("both 'output' and 'outputBlob' are present")
+    f.text("output", optional=True)
+    f.link("outputBlob", "blob", optional=True)
+    f.bool("isError", optional=state in ("Started", "OutcomeUnknown"))
+    f.text("note", optional=True)
+    f.link("previous", "journal", optional=True)
+    f.int("timeNs")
+    return f.links
+
+
+_CHECKS: Mapping[str, Callable[[Any], Links]] = {
+    "agent": _agent, "session": _session, "message": _message, "run": _run, "journal": _journal,
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+# ---------------------------------------------------------------- entry points
+
+def check(kind: str, value: Any) -> Links:
+    """The links ``value`` must make, with the kind each must name; raises :class:`SchemaViolation`.
+
+    Blobs (raw bytes) have no shape; unknown kinds are the store's business.
+    """
+    fn = _CHECKS.get(kind)
+    return [] if fn is None else fn(value)
+
+
+def ref_kind(group: str, name: str) -> str | None:
+    """The kind the ref ``group/name`` must name (§14.1), or None if the session layer has no rule."""
+    if not group.startswith("sessions/"):
+        return None
+    if name == "meta":
+        return "session"
+    if name == "head":
+        return "message"
+    if name.startswith("runs/"):
+        return "run"
+    return None
+
+
+def governs(group: str) -> bool:
+    """Session rules hold for what ``sessions/`` groups reach (§14.1); the store's own tests use others."""
+    return group.startswith("sessions/")
+
+
+class SessionSchema:
+    """The hook the store's bundle reader and fsck call (:class:`kxen_agent.store.objects.Schema`)."""
+
+    check = staticmethod(check)
+    ref_kind = staticmethod(ref_kind)
+    governs = staticmethod(governs)
+
+
+SESSION_SCHEMA = SessionSchema()
+
+
+def read(store: Store, oid: ObjectId, kind: str) -> Any:
+    """``store.get(oid, kind)``, then its shape: a malformed object is a :class:`CorruptObject` naming it."""
+    value = store.get(oid, kind)
+    try:
+        _CHECKS[kind](value)
+    except SchemaViolation as e:
+        raise CorruptObject(oid.hex(), f"{kind} object does not match objects_spec.md §{_SECTION[kind]}: {e}; "
+                            "`kxen-agent fsck` lists every damaged object") from None
+    return value
+
+
+def put(store: Store, kind: str, value: Any) -> ObjectId:
+    """``store.put(kind, value)`` for a value that passes :func:`check`: a writer never
+    leaves an object the readers would refuse (a provider's odd answer stops the
+    run here, in one line, instead of every later read)."""
+    try:
+        _CHECKS[kind](value)
+    except SchemaViolation as e:
+        raise KxenError(f"refusing to write a {kind} object that does not match objects_spec.md "
+                        f"§{_SECTION[kind]}: {e}") from None
+    return store.put(kind, value)
+
+
+def text_blob(store: Store, oid: ObjectId) -> str:
+    """The UTF-8 text of a content or output blob (§14.4, §14.6)."""
+    try:
+        return store.get(oid, "blob").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptObject(oid.hex(), f"blob holds no UTF-8 text ({e.reason} at byte {e.start}); "
+                            "`kxen-agent fsck` lists every damaged object") from None
