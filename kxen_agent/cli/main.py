@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     stdout_was = _stdout_identity()
     try:
+        _check_io_fault_spec()
         code = app(args=argv, prog_name="kxen-agent", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except SystemExit as e:
@@ -200,6 +201,20 @@ def _command_path(argv: list[str]) -> str:
         cmd = sub
         words.append(tok)
     return " ".join(words)
+
+
+def _check_io_fault_spec() -> None:
+    """A misspelt ``KXEN_AGENT_IO_FAULT`` is a usage error for every command, read-only ones too."""
+    import os
+
+    from kxen_agent.store.fsio import IO_FAULT_ENV, FaultSpecError, parse_fault_spec
+
+    spec = os.environ.get(IO_FAULT_ENV, "")
+    if spec:
+        try:
+            parse_fault_spec(spec)
+        except FaultSpecError as e:
+            raise UsageError(str(e)) from None
 
 
 def _stdout_pipe_closed() -> bool:

@@ -192,6 +192,10 @@ def test_a_misspelt_fault_spec_is_refused_before_anything_is_written(cli: Cli, t
     p = cli.run_json(ws, TASK, agent_path, env={"KXEN_AGENT_IO_FAULT": "ENOSPC@0"})
     assert p.rc == 2 and "KXEN_AGENT_IO_FAULT" in p.err and len(p.err.strip().splitlines()) == 1, str(p)
     assert not cli.state_dir.exists()
+    # Read-only commands too (they never write, so the refusal at the first write never came).
+    for args in (("session", "list"), ("fsck",), ("bundle", "verify", str(tmp_path / "none.kxb"))):
+        p = cli(*args, env={"KXEN_AGENT_IO_FAULT": "bogus"})
+        assert p.rc == 2 and "KXEN_AGENT_IO_FAULT='bogus'" in p.err and len(p.err.strip().splitlines()) == 1, str(p)
 
 
 # ------------------------------------------------------------------ the FileIO doubles
