@@ -377,3 +377,16 @@ def test_gc_prune_up_to_100_years_is_accepted(cli: Cli, workspace: Path, agent: 
     new_session(cli, workspace, agent)
     rep = cli("gc", "--prune=5217w", "--json", expect=0).json()
     assert rep["prune"] == "5217w" and rep["pruned"] == 0
+
+
+# ------------------------------------------------------------ I/O errors name their file
+
+
+def test_a_directory_where_the_lease_record_belongs_is_named(cli: Cli, workspace: Path, agent: Path) -> None:
+    ses, _ = new_session(cli, workspace, agent)
+    record = cli.state_dir / "leases" / "sessions" / ses
+    if record.exists():
+        record.unlink()
+    record.mkdir()
+    line = refused(cli("--resume", ses, "--task", "again"), 1)
+    assert str(record) in line and "Is a directory" in line, line

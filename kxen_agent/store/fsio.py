@@ -131,6 +131,9 @@ class FileIO:
                 more = os.read(fd, _READ_CHUNK)
                 chunks.append(more)
             return b"".join(chunks)
+        except OSError as e:
+            # os.read's errors carry no path (a directory where a file belongs: EISDIR).
+            raise OSError(e.errno, e.strerror, path) from None
         finally:
             os.close(fd)
 
