@@ -390,3 +390,12 @@ def test_a_directory_where_the_lease_record_belongs_is_named(cli: Cli, workspace
     record.mkdir()
     line = refused(cli("--resume", ses, "--task", "again"), 1)
     assert str(record) in line and "Is a directory" in line, line
+
+
+def test_a_workspace_path_that_is_not_utf8_is_named(cli: Cli, agent: Path, tmp_path: Path) -> None:
+    odd = os.path.join(os.fsencode(tmp_path), b"ws-\xff")
+    os.mkdir(odd)
+    p = cli("run", "--workspace", os.fsdecode(odd), "--task", "t", "--agent", str(agent))
+    line = refused(p, 1)
+    assert "ws-\\xff" in line and "not a UTF-8 path" in line, line
+    assert not cli.state_dir.exists()

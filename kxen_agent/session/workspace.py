@@ -343,6 +343,13 @@ def inspect_workspace(path: str) -> WorkspaceIdentity:
         what = "does not exist" if not os.path.lexists(path) else "is not a directory"
         raise WorkspaceNotFound(f"workspace {path} {what}; pass an existing directory with --workspace")
     root = os.path.realpath(path)
+    try:
+        root.encode("utf-8")
+    except UnicodeEncodeError:
+        # The binding is stored as text (§14.7); a path of other bytes cannot be.
+        shown = root.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        raise WorkspaceError(f"workspace {shown} is not a UTF-8 path, which a session cannot record; "
+                             "rename the directory or use a UTF-8 path to it (a symlink)") from None
     top = _git(root, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         if "not a git repository" in top.stderr:
