@@ -205,8 +205,6 @@ def _command_path(argv: list[str]) -> str:
 
 def _check_io_fault_spec() -> None:
     """A misspelt ``KXEN_AGENT_IO_FAULT`` is a usage error for every command, read-only ones too."""
-    import os
-
     from kxen_agent.store.fsio import IO_FAULT_ENV, FaultSpecError, parse_fault_spec
 
     spec = os.environ.get(IO_FAULT_ENV, "")

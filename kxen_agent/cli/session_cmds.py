@@ -247,8 +247,9 @@ def import_cmd(
         return
     for ses, status in sorted(res.sessions.items()):
         out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")
+    where = t(res.workspace.root) if all(b == res.workspace for b in res.bindings.values()) else "DIR (as bound above)"
     out(f"imported {t(bundle)}: {res.result.new_objects} new objects; "
-        f"resume with `kxen-agent --resume SES --workspace {t(res.workspace.root)}`")
+        f"resume with `kxen-agent --resume SES --workspace {where}`")
 
 
 def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
@@ -261,6 +262,8 @@ def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
     for v in values:
         ses, eq, d = v.partition("=")
         if eq and SES_RE.fullmatch(ses):
+            if not d:
+                raise UsageError(f"--workspace {t(ses, quote=False)}= names no directory; give SES=DIR")
             if ses in per_session:
                 raise UsageError(f"--workspace {t(ses, quote=False)}=DIR is given twice; give each session once")
             per_session[ses] = d

@@ -53,7 +53,7 @@ _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 class ToolCall:
     """One tool call the model asked for; ``arguments`` is JSON text."""
 
-    id: str
+    id: str | None  # None: the server gave none (the runner makes one)
     name: str
     arguments: str
 
@@ -311,7 +311,9 @@ class OpenAIProvider:
             raise self._scrub(ProviderError(f"model provider at {self._where()} returned non-text content",
                                             transient=False), key)
         calls = tuple(
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+            # A missing or non-text id is replaced by the runner's own (§14.1).
+            ToolCall(id=c.id if isinstance(c.id, str) else None, name=c.function.name,
+                     arguments=c.function.arguments or "{}")
             for c in (message.tool_calls or ())
             # Only function calls exist in our protocol; other kinds are not ours to run.
             if getattr(c, "type", "function") == "function"

@@ -82,15 +82,15 @@ def import_sessions(store: Store, path: str, workspace: str, *,
     # Every object's shape and link kinds are checked with the bytes (§14),
     # so what lands here is what the readers can read.
     info, targets = verify_bundle_with_ref_targets(path, schema=SESSION_SCHEMA)
-    unknown = sorted(set(chosen) - {g.partition("/")[2] for g in info.refs})
-    if unknown:
-        raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
-                         f"{', '.join(sorted(g.partition('/')[2] for g in info.refs))}); nothing imported")
     # Every group first: the schema judged the objects only if all are sessions.
     for group in info.refs:
         ns, _, ses = group.partition("/")
         if ns != NS or not SES_RE.fullmatch(ses):
             raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
+    unknown = sorted(set(chosen) - {g.partition("/")[2] for g in info.refs})
+    if unknown:
+        raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
+                         f"{', '.join(sorted(g.partition('/')[2] for g in info.refs))}); nothing imported")
     for group in info.refs:
         ses = group.partition("/")[2]
         refs = info.refs[group]

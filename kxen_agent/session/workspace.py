@@ -347,9 +347,9 @@ def inspect_workspace(path: str) -> WorkspaceIdentity:
         root.encode("utf-8")
     except UnicodeEncodeError:
         # The binding is stored as text (§14.7); a path of other bytes cannot be.
-        shown = root.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        shown = root.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         raise WorkspaceError(f"workspace {shown} is not a UTF-8 path, which a session cannot record; "
-                             "rename the directory or use a UTF-8 path to it (a symlink)") from None
+                             "rename the directory (or the parent) whose name is not UTF-8") from None
     top = _git(root, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         if "not a git repository" in top.stderr:

@@ -86,7 +86,7 @@ def parse_duration(text: str) -> float | None:
     # to say "never" (and a long enough one overflows float or int parsing).
     total = 0
     for n, u in re.findall(r"(\d+)([smhdw])", t):
-        total += (int(n) if len(n) <= 12 else MAX_PRUNE_S + 1) * _UNITS[u]
+        total += (int(n) if len(n.lstrip("0")) <= 12 else MAX_PRUNE_S + 1) * _UNITS[u]
     if total > MAX_PRUNE_S:
         raise BadDuration(f"--prune value {shown} is longer than 100 years; give a shorter duration "
                           "(2w, 3d, 12h...), or --prune=never to keep every unreachable object")

@@ -228,13 +228,14 @@ def test_a_call_without_id_gets_ours_and_one_without_name_fails_the_run(okey: Cl
     a missing call id is replaced by ours (§14.1); a call with no function name fails the run in one
     line, and the session still reads."""
     effects = tmp_path / "effects.log"
-    server.reply_tool_calls([(None, "shell", json.dumps({"command": f"echo a >> '{effects}'"}))])  # type: ignore[list-item]
+    server.reply_tool_calls([(None, "shell", json.dumps({"command": f"echo a >> '{effects}'"})),  # type: ignore[list-item]
+                             (7, "shell", json.dumps({"command": f"echo b >> '{effects}'"}))])  # type: ignore[list-item]
     server.reply_content("ok")
     agent = openai_agent(tmp_path, server)
     res = okey.run_json(workspace, "no id", agent, expect=0).json()
-    assert read_lines(effects) == ["a"]
+    assert read_lines(effects) == ["a", "b"]
     asked, results = tool_result_counts(okey.log(res["session"]))
-    assert asked == ["call_1_0"] and results["call_1_0"] == 1, (asked, results)
+    assert asked == ["call_1_0", "call_1_1"] and results == {"call_1_0": 1, "call_1_1": 1}, (asked, results)
 
     server.clear()
     server.reply_tool_calls([("call_x", None, "{}")])  # type: ignore[list-item]

@@ -362,7 +362,8 @@ def test_a_family_with_a_worktree_fork_imports_with_a_binding_per_session(tmp_pa
     err = dst.refused("session", "import", str(bundle), "--workspace", str(checkout))
     assert f"session {fork}:" in err and f"--workspace {fork}=DIR" in err and "kxen/alt" in err, err
     assert not dst.state_dir.exists()
-    for bad, why in ((f"{fork}", "SES=DIR"), (f"ses_0123456789abcdef0123={checkout}", "holds no session")):
+    for bad, why in ((f"{fork}", "SES=DIR"), (f"ses_0123456789abcdef0123={checkout}", "holds no session"),
+                     (f"{fork}=", "names no directory")):
         err = dst.refused("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", bad)
         assert why in err, err
         assert not dst.state_dir.exists()

@@ -65,7 +65,8 @@ def packs(store: Store) -> list[str]:
 
 
 @pytest.mark.parametrize("text,seconds", [("2w", 14 * DAY), ("3d", 3 * DAY), ("12h", 43200), ("30m", 1800), ("45s", 45),
-                                          ("1d12h", 1.5 * DAY), ("0", 0), ("now", 0), ("NOW", 0), ("never", None)])
+                                          ("1d12h", 1.5 * DAY), ("0", 0), ("now", 0), ("NOW", 0), ("never", None),
+                                          ("00000000000001s", 1), ("5217w", 5217 * 7 * DAY)])
 def test_prune_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -73,6 +74,12 @@ def test_prune_durations(text, seconds):
 @pytest.mark.parametrize("text", ["", "2", "w", "2x", "-1d", "1.5d", "2 w", "yesterday"])
 def test_bad_prune_durations_are_usage_errors(text):
     with pytest.raises(BadDuration, match="invalid --prune value"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["5218w", "36526d", "99999999999999999999w", "9" * 5000 + "s"])
+def test_prune_durations_past_100_years_are_usage_errors(text):
+    with pytest.raises(BadDuration, match="longer than 100 years"):
         parse_duration(text)
 
 
