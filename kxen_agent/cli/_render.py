@@ -78,7 +78,8 @@ def _json_escape(m: re.Match[str]) -> str:
 
 # What json.dumps(ensure_ascii=False) leaves raw although a terminal acts on
 # it. Outside strings json.dumps writes only ASCII, so each of these is
-# inside a string, where \\uXXXX is the same character to any JSON reader.
+# inside a string, where its \\u escape (e.g. \\u001b) is the same
+# character to any JSON reader.
 _JSON_UNSAFE_RE = re.compile(r"[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.session.schema import put, read, text_blob
+from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate, Store
 
@@ -124,9 +124,9 @@ class Runner:
     def read_run(self, info: SessionInfo, run: str, oid: bytes) -> dict:
         """The run state ``runs/<run>`` names, checked (§14.5) and checked to be that run's."""
         st = read(self.store, oid, "run")
-        if (st["id"], st["session"]) != (run, info.id):
-            raise CorruptObject(oid.hex(), f"ref runs/{run} of session {info.id} names the state of run {st['id']} "
-                                f"of session {st['session']}; `kxen-agent fsck` lists every damaged object")
+        wrong = misplaced(info.id, f"runs/{run}", st)
+        if wrong:
+            raise CorruptObject(oid.hex(), f"{wrong}; `kxen-agent fsck` lists every damaged object")
         return st
 
     def latest_run(self, info: SessionInfo) -> tuple[str, bytes, dict] | None:

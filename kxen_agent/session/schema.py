@@ -27,7 +27,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.store import Store
 from kxen_agent.store.objects import CorruptObject, ObjectId, SchemaViolation
 
-__all__ = ["RUN_RE", "SESSION_SCHEMA", "SES_RE", "SessionSchema", "check", "put", "read", "ref_kind", "text_blob"]
+__all__ = ["RUN_RE", "SESSION_SCHEMA", "SES_RE", "SessionSchema", "check", "misplaced", "put", "read", "ref_kind", "text_blob"]
 
 #: Ids as accepted on input (§14.1).
 SES_RE = re.compile(r"ses_[0-9a-z]{8,40}")
@@ -364,6 +364,20 @@ def read(store: Store, oid: ObjectId, kind: str) -> Any:
     return value
 
 
+def misplaced(ses: str, ref: str, value: Any) -> str | None:
+    """Why the ``meta`` or ``runs/<run>`` ref of session ``ses`` names an object that is not its own, or None.
+
+    A shape check cannot see this (the object is a fine session or run, of
+    another one); readers and imports both ask here.
+    """
+    if ref == "meta" and value["id"] != ses:
+        return f"the metadata of session {ses} is that of {value['id']}"
+    if ref.startswith("runs/") and (value["id"], value["session"]) != (ref[5:], ses):
+        return (f"ref sessions/{ses}/{ref} names the state of run {value['id']} "
+                f"of session {value['session']}")
+    return None
+
+
 def put(store: Store, kind: str, value: Any) -> ObjectId:
     """``store.put(kind, value)`` for a value that passes :func:`check`: a writer never
     leaves an object the readers would refuse (a provider's odd answer stops the
@@ -372,7 +386,8 @@ def put(store: Store, kind: str, value: Any) -> ObjectId:
         _CHECKS[kind](value)
     except SchemaViolation as e:
         raise KxenError(f"refusing to write a {kind} object that does not match objects_spec.md "
-                        f"§{_SECTION[kind]}: {e}") from None
+                        f"§{_SECTION[kind]}: {e}; nothing was written — report this as a kxen-agent bug, "
+                        "with the provider's answer if a run was calling one") from None
     return store.put(kind, value)
 
 

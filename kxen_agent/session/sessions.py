@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate, Store
 
-from .schema import SES_RE, put, read, text_blob
+from .schema import SES_RE, misplaced, put, read, text_blob
 from .workspace import (
     WorkspaceIdentity,
     check_binding,
@@ -183,9 +183,9 @@ class SessionStore:
         if meta_oid is None or (state.deleted_ns is not None and not include_deleted):
             raise UnknownSession(ses, self.store.root)
         meta = read(self.store, meta_oid, "session")
-        if meta["id"] != ses:
-            raise CorruptObject(meta_oid.hex(), f"the meta ref of session {ses} names the metadata of {meta['id']}; "
-                                "`kxen-agent fsck` lists every damaged object")
+        wrong = misplaced(ses, "meta", meta)
+        if wrong:
+            raise CorruptObject(meta_oid.hex(), f"{wrong}; `kxen-agent fsck` lists every damaged object")
         runs = {name[5:]: v for name, v in state.refs.items() if name.startswith("runs/")}
         return SessionInfo(ses, meta_oid, meta, state.refs.get("head"), runs, state.deleted_ns, state.fence)
 

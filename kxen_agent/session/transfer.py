@@ -27,7 +27,7 @@ from kxen_agent.store.bundle import (BundleInfo, ImportResult, export_bundle, im
                                      verify_bundle_with_ref_targets)
 from kxen_agent.store.objects import decode_stored
 
-from .schema import RUN_RE, SES_RE, SESSION_SCHEMA
+from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
 from .sessions import NS, SessionStore
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
@@ -97,17 +97,13 @@ def import_sessions(store: Store, path: str, workspace: str, *,
         if "meta" not in refs:
             raise UsageError(f"bundle {path}: session {ses} has no metadata ref; nothing imported")
         meta = decode_stored(targets[refs["meta"]])
-        if meta["id"] != ses:
-            raise UsageError(f"bundle {path}: the metadata of session {ses} is that of {meta['id']}; nothing imported")
         for name, oid in refs.items():
             if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
                 raise UsageError(f"bundle {path}: session {ses} has ref {name!r}, which no session has "
                                  "(meta, head, runs/<run>); nothing imported")
-            if name.startswith("runs/"):
-                st = decode_stored(targets[oid])
-                if (st["id"], st["session"]) != (name[5:], ses):
-                    raise UsageError(f"bundle {path}: ref {group}/{name} names the state of run {st['id']} "
-                                     f"of session {st['session']}; nothing imported")
+            wrong = misplaced(ses, name, decode_stored(targets[oid])) if name != "head" else None
+            if wrong:
+                raise UsageError(f"bundle {path}: {wrong}; nothing imported")
         # Judged before the state dir is touched, so a refused import leaves
         # nothing behind (not even a new, empty state dir); ``transform``
         # below checks again against what it builds on.
