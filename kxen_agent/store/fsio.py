@@ -7,10 +7,17 @@ tests count fsyncs, record a trace for crash simulation, or fail the N-th
 operation, without touching the code that decides *what* to write.
 
 Operations are the mutating primitives ``create``, ``write``, ``fsync``,
-``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate`` and
-``mkdir``. :attr:`FileIO.hook` sees each one *before* it happens (it may
+``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate``, ``mkdir``
+and ``utime``. :attr:`FileIO.hook` sees each one *before* it happens (it may
 raise to simulate a failing disk); :meth:`FileIO._did` is told of each one
-*after* it happened, with its data. Two subclasses ship here, as trio ships
+*after* it happened, with its data.
+
+Reads and metadata queries (``read``, ``open``, ``mmap``, ``stat``,
+``listdir``: :data:`READ_OPS`) go through the seam too, on a channel of
+their own so that the numbering of mutating operations (what a fault's N
+and a crash point count) does not depend on how often the store looks:
+:attr:`FileIO.read_hook` sees each one before it happens (it may raise, as
+a dying disk fails reads too), :attr:`FileIO.read_count` counts them. Two subclasses ship here, as trio ships
 its test helpers in the library:
 
 - :class:`TracingIO` records every operation (with the bytes written) as a
@@ -29,12 +36,13 @@ operations: they change nothing.
 from __future__ import annotations
 
 import errno as _errno
+import mmap
 import os
 import re
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import IO, BinaryIO, Callable, Iterator
 
 __all__ = sorted(
     [
@@ -44,6 +52,7 @@ __all__ = sorted(
         "IO_FAULT_ENV",
         "MUTATING_OPS",
         "OS_IO",
+        "READ_OPS",
         "TraceOp",
         "TracingIO",
         "parse_fault_spec",
@@ -51,7 +60,10 @@ __all__ = sorted(
 )
 
 #: Every operation name a hook can see.
-MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir")
+MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir", "utime")
+
+#: Every read or metadata operation a ``read_hook`` can see.
+READ_OPS = ("read", "open", "mmap", "stat", "listdir")
 
 #: The environment variable that injects I/O faults into :data:`OS_IO`.
 IO_FAULT_ENV = "KXEN_AGENT_IO_FAULT"
@@ -86,6 +98,14 @@ class FileIO:
         #: Operations started (hooked) so far: what a fault's N counts.
         self.op_count = 0
         self.hook: Callable[[str, str], None] | None = None
+        #: Read and metadata operations started so far (not counted in ``op_count``).
+        self.read_count = 0
+        self.read_hook: Callable[[str, str], None] | None = None
+
+    def _read_op(self, op: str, path: str) -> None:
+        self.read_count += 1
+        if self.read_hook is not None:
+            self.read_hook(op, path)
 
     def _op(self, op: str, path: str) -> None:
         # A test hook sees every operation before it happens: it may record
@@ -114,10 +134,11 @@ class FileIO:
         except OSError:
             pass
 
-    # -- reading (not traced: reads change nothing)
+    # -- reading and metadata (seen by read_hook; never in the trace: they change nothing)
     def read(self, path: str) -> bytes:
         # os.open/os.read, not open(): no buffered-reader object per call,
         # about half the cost for the small files that loose objects are.
+        self._read_op("read", path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.read(fd, _READ_CHUNK)
@@ -137,7 +158,83 @@ class FileIO:
         finally:
             os.close(fd)
 
+    def open_read(self, path: str) -> BinaryIO:
+        """A buffered binary reader of ``path`` (for streams too large to read whole)."""
+        self._read_op("open", path)
+        return open(path, "rb")
+
+    def map_file(self, path: str) -> "mmap.mmap | bytes":
+        """``path`` mapped read-only (``b""`` for an empty file, which mmap refuses).
+
+        The mapping stays valid after the file is unlinked or replaced.
+        """
+        self._read_op("mmap", path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size == 0:
+                return b""
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+
+    def stat(self, path: str, *, follow_symlinks: bool = True) -> os.stat_result:
+        self._read_op("stat", path)
+        return os.stat(path, follow_symlinks=follow_symlinks)
+
+    def lstat(self, path: str) -> os.stat_result:
+        return self.stat(path, follow_symlinks=False)
+
+    def fstat(self, f: "int | IO[bytes]") -> os.stat_result:
+        """Metadata of an open file (a descriptor or a file object)."""
+        fd = f if isinstance(f, int) else f.fileno()
+        self._read_op("stat", f"<fd {fd}>")
+        return os.fstat(fd)
+
+    def exists(self, path: str) -> bool:
+        self._read_op("stat", path)
+        return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        self._read_op("stat", path)
+        return os.path.isdir(path)
+
+    def islink(self, path: str) -> bool:
+        self._read_op("stat", path)
+        return os.path.islink(path)
+
+    def getsize(self, path: str) -> int:
+        return self.stat(path).st_size
+
+    def listdir(self, path: str) -> list[str]:
+        self._read_op("listdir", path)
+        return os.listdir(path)
+
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        """The entries of ``path`` (a list: the directory handle is closed on return)."""
+        self._read_op("listdir", path)
+        with os.scandir(path) as it:
+            return list(it)
+
+    def walk(self, root: str, onerror: Callable[[OSError], None] | None = None
+             ) -> Iterator[tuple[str, list[str], list[str]]]:
+        """``os.walk`` (top-down, symlinks not followed), each directory listing seen by the seam."""
+        self._read_op("listdir", root)
+        for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
+            yield dirpath, dirnames, filenames
+            for d in dirnames:
+                self._read_op("listdir", os.path.join(dirpath, d))
+
     # -- writing
+    def utime(self, path: str, times: tuple[float, float] | None = None) -> None:
+        """Set ``path``'s access and modification times (now, by default).
+
+        gc's grace period reads object ages from mtimes, so an mtime the
+        store sets is a mutating operation like any other.
+        """
+        self._op("utime", path)
+        os.utime(path, times)
+        self._did("utime", path)
+
     def write_tmp(self, directory: str, data: bytes, *, sync: bool = True, prefix: str = "tmp_") -> str:
         """Create a new uniquely named file in ``directory`` holding ``data``."""
         path = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}")
@@ -314,24 +411,36 @@ class FaultyIO(FileIO):
     full); otherwise only that one (a transient error). :meth:`heal` makes
     the disk good again ("space returns"). ``faults`` counts the errors
     raised. ``sync=False`` skips the fsync system calls, as in
-    :class:`TracingIO`.
+    :class:`TracingIO`. ``reads=True`` counts and fails read and metadata
+    operations (:data:`READ_OPS`, numbered by ``read_count``) instead of
+    mutating ones: a disk whose reads fail.
     """
 
     def __init__(self, fail_at: int | None, err: int = _errno.ENOSPC, *, persistent: bool = False,
-                 sync: bool = True) -> None:
+                 sync: bool = True, reads: bool = False) -> None:
         super().__init__()
         self.fail_at = fail_at
         self.err = err
         self.persistent = persistent
         self.sync = sync
+        self.reads = reads
         self.faults = 0
 
-    def _op(self, op: str, path: str) -> None:
-        super()._op(op, path)
-        n, at = self.op_count, self.fail_at
+    def _maybe_fail(self, n: int, path: str) -> None:
+        at = self.fail_at
         if at is not None and (n == at or (self.persistent and n > at)):
             self.faults += 1
             raise OSError(self.err, os.strerror(self.err), path)
+
+    def _op(self, op: str, path: str) -> None:
+        super()._op(op, path)
+        if not self.reads:
+            self._maybe_fail(self.op_count, path)
+
+    def _read_op(self, op: str, path: str) -> None:
+        super()._read_op(op, path)
+        if self.reads:
+            self._maybe_fail(self.read_count, path)
 
     def _fsync_fd(self, fd: int) -> None:
         if self.sync:
