@@ -59,7 +59,7 @@ from typing import Callable
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.sessions import UnknownSession
 from kxen_agent.store import Store
-from kxen_agent.store.locks import FileLock, LockBusy, _get as _lock_for  # one lock object per path
+from kxen_agent.store.locks import FileLock, LockBusy, lock_for as _lock_for  # one lock object per path
 
 __all__ = ["DEFAULT_TTL_S", "Lease", "LeaseBusy", "LeaseLost", "blocking_reason", "lease_ttl_s"]
 

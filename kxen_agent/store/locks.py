@@ -22,7 +22,7 @@ import fasteners
 
 from kxen_agent.errors import KxenError
 
-__all__ = ["LockBusy", "FileLock", "file_lock"]
+__all__ = ["FileLock", "LockBusy", "file_lock", "lock_for"]
 
 
 class LockBusy(KxenError):
@@ -84,7 +84,7 @@ class FileLock:
         return self._ipl.acquired
 
 
-def _get(path: str) -> FileLock:
+def lock_for(path: str) -> FileLock:
     # realpath: a state dir reached through a symlink must map to the same
     # lock object, or two threads could both "hold" one fcntl lock.
     path = os.path.realpath(path)
@@ -98,7 +98,7 @@ def _get(path: str) -> FileLock:
 @contextmanager
 def file_lock(path: str, timeout: float | None = 30.0) -> Iterator[FileLock]:
     """Hold the exclusive lock on ``path`` (created if missing) for a block."""
-    lock = _get(path)
+    lock = lock_for(path)
     lock.acquire(timeout)
     try:
         yield lock
