@@ -13,7 +13,7 @@ import os
 from typing import Sequence
 
 from kxen_agent.session.agent_def import default_agent_definition
-from kxen_agent.session.sessions import SessionStore, msg_id
+from kxen_agent.session.sessions import NS, SessionStore, msg_id
 from kxen_agent.session.workspace import WorkspaceIdentity, inspect_workspace
 from kxen_agent.store import RefUpdate, Store
 from kxen_agent.store.fsio import FaultyIO, FileIO
@@ -23,7 +23,7 @@ __all__ = ["Builder", "measuring_store"]
 
 def measuring_store(root: str) -> Store:
     """A store as a CLI process opens it: real fsyncs, a fresh counter."""
-    return Store(root, io=FileIO())
+    return Store(root, io=FileIO(), namespaces=(NS,))
 
 
 class Builder:
@@ -31,7 +31,7 @@ class Builder:
 
     def __init__(self, root: str, workspace_dir: str) -> None:
         os.makedirs(workspace_dir, exist_ok=True)
-        self.store = Store(root, io=FaultyIO(None, sync=False))
+        self.store = Store(root, io=FaultyIO(None, sync=False), namespaces=(NS,))
         self.sessions = SessionStore(self.store)
         self.lock = default_agent_definition([{"content": "done"}], name="bench")
         self.ws: WorkspaceIdentity = inspect_workspace(workspace_dir)

@@ -17,6 +17,7 @@ import typer
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.schema import SESSION_SCHEMA
+from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store, decode_body, fsck as run_fsck
 
 from ._render import Progress, dumps_json, emit_json, err, out, term_text, to_jsonable
@@ -74,7 +75,7 @@ def root(
 
 
 def open_store() -> Store:
-    return Store.open()
+    return Store.open(namespaces=(NS,))
 
 
 @app.command("fsck")
@@ -205,13 +206,13 @@ def _command_path(argv: list[str]) -> str:
 
 def _check_io_fault_spec() -> None:
     """A misspelt ``KXEN_AGENT_IO_FAULT`` is a usage error for every command, read-only ones too."""
-    from kxen_agent.store.fsio import IO_FAULT_ENV, FaultSpecError, parse_fault_spec
+    from kxen_agent.store.fsio import IO_FAULT_ENV, IOFaultSpecError, parse_fault_spec
 
     spec = os.environ.get(IO_FAULT_ENV, "")
     if spec:
         try:
             parse_fault_spec(spec)
-        except FaultSpecError as e:
+        except IOFaultSpecError as e:
             raise UsageError(str(e)) from None
 
 

@@ -14,6 +14,7 @@ from kxen_agent.errors import UsageError
 from kxen_agent.runtime.lease import lease_ttl_s
 from kxen_agent.runtime.runner import Runner, RunResult
 from kxen_agent.session.agent_def import load_agent_definition
+from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
@@ -173,7 +174,7 @@ def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
     def note(line: str) -> None:  # progress notes name paths and stored values
         err(f"kxen-agent: {t(line, quote=False)}")
 
-    return Runner(Store.open(), cancel=cancel, on_event=(lambda line: None) if json_out else note)
+    return Runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=(lambda line: None) if json_out else note)
 
 
 @run_app.callback(invoke_without_command=True)
@@ -216,7 +217,7 @@ def show_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """The run's status, model, turns, result and its tool journal."""
-    runner = Runner(Store.open())
+    runner = Runner(Store.open(namespaces=(NS,)))
     info = runner.sessions.get(ses)
     oid, st = runner.run_state(info, run)
     ops = runner.ops(st)
@@ -269,7 +270,7 @@ def resolve_cmd(
     """Record a human-established outcome for one UNKNOWN operation (never re-runs it)."""
     check_text(output, "--output")  # before the lease is taken: a bad value changes nothing
     lease_ttl_s()
-    res = Runner(Store.open()).resolve(ses, run, op, output, is_error=is_error)
+    res = Runner(Store.open(namespaces=(NS,))).resolve(ses, run, op, output, is_error=is_error)
     if json_out:
         emit_json(res)
     else:

@@ -10,7 +10,7 @@ import typer
 
 from kxen_agent.errors import KxenError
 from kxen_agent.runtime.runner import Runner
-from kxen_agent.session.sessions import SessionInfo, SessionStore
+from kxen_agent.session.sessions import NS, SessionInfo, SessionStore
 from kxen_agent.store import Store
 
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t
@@ -20,7 +20,7 @@ session_app = typer.Typer(help="List, inspect, fork, delete, export and import s
 
 
 def _sessions() -> SessionStore:
-    return SessionStore(Store.open())
+    return SessionStore(Store.open(namespaces=(NS,)))
 
 
 def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
@@ -40,7 +40,7 @@ def _when(ns: int) -> str:
 @session_app.command("list")
 def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """Every session in the state dir."""
-    store = Store.open()
+    store = Store.open(namespaces=(NS,))
     runner = Runner(store)
     rows = []
 
@@ -74,7 +74,7 @@ def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
 @session_app.command("show")
 def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Ids, fork fields, workspace binding, agent lock, runs and their statuses."""
-    runner = Runner(Store.open())
+    runner = Runner(Store.open(namespaces=(NS,)))
     info = runner.sessions.get(ses)
     agent = runner.sessions.agent(info)
     d = info.to_json()
@@ -210,7 +210,7 @@ def export_cmd(
 
     from ._render import Progress
 
-    store = Store.open()
+    store = Store.open(namespaces=(NS,))
     prog = Progress("export", enabled=not json_out)
     info = export_sessions(store, sessions, output, fmt=fmt, progress=prog)
     prog.done()
@@ -237,7 +237,7 @@ def import_cmd(
 
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
     default, per_session = _workspaces(workspace)
-    store = Store.open()
+    store = Store.open(namespaces=(NS,))
     prog = Progress("import", enabled=not json_out)
     res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
                           acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import typer
 
 from kxen_agent.session.schema import SESSION_SCHEMA
+from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 from kxen_agent.store.bundle import BundleInfo, verify_bundle
 from kxen_agent.store.gc import DEFAULT_PRUNE, gc as run_gc, parse_duration
@@ -42,7 +43,7 @@ def gc_cmd(
 ) -> None:
     """Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."""
     parse_duration(prune)  # a bad value is a usage error before anything is opened
-    store = Store.open()
+    store = Store.open(namespaces=(NS,))
     prog = Progress("gc", enabled=not json_out)
     rep = run_gc(store, prune=prune, progress=prog)
     prog.done()

@@ -9,6 +9,12 @@ never referenced: normal after a crash or a failed import) are reported as
 information only, as ``git fsck`` does, and so are stray files: temp files a
 crashed writer left anywhere in the state dir, and names under ``objects/``
 that are not objects (``objects_spec.md`` §11).
+
+Every file-system call (reads, ``stat``, listings, the walk for temp files)
+goes through the store's :class:`~.fsio.FileIO`. The skeleton checked is
+the store's own (:meth:`Store.skeleton_dirs`, from the namespaces it was
+opened with): a namespace directory the store was not told of is checked
+like any other directory, as a holder of groups.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from typing import Any, Callable
 
 from kxen_agent.errors import KxenError
 
+from .fsio import FileIO
 from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, Schema, SchemaViolation, a_kind, decode_body, links_of
 from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file
-from .repo import Store, skeleton_dirs
+from .repo import Store
 
 #: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
 #: ``FORMAT.tmp_…`` (the FORMAT file's, §10.3).
@@ -110,11 +117,11 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # replaced by a file is damage, not a leftover.
     not_dirs: set[str] = set()
     if store.format_version >= 2:
-        for rel in skeleton_dirs():
+        for rel in store.skeleton_dirs():
             d = os.path.join(store.root, rel)
-            if os.path.isdir(d):
+            if store.io.isdir(d):
                 continue
-            if os.path.lexists(d):
+            if store.io.lexists(d):
                 not_dirs.add(d)
                 rep.problems.append(Problem("skeleton", d, "is not a directory; move it out of the state dir"))
             else:
@@ -253,7 +260,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     rep.dangling = sorted(oid.hex() for oid in links if oid not in alive)
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
-    strays.update(_temp_files(store.root))
+    strays.update(_temp_files(store.root, store.io))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
 
@@ -270,18 +277,18 @@ def _closure(links: dict[ObjectId, list[ObjectId]], start: Any, into: set[Object
     return into
 
 
-def _temp_files(root: str) -> list[str]:
+def _temp_files(root: str, io: FileIO) -> list[str]:
     """Temp files under ``root``, but in the fan-out dirs (step 1 listed those)."""
     objects_dir = os.path.join(root, "objects")
     refs_dir = os.path.join(root, "refs")
     out = []
-    for d, dirs, files in os.walk(root):
+    for d, dirs, files in io.walk(root):
         if d == objects_dir:
             dirs[:] = [x for x in dirs if x == PACK_DIR_NAME]
         for f in files:
             path = os.path.join(d, f)
             # In refs/<ns>/ only what RefStore.groups() skips is a temp file;
             # any other name there was checked as a group in step 3.
-            if is_temp_file(path) if os.path.dirname(d) == refs_dir else f.startswith(_TEMP_PREFIXES):
+            if is_temp_file(path, io) if os.path.dirname(d) == refs_dir else f.startswith(_TEMP_PREFIXES):
                 out.append(path)
     return out

@@ -6,19 +6,25 @@ into place, fsync the directory. Routing them through one small object lets
 tests count fsyncs, record a trace for crash simulation, or fail the N-th
 operation, without touching the code that decides *what* to write.
 
-Operations are the mutating primitives ``create``, ``write``, ``fsync``,
+Operations are the mutating primitives ``create`` (a temp file, or a
+missing lock file: :meth:`FileIO.ensure_file`), ``write``, ``fsync``,
 ``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate``, ``mkdir``
-and ``utime``. :attr:`FileIO.hook` sees each one *before* it happens (it may
-raise to simulate a failing disk); :meth:`FileIO._did` is told of each one
-*after* it happened, with its data.
+and ``utime`` (the times gc's grace period is judged by).
+:attr:`FileIO.hook` sees each one *before* it happens (it may raise to
+simulate a failing disk); :meth:`FileIO._did` is told of each one *after*
+it happened, with its data.
 
-Reads and metadata queries (``read``, ``open``, ``mmap``, ``stat``,
-``listdir``: :data:`READ_OPS`) go through the seam too, on a channel of
-their own so that the numbering of mutating operations (what a fault's N
-and a crash point count) does not depend on how often the store looks:
-:attr:`FileIO.read_hook` sees each one before it happens (it may raise, as
-a dying disk fails reads too), :attr:`FileIO.read_count` counts them. Two subclasses ship here, as trio ships
-its test helpers in the library:
+Reads and metadata queries go through the seam too: ``read``, ``open``,
+``mmap``, ``stat`` (also ``exists``, ``isdir``, ``islink``, ``getsize``)
+and ``listdir`` (also ``scandir``, ``walk``), the kinds in
+:data:`READ_OPS`. They have a channel of their own, so that the numbering
+of mutating operations (what a fault's N and a crash point count) does
+not depend on how often the store looks: :attr:`FileIO.read_hook` sees
+each one before it happens (it may raise, as a dying disk fails reads
+too), :attr:`FileIO.read_count` counts them. No other module of the store
+calls ``os`` (or ``open``, or ``mmap``) on a file: ``tests/store/test_seam.py``
+checks it. Two subclasses ship here, as trio ships its test helpers in the
+library:
 
 - :class:`TracingIO` records every operation (with the bytes written) as a
   :class:`TraceOp`; ``tests/reliability/crashsim.py`` replays prefixes of
@@ -46,9 +52,9 @@ from typing import IO, BinaryIO, Callable, Iterator
 
 __all__ = sorted(
     [
-        "FaultSpecError",
         "FaultyIO",
         "FileIO",
+        "IOFaultSpecError",
         "IO_FAULT_ENV",
         "MUTATING_OPS",
         "OS_IO",
@@ -194,6 +200,11 @@ class FileIO:
         self._read_op("stat", path)
         return os.path.exists(path)
 
+    def lexists(self, path: str) -> bool:
+        """Whether anything is at ``path``, a dangling symlink included."""
+        self._read_op("stat", path)
+        return os.path.lexists(path)
+
     def isdir(self, path: str) -> bool:
         self._read_op("stat", path)
         return os.path.isdir(path)
@@ -209,11 +220,22 @@ class FileIO:
         self._read_op("listdir", path)
         return os.listdir(path)
 
-    def scandir(self, path: str) -> list[os.DirEntry[str]]:
-        """The entries of ``path`` (a list: the directory handle is closed on return)."""
+    def scandir(self, path: str, *, limit: int | None = None) -> list[os.DirEntry[str]]:
+        """The entries of ``path`` (a list: the directory handle is closed on return).
+
+        ``limit``: stop listing after that many entries (a caller that only
+        needs to know whether a directory is small reads no more of a large one).
+        """
         self._read_op("listdir", path)
         with os.scandir(path) as it:
-            return list(it)
+            if limit is None:
+                return list(it)
+            out = []
+            for entry in it:
+                if len(out) >= limit:
+                    break
+                out.append(entry)
+            return out
 
     def walk(self, root: str, onerror: Callable[[OSError], None] | None = None
              ) -> Iterator[tuple[str, list[str], list[str]]]:
@@ -225,6 +247,29 @@ class FileIO:
                 self._read_op("listdir", os.path.join(dirpath, d))
 
     # -- writing
+    def ensure_file(self, path: str) -> bool:
+        """Create ``path`` empty if nothing is there (a lock file); True if this call created it.
+
+        A ``create`` operation, seen by the hooks only when the file is
+        missing; not fsynced, since a lock file carries nothing
+        (``objects_spec.md`` §8.1). The descriptor is closed at once, which
+        would drop an ``fcntl`` lock this process held on the file: callers
+        (:mod:`.locks`) ensure a lock file only while this process holds
+        no lock on it.
+        """
+        if self.lexists(path):
+            return False
+        parent = os.path.dirname(path)
+        if parent and not self.isdir(parent):
+            # A lock directory removed by hand: made again, durably, where
+            # fasteners would have made it without a barrier.
+            self.makedirs(parent)
+        self._op("create", path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.close(fd)
+        self._did("create", path)
+        return True
+
     def utime(self, path: str, times: tuple[float, float] | None = None) -> None:
         """Set ``path``'s access and modification times (now, by default).
 
@@ -338,7 +383,7 @@ class FileIO:
 
     def makedirs(self, path: str) -> None:
         """Create ``path`` and missing parents, each made durable in its parent."""
-        if os.path.isdir(path):
+        if self.isdir(path):
             return
         parent = os.path.dirname(path.rstrip(os.sep)) or "."
         self.makedirs(parent)
@@ -396,8 +441,12 @@ class TracingIO(FileIO):
             return len(self.trace)
 
 
-class FaultSpecError(ValueError):
-    """A fault spec (``KXEN_AGENT_IO_FAULT``) that does not parse."""
+class IOFaultSpecError(ValueError):
+    """An I/O fault spec (``KXEN_AGENT_IO_FAULT``) that does not parse.
+
+    Not :class:`kxen_agent.runtime.faults.FaultSpecError`, which is the
+    runtime's (``KXEN_AGENT_FAULT``, crash points of the run loop).
+    """
 
 
 _ERRNOS = {"ENOSPC": _errno.ENOSPC, "EIO": _errno.EIO}
@@ -455,7 +504,7 @@ def parse_fault_spec(spec: str) -> tuple[int, int, bool]:
     """``ENOSPC@N``, ``EIO@N``, with ``+`` for persistent: (errno, N, persistent)."""
     m = _SPEC.fullmatch(spec.strip())
     if m is None:
-        raise FaultSpecError(
+        raise IOFaultSpecError(
             f"{IO_FAULT_ENV}={spec!r} is not ENOSPC@N or EIO@N (N >= 1, a trailing '+' keeps failing "
             f"from the N-th operation on); unset it to run normally"
         )
@@ -468,7 +517,7 @@ def _os_io_from_env() -> FileIO:
         return FileIO()
     try:
         err, at, persistent = parse_fault_spec(spec)
-    except FaultSpecError as e:
+    except IOFaultSpecError as e:
         # Refuse at the first write (not at import, which would be a
         # traceback): a misspelt spec must not silently run a fault-free test.
         from kxen_agent.errors import UsageError

@@ -24,7 +24,9 @@ Two phases:
    pack that are still within the grace period become loose files again
    with the pack's mtime, as ``git repack --unpack-unreachable`` does.
 
-Every file change goes through the store's :class:`~.fsio.FileIO`.
+Every file-system call goes through the store's :class:`~.fsio.FileIO`:
+file changes, and the listings, ``stat`` calls and ``utime`` calls that the
+grace period is judged by and kept with.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .pack import DICT_SAMPLE_MAX_OBJECT, PackReader, sample_dictionary
 from .refs import CorruptRef
 from .repo import MissingObject, Store
 
-__all__ = ["DEFAULT_PRUNE", "MAX_PRUNE_S", "GcAborted", "GcReport", "BadDuration", "gc", "parse_duration"]
+__all__ = ["BadDuration", "DEFAULT_PRUNE", "GcAborted", "GcReport", "MAX_PRUNE_S", "gc", "parse_duration"]
 
 #: The default grace period, as git's ``gc.pruneExpire``.
 DEFAULT_PRUNE = "2w"
@@ -202,12 +204,12 @@ def _closure(
                 stack.append((child, f"object {oid.hex()}"))
 
 
-def _disk_usage(path: str) -> int:
+def _disk_usage(store: Store, path: str) -> int:
     total = 0
-    for dirpath, _dirs, files in os.walk(path):
+    for dirpath, _dirs, files in store.io.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
+                total += store.io.lstat(os.path.join(dirpath, f)).st_size
             except FileNotFoundError:
                 pass
     return total
@@ -245,16 +247,16 @@ def gc(
     cutoff = None if grace is None else now - grace
     cutoff_ns = None if cutoff is None else int(cutoff * 1e9)
     objects_dir = os.path.join(store.root, "objects")
-    rep.bytes_before = _disk_usage(objects_dir)
+    rep.bytes_before = _disk_usage(store, objects_dir)
     # Before the first file gc makes (its lock file): upgrade a version-1
     # dir, or sync the state dir once, so that no file of gc's can outlive
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
-    with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0):
+    with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
     store.reload_packs()
-    rep.bytes_after = _disk_usage(objects_dir)
+    rep.bytes_after = _disk_usage(store, objects_dir)
     return rep
 
 
@@ -332,10 +334,10 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
         # (ours, earlier, or a killed gc's) whose directory fsync never
         # happened could come back after a power loss, naming pruned objects.
         refs_dir = os.path.join(store.root, "refs")
-        if os.path.isdir(refs_dir):
+        if store.io.isdir(refs_dir):
             store.io.fsync_dir(refs_dir)
-            for ns in sorted(os.listdir(refs_dir)):
-                if os.path.isdir(os.path.join(refs_dir, ns)):
+            for ns in sorted(store.io.listdir(refs_dir)):
+                if store.io.isdir(os.path.join(refs_dir, ns)):
                     store.io.fsync_dir(os.path.join(refs_dir, ns))
         roots = _roots(store, cutoff_ns)
         reachable = set(p1.reachable)
@@ -385,7 +387,7 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
                             store.loose.write(obj)
                             if oid not in reachable:
                                 try:
-                                    os.utime(store.loose.path(oid), (mtime, mtime))  # keep its age
+                                    store.io.utime(store.loose.path(oid), (mtime, mtime))  # keep its age
                                 except OSError:
                                     pass
                             rep.exploded += 1
@@ -415,7 +417,7 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
                 continue
             else:
                 try:
-                    mtime = os.stat(path).st_mtime
+                    mtime = store.io.stat(path).st_mtime
                 except FileNotFoundError:
                     continue
                 if cutoff is not None and mtime <= cutoff:
@@ -466,9 +468,9 @@ def _remove_group(store: Store, group: str, cutoff_ns: int | None) -> bool:
 def _remove_stale_tmp(store: Store, cutoff: float) -> int:
     n = 0
     objects_dir = os.path.join(store.root, "objects")
-    dirs = [store.pack_dir] + [os.path.join(objects_dir, d) for d in _listdir(objects_dir) if len(d) == 2]
+    dirs = [store.pack_dir] + [os.path.join(objects_dir, d) for d in _listdir(store, objects_dir) if len(d) == 2]
     for d in dirs:
-        names = _listdir(d)
+        names = _listdir(store, d)
         idx = {x[:-4] for x in names if x.endswith(".idx")}
         for name in names:
             orphan_pack = d == store.pack_dir and name.endswith(".pack") and name[:-5] not in idx
@@ -476,7 +478,7 @@ def _remove_stale_tmp(store: Store, cutoff: float) -> int:
                 continue
             path = os.path.join(d, name)
             try:
-                if os.lstat(path).st_mtime > cutoff:
+                if store.io.lstat(path).st_mtime > cutoff:
                     continue
             except FileNotFoundError:
                 continue
@@ -485,8 +487,8 @@ def _remove_stale_tmp(store: Store, cutoff: float) -> int:
     return n
 
 
-def _listdir(d: str) -> list[str]:
+def _listdir(store: Store, d: str) -> list[str]:
     try:
-        return sorted(os.listdir(d))
+        return sorted(store.io.listdir(d))
     except FileNotFoundError:
         return []

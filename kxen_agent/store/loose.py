@@ -14,6 +14,10 @@ batch has ended.
 Only lower-case names are objects: ``objects/<2 hex>/<62 hex>``. Anything
 else under ``objects/`` (besides ``pack/``, §12) is a stray file that
 lookups never see and that fsck lists (:meth:`LooseObjects.scan`).
+
+Every file-system call — reads, ``stat``, listings, and the ``utime`` that
+freshens an object — goes through the store's :class:`~.fsio.FileIO`;
+nothing here calls ``os`` on a file.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
+from os import stat_result
 from typing import Iterator
 
 from .fsio import FileIO
@@ -38,13 +43,13 @@ PACK_DIR_NAME = "pack"
 _DURABLE_IDS_MAX = 100_000
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int]:
+def _identity(st: stat_result) -> tuple[int, int, int]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
-def _listdir(d: str) -> list[str]:
+def _listdir(io: FileIO, d: str) -> list[str]:
     try:
-        return sorted(os.listdir(d))
+        return sorted(io.listdir(d))
     except (FileNotFoundError, NotADirectoryError):
         return []
 
@@ -77,7 +82,7 @@ class LooseObjects:
         return f"{self.dir}{os.sep}{h[:2]}{os.sep}{h[2:]}"  # os.path.join, without its per-call checks
 
     def has(self, oid: ObjectId) -> bool:
-        return os.path.exists(self.path(oid))
+        return self.io.exists(self.path(oid))
 
     def read_raw(self, oid: ObjectId) -> RawObject | None:
         """The verified object, or None if there is no loose file for it."""
@@ -106,12 +111,12 @@ class LooseObjects:
         path = self.path(obj.id)
         d = os.path.dirname(path)
         try:
-            st = os.stat(path)
+            st = self.io.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             st = None
         if st is not None:
             try:
-                os.utime(path)
+                self.io.utime(path)  # restarts gc's grace period for this object
             except OSError:
                 pass
             known = self._durable_ids.get(obj.id)
@@ -141,10 +146,9 @@ class LooseObjects:
         self._made_durable(obj.id, ident)
         return True
 
-    @staticmethod
-    def _identity_of(path: str) -> tuple[int, int, int] | None:
+    def _identity_of(self, path: str) -> tuple[int, int, int] | None:
         try:
-            return _identity(os.stat(path))
+            return _identity(self.io.stat(path))
         except OSError:
             return None
 
@@ -215,15 +219,15 @@ class LooseObjects:
             self._pending_ids = {}
 
     def _fanout_dirs(self) -> Iterator[tuple[str, str]]:
-        for sub in _listdir(self.dir):
+        for sub in _listdir(self.io, self.dir):
             d = os.path.join(self.dir, sub)
-            if _FANOUT_NAME.fullmatch(sub) and os.path.isdir(d):
+            if _FANOUT_NAME.fullmatch(sub) and self.io.isdir(d):
                 yield sub, d
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every loose object's id: lower-case names in lower-case fan-out dirs only."""
         for sub, d in self._fanout_dirs():
-            for name in _listdir(d):
+            for name in _listdir(self.io, d):
                 if _OBJECT_NAME.fullmatch(name):
                     yield bytes.fromhex(sub + name)
 
@@ -234,15 +238,15 @@ class LooseObjects:
         lower-case hex of the right length, anything that is not a fan-out
         dir (fsck lists them; lookups never see them).
         """
-        for sub in _listdir(self.dir):
+        for sub in _listdir(self.io, self.dir):
             d = os.path.join(self.dir, sub)
             if sub == PACK_DIR_NAME:
                 continue
-            if not (_FANOUT_NAME.fullmatch(sub) and os.path.isdir(d)):
+            if not (_FANOUT_NAME.fullmatch(sub) and self.io.isdir(d)):
                 yield d, None
                 continue
             prefix = d + os.sep
-            for name in _listdir(d):
+            for name in _listdir(self.io, d):
                 yield prefix + name, bytes.fromhex(sub + name) if _OBJECT_NAME.fullmatch(name) else None
 
     def with_prefix(self, hexprefix: str) -> list[ObjectId]:
@@ -250,7 +254,7 @@ class LooseObjects:
         rest = hexprefix[2:]
         return [
             bytes.fromhex(hexprefix[:2] + n)
-            for n in _listdir(os.path.join(self.dir, hexprefix[:2]))
+            for n in _listdir(self.io, os.path.join(self.dir, hexprefix[:2]))
             if _OBJECT_NAME.fullmatch(n) and n.startswith(rest)
         ]
 
@@ -294,14 +298,10 @@ class LooseNames:
     def _list(self, h: str) -> frozenset[str] | None:
         names: frozenset[str] | None = None
         try:
-            found: set[str] = set()
-            with os.scandir(os.path.join(self.loose.dir, h[:2])) as it:
-                for entry in it:
-                    found.add(entry.name)
-                    if len(found) > self.cap:
-                        break
-                else:
-                    names = frozenset(found)
+            # One entry past the cap is enough to know the directory is too big to list.
+            entries = self.loose.io.scandir(os.path.join(self.loose.dir, h[:2]), limit=self.cap + 1)
+            if len(entries) <= self.cap:
+                names = frozenset(e.name for e in entries)
         except FileNotFoundError:
             names = frozenset()
         except OSError:

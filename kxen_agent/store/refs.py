@@ -17,6 +17,9 @@ Each group carries a *fence*: a number that only increases. An update made
 with a fence lower than the group's current one is refused (:class:`StaleFence`)
 — this is what stops a paused lease holder from writing after its lease
 was given to another process.
+
+Every file-system call, listings and sizes included, goes through the
+store's :class:`~.fsio.FileIO`; nothing here calls ``os`` on a file.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "StaleFence",
     "is_temp_file",
     "validate_group",
+    "validate_namespace",
     "validate_ref_name",
     "validate_update",
 ]
@@ -121,6 +125,14 @@ def _check_segment(seg: str, what: str, full: str) -> None:
         )
 
 
+def validate_namespace(ns: str) -> str:
+    """Check a namespace, the first segment of a group name (§6.1)."""
+    if type(ns) is not str:
+        raise BadRefName(f"invalid namespace {ns!r}: expected a string")
+    _check_segment(ns, "namespace", ns)
+    return ns
+
+
 def validate_group(group: str) -> str:
     parts = group.split("/")
     if len(parts) != 2:
@@ -195,15 +207,15 @@ def validate_update(u: RefUpdate) -> RefUpdate:
     return u
 
 
-def is_temp_file(path: str) -> bool:
+def is_temp_file(path: str, io: FileIO) -> bool:
     """Whether ``path`` is a temp file as :meth:`.fsio.FileIO.write_tmp` makes them.
 
-    Named ``tmp_`` and 16 hex digits, and not a directory; since no segment
-    may begin with ``tmp_`` (§6.1), it can never be a ref group's file. One
-    that has vanished counts too: a writer renamed it into place between a
-    listing and this check.
+    Named ``tmp_`` and 16 hex digits, and not a directory (asked through
+    ``io``); since no segment may begin with ``tmp_`` (§6.1), it can never
+    be a ref group's file. One that has vanished counts too: a writer
+    renamed it into place between a listing and this check.
     """
-    return _TEMP_NAME.fullmatch(os.path.basename(path)) is not None and not os.path.isdir(path)
+    return _TEMP_NAME.fullmatch(os.path.basename(path)) is not None and not io.isdir(path)
 
 
 # ------------------------------------------------------------------ formats
@@ -337,14 +349,15 @@ class RefStore:
         in fsck, and in gc, which must not prune what an unreadable group
         might keep alive (§6.2).
         """
+        io = self.io
         base = os.path.join(self.root, "refs")
-        namespaces = [namespace] if namespace else sorted(os.listdir(base)) if os.path.isdir(base) else []
+        namespaces = [namespace] if namespace else sorted(io.listdir(base)) if io.isdir(base) else []
         for ns in namespaces:
             d = os.path.join(base, ns)
-            if not os.path.isdir(d):
+            if not io.isdir(d):
                 continue
-            for gid in sorted(os.listdir(d)):
-                if is_temp_file(os.path.join(d, gid)):
+            for gid in sorted(io.listdir(d)):
+                if is_temp_file(os.path.join(d, gid), io):
                     continue
                 yield f"{ns}/{gid}"
 
@@ -391,7 +404,7 @@ class RefStore:
         if self._before_write:
             self._before_write()
         self.io.makedirs(os.path.dirname(path))
-        return file_lock(path, self.lock_timeout if timeout is None else timeout)
+        return file_lock(path, self.lock_timeout if timeout is None else timeout, self.io)
 
     def transaction(
         self,
@@ -453,7 +466,7 @@ class RefStore:
         self._ensure_dir(os.path.dirname(log_path))
         # Cut a tail left by a transaction that crashed before its rename.
         try:
-            size = os.path.getsize(log_path)
+            size = self.io.getsize(log_path)
             log_existed = True
         except FileNotFoundError:
             size, log_existed = 0, False

@@ -2,28 +2,31 @@
 
 :class:`Store` is the store layer's front door: objects (loose and packed,
 read transparently), refs, and the state dir's format file. It knows
-nothing of sessions. The state dir is created lazily by the first write, so
-read-only commands (``fsck``, ``session list``) never create one.
+nothing of sessions: the namespaces whose directories belong to the
+skeleton (§10.3) are given by the layer above (``Store(root,
+namespaces=...)``). The state dir is created lazily by the first write, so
+read-only commands (``fsck``, ``session list``) never create one. Every
+file-system call, reads and metadata included, goes through the store's
+:class:`~.fsio.FileIO` (``self.io``); this module never calls ``os`` on a
+file itself.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
-
-import fasteners
+from typing import Any, Iterable, Iterator, Protocol
 
 from kxen_agent.errors import KxenError, UsageError
 
 from .fsio import OS_IO, FileIO
-from .locks import FileLock, LockBusy
+# StoreLock, store_lock and GATE_WAIT_S lived here: imported from .locks,
+# their home, so that existing imports from .repo keep working.
+from .locks import GATE_WAIT_S, StoreLock, store_lock  # noqa: F401
 from .loose import LooseObjects
 from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
-from .refs import RefStore, validate_group, validate_ref_name
+from .refs import RefStore, validate_group, validate_namespace, validate_ref_name
 
 try:
     from .refs import validate_update as _validate_update
@@ -36,11 +39,13 @@ __all__ = [
     "AmbiguousId",
     "FORMAT_VERSION",
     "MissingObject",
+    "NAMESPACE_TOPS",
     "ObjectSource",
     "StateDirError",
     "Store",
     "StoreLock",
     "default_state_dir",
+    "skeleton_dirs",
     "store_lock",
 ]
 
@@ -53,35 +58,59 @@ FORMAT_FILE = "FORMAT"
 _FORMAT_TMP_PREFIX = "FORMAT.tmp_"
 _FORMAT_RE = re.compile(rb"kxen-agent-state (\d+)\n")
 
-#: Namespaces whose ``refs/``, ``logs/``, ``locks/`` and ``leases/``
-#: directories are part of the skeleton (the session layer's one); any
+#: The directories that hold one subdirectory per namespace: a namespace
+#: given to :class:`Store` has its ``refs/<ns>``, ``logs/<ns>``,
+#: ``locks/<ns>`` and ``leases/<ns>`` made with the skeleton (§10.3); any
 #: other namespace's directories are made on first use.
-SKELETON_NAMESPACES = ("sessions",)
+NAMESPACE_TOPS = ("refs", "logs", "locks", "leases")
+
+_BASE_SKELETON = (
+    "objects",
+    *(os.path.join("objects", "%02x" % i) for i in range(256)),
+    os.path.join("objects", "pack"),
+)
 
 
-def _skeleton() -> tuple[str, ...]:
-    out = ["objects", *(os.path.join("objects", "%02x" % i) for i in range(256))]
-    out.append(os.path.join("objects", "pack"))
-    for top in ("refs", "logs", "locks", "leases"):
+def skeleton_dirs(namespaces: Iterable[str] = ()) -> tuple[str, ...]:
+    """The directories a version-2 state dir is made with, parents first (§10.3).
+
+    ``objects/``, its fan-out dirs and ``pack/``, and each of
+    :data:`NAMESPACE_TOPS` with a subdirectory per namespace in
+    ``namespaces`` (the kxen-agent CLI gives its one, ``sessions``). They
+    exist, with durable names, before ``FORMAT`` does: a writer never has
+    to make their names durable again, which is what lets an object write
+    cost two fsyncs (temp file, fan-out dir) instead of up to four.
+    """
+    if isinstance(namespaces, str):  # would be taken letter by letter
+        raise TypeError(f"namespaces is a collection of names: ({namespaces!r},), not {namespaces!r}")
+    out = list(_BASE_SKELETON)
+    for top in NAMESPACE_TOPS:
         out.append(top)
-        out += [os.path.join(top, ns) for ns in SKELETON_NAMESPACES]
+        out += [os.path.join(top, validate_namespace(ns)) for ns in namespaces]
     return tuple(out)
 
 
-_SKELETON = _skeleton()
+def _may_be_skeleton(rel: str, allowed: set[str]) -> bool:
+    """Whether ``rel`` may be a directory of some unfinished skeleton (§10.3).
 
-
-def skeleton_dirs() -> tuple[str, ...]:
-    """The directories a version-2 state dir is made with, parents first (§10.3).
-
-    They exist, with durable names, before ``FORMAT`` does: a writer never
-    has to make their names durable again, which is what lets an object
-    write cost two fsyncs (temp file, fan-out dir) instead of up to four.
+    The base skeleton's, or a namespace directory under one of
+    :data:`NAMESPACE_TOPS`, whatever the namespace: the first write that
+    died may have been made by a store given other namespaces than this
+    one, and its leftovers must not make the directory look foreign.
     """
-    return _SKELETON
+    if rel in allowed:
+        return True
+    top, sep, ns = rel.partition(os.sep)
+    if not sep or top not in NAMESPACE_TOPS:
+        return False
+    try:
+        validate_namespace(ns)
+    except UsageError:
+        return False
+    return True
 
 
-def _only_skeleton(root: str) -> bool:
+def _only_skeleton(root: str, io: FileIO) -> bool:
     """True if ``root`` holds nothing but ``FORMAT.tmp_*`` files and empty skeleton dirs.
 
     That is what a first write that died before renaming ``FORMAT`` in
@@ -93,21 +122,23 @@ def _only_skeleton(root: str) -> bool:
         raise e  # a directory we cannot list may hold anything: not ours to fill
 
     try:
-        for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+        for dirpath, dirnames, filenames in io.walk(root, onerror=unreadable):
             rel = os.path.relpath(dirpath, root)
-            if rel != "." and rel not in allowed:
+            if rel != "." and not _may_be_skeleton(rel, allowed):
                 return False
             if any(not (rel == "." and f.startswith(_FORMAT_TMP_PREFIX)) for f in filenames):
                 return False
             for d in dirnames:
-                # os.walk lists a symlink to a directory among dirnames (and
+                # The walk lists a symlink to a directory among dirnames (and
                 # does not enter it): the skeleton has no links.
-                if (d if rel == "." else os.path.join(rel, d)) not in allowed or os.path.islink(
+                if not _may_be_skeleton(d if rel == "." else os.path.join(rel, d), allowed) or io.islink(
                     os.path.join(dirpath, d)
                 ):
                     return False
-    except OSError:
+    except PermissionError:
         return False
+    # Any other error (EIO...) propagates: the directory could not be read,
+    # which says nothing about whose it is.
     return True
 
 
@@ -134,163 +165,6 @@ class ObjectSource(Protocol):
     def has(self, oid: ObjectId) -> bool: ...
     def iter_ids(self) -> Iterator[ObjectId]: ...
     def with_prefix(self, hexprefix: str) -> list[ObjectId]: ...
-
-
-# ------------------------------------------------------------------ the store lock
-
-#: How long a writer defers to a gc waiting at the gate before going ahead.
-#: The gate gives gc a turn among back-to-back writers; bounding the wait
-#: keeps it from deadlocking a writer that holds a ref-group lock while gc
-#: waits for another writer that wants that group lock.
-GATE_WAIT_S = 1.0
-
-
-class StoreLock:
-    """The store-wide reader/writer lock: writers share it, gc's pruning holds it alone.
-
-    ``locks/gc.lock`` is a ``fasteners`` reader/writer (``fcntl``) lock.
-    ``fcntl`` locks belong to the process, so a second thread asking for the
-    exclusive side would silently convert the process's shared lock: the
-    in-process state here (a condition with a count of sharing threads and
-    the exclusive owner) decides first, and the file lock is only taken
-    when the first thread of this process enters and released when the
-    last leaves. Shared holds are re-entrant per thread; a thread holding
-    the exclusive side may also enter the shared side (gc writes objects).
-
-    Writer preference: gc takes ``locks/gc-gate.lock`` while it waits for
-    the exclusive side, and a writer entering first passes through the gate
-    (waiting at most :data:`GATE_WAIT_S`), so a stream of back-to-back
-    writers cannot starve gc. One instance per path per process
-    (:func:`store_lock`).
-    """
-
-    def __init__(self, path: str, gate_path: str) -> None:
-        self.path = path
-        self._ipl = fasteners.InterProcessReaderWriterLock(path)
-        self._gate = FileLock(gate_path)  # only this object opens the gate file
-        self._cond = threading.Condition()
-        self._sharing = 0  # threads of this process inside the shared side
-        self._owner: int | None = None  # thread holding the exclusive side
-        self._busy = False  # a thread is taking the file lock
-        self._local = threading.local()
-
-    def _wait_idle(self, start: float, deadline: float | None, exclusive: bool) -> None:
-        # Called with the condition held: wait for the other threads of this process.
-        while self._owner is not None or self._busy or (exclusive and self._sharing):
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise LockBusy(self.path, time.monotonic() - start)
-            self._cond.wait(remaining)
-
-    @contextmanager
-    def shared(self, timeout: float | None) -> Iterator[None]:
-        me = threading.get_ident()
-        depth = getattr(self._local, "depth", 0)
-        if depth or self._owner == me:
-            self._local.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._local.depth = depth
-            return
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        with self._cond:
-            self._wait_idle(start, deadline, exclusive=False)
-            if self._sharing:
-                self._sharing += 1
-                first = False
-            else:
-                self._busy = True
-                first = True
-        if first:
-            try:
-                self._take(deadline, exclusive=False, start=start)
-            except BaseException:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-                raise
-            with self._cond:
-                self._busy = False
-                self._sharing = 1
-                self._cond.notify_all()
-        self._local.depth = 1
-        try:
-            yield
-        finally:
-            self._local.depth = 0
-            with self._cond:
-                self._sharing -= 1
-                if self._sharing == 0:
-                    self._ipl.release_read_lock()
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self, timeout: float | None) -> Iterator[None]:
-        if getattr(self._local, "depth", 0):
-            raise RuntimeError("the store's exclusive lock cannot be taken inside Store.writing() (it would wait for itself)")
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        with self._cond:
-            self._wait_idle(start, deadline, exclusive=True)
-            self._busy = True
-        try:
-            self._take(deadline, exclusive=True, start=start)
-        except BaseException:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-            raise
-        with self._cond:
-            self._busy = False
-            self._owner = threading.get_ident()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._owner = None
-                self._ipl.release_write_lock()
-                self._cond.notify_all()
-
-    def _take(self, deadline: float | None, *, exclusive: bool, start: float) -> None:
-        def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-        gate_wait = remaining()
-        if not exclusive:
-            gate_wait = GATE_WAIT_S if gate_wait is None else min(gate_wait, GATE_WAIT_S)
-        try:
-            self._gate.acquire(gate_wait)
-            gated = True
-        except LockBusy:
-            if exclusive:
-                raise
-            gated = False  # gc has waited at the gate long: go ahead (see GATE_WAIT_S)
-        try:
-            rem = remaining()
-            ok = (self._ipl.acquire_write_lock if exclusive else self._ipl.acquire_read_lock)(
-                blocking=rem is None or rem > 0, delay=0.002, max_delay=0.05, timeout=rem
-            )
-        finally:
-            if gated:
-                self._gate.release()
-        if not ok:
-            raise LockBusy(self.path, time.monotonic() - start)
-
-
-_store_locks_guard = threading.Lock()
-_store_locks: dict[str, StoreLock] = {}
-
-
-def store_lock(root: str) -> StoreLock:
-    """The process's one :class:`StoreLock` for the state dir ``root``."""
-    path = os.path.join(os.path.abspath(root), "locks", "gc.lock")
-    with _store_locks_guard:
-        lock = _store_locks.get(path)
-        if lock is None:
-            lock = _store_locks[path] = StoreLock(path, os.path.join(os.path.dirname(path), "gc-gate.lock"))
-        return lock
 
 
 class _GuardedRefStore(RefStore):
@@ -321,11 +195,25 @@ def default_state_dir() -> str:
 
 
 class Store:
-    """Objects and refs of one state directory."""
+    """Objects and refs of one state directory.
 
-    def __init__(self, root: str, io: FileIO = OS_IO, lock_timeout: float = 30.0) -> None:
+    ``namespaces``: the ref namespaces whose directories the state dir's
+    skeleton holds (§10.3), so that their names are durable from the start
+    and a writer never syncs their parents; the layer above names them
+    (the CLI: ``("sessions",)``, ``kxen_agent.session.sessions.NS``). A
+    store given none still reads, writes and checks every namespace: their
+    directories are made on first use (§9.1). Open a state dir with the
+    same namespaces every time: fsck reports a missing skeleton directory
+    of a namespace given here as damage.
+    """
+
+    def __init__(self, root: str, io: FileIO = OS_IO, lock_timeout: float = 30.0, *,
+                 namespaces: Iterable[str] = ()) -> None:
         self.root = os.path.abspath(root)
         self.io = io
+        if isinstance(namespaces, str):  # would be taken letter by letter
+            raise TypeError(f"namespaces is a collection of names: namespaces=({namespaces!r},), not {namespaces!r}")
+        self.namespaces: tuple[str, ...] = tuple(validate_namespace(ns) for ns in namespaces)
         self._initialized = False
         # Set once this instance may write with no more setup: it made the
         # state dir, or it found one and synced the names it relies on.
@@ -345,7 +233,12 @@ class Store:
 
     @classmethod
     def open(cls, root: str | None = None, **kw: Any) -> "Store":
+        """The store of ``root``, or of :func:`default_state_dir`; ``kw`` as for :class:`Store`."""
         return cls(root or default_state_dir(), **kw)
+
+    def skeleton_dirs(self) -> tuple[str, ...]:
+        """This store's skeleton: :func:`skeleton_dirs` of its :attr:`namespaces`."""
+        return skeleton_dirs(self.namespaces)
 
     # ------------------------------------------------------------ format file
 
@@ -354,14 +247,15 @@ class Store:
         try:
             data = self.io.read(path)
         except FileNotFoundError:
-            if os.path.isdir(self.root) and not _only_skeleton(self.root):
-                if os.path.exists(path):  # a concurrent first writer just created it
+            io = self.io
+            if io.isdir(self.root) and not _only_skeleton(self.root, io):
+                if io.exists(path):  # a concurrent first writer just created it
                     return self._check_format()
                 raise StateDirError(
                     f"{self.root} is not empty and is not a kxen-agent state dir (no {FORMAT_FILE} file); "
                     "point KXEN_AGENT_STATE_DIR at an empty or new directory"
                 ) from None
-            if os.path.exists(self.root) and not os.path.isdir(self.root):
+            if io.exists(self.root) and not io.isdir(self.root):
                 raise StateDirError(f"state dir {self.root} exists and is not a directory")
             return
         except OSError as e:
@@ -432,7 +326,7 @@ class Store:
         fsync, or from a version-1 dir's lazy creation (§9.1).
         """
         parents: set[str] = set()
-        for rel in skeleton_dirs():
+        for rel in self.skeleton_dirs():
             d = os.path.join(self.root, rel)
             try:
                 self.io.mkdir(d)
@@ -455,7 +349,7 @@ class Store:
         dirs = []
         for top in ("refs", "logs"):
             dirs.append(os.path.join(root, top))
-            dirs += [os.path.join(root, top, ns) for ns in SKELETON_NAMESPACES]
+            dirs += [os.path.join(root, top, ns) for ns in self.namespaces]
         self.refs.trust_dirs(dirs)
 
     # ------------------------------------------------------------ packs
@@ -484,7 +378,7 @@ class Store:
 
         old = {getattr(p, "path", id(p)): p for p in self.packs if p not in self._pinned}
         try:
-            names = sorted(os.listdir(self.pack_dir))
+            names = sorted(self.io.listdir(self.pack_dir))
         except FileNotFoundError:
             names = []
         packs: list[ObjectSource] = []
@@ -552,12 +446,11 @@ class Store:
 
     def sync_pack_dir_once(self) -> None:
         """fsync ``objects/pack`` once per Store: names found there become durable."""
-        if not getattr(self, "_pack_dir_synced", False) and os.path.isdir(self.pack_dir):
+        if not getattr(self, "_pack_dir_synced", False) and self.io.isdir(self.pack_dir):
             self.io.fsync_dir(self.pack_dir)
             self._pack_dir_synced = True
 
-    @staticmethod
-    def _freshen(pack: ObjectSource) -> bool:
+    def _freshen(self, pack: ObjectSource) -> bool:
         # As git does: an object written again restarts gc's grace period,
         # here by touching the pack that holds it (the loose store touches
         # the file). Without this, gc could prune an unreachable packed
@@ -566,7 +459,7 @@ class Store:
         if path is None:
             return True
         try:
-            os.utime(path)
+            self.io.utime(path)
             return True
         except OSError:
             return False
@@ -577,7 +470,7 @@ class Store:
 
     def read_raw(self, oid: ObjectId) -> RawObject:
         # Packs first (Git's order): an index lookup costs no system call,
-        # while a failed open() of a loose name costs one per packed object.
+        # while a failed open of a loose name costs one per packed object.
         # A corrupt copy is passed over while another copy is good (fsck
         # still checks, and names, every copy); if none is, the first
         # error found is raised.
@@ -591,7 +484,7 @@ class Store:
         if obj is not None:
             return obj
         # A concurrent gc may have packed the object since we listed packs.
-        if os.path.isdir(self.pack_dir):
+        if self.io.isdir(self.pack_dir):
             self.reload_packs()
             obj, err = self._read_packed(oid, err)
             if obj is not None:
@@ -664,14 +557,14 @@ class Store:
         ref transactions take it themselves. Creates the state dir.
         """
         self.ensure_initialized()
-        with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout):
+        with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout, self.io):
             yield
 
     @contextmanager
     def pruning(self, timeout: float | None = None) -> Iterator[None]:
         """Hold the store's lock exclusively: no writer is inside :meth:`writing` (gc)."""
         self.ensure_initialized()
-        with store_lock(self.root).exclusive(self.lock_timeout if timeout is None else timeout):
+        with store_lock(self.root).exclusive(self.lock_timeout if timeout is None else timeout, self.io):
             yield
 
     @contextmanager

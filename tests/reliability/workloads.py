@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -25,7 +26,7 @@ from kxen_agent.session.sessions import SessionStore, msg_id
 from kxen_agent.store import Store, fsck
 from kxen_agent.store.fsio import MUTATING_OPS, FaultyIO
 
-from .crashsim import FastIO, Workload, quiet_lease, scratch_dir
+from .crashsim import FastIO, Workload, open_store, quiet_lease, scratch_dir
 
 __all__ = [
     "ForkWorkload",
@@ -38,6 +39,7 @@ __all__ = [
     "ImportWorkload",
     "ResumeWorkload",
     "RunWorkload",
+    "READ_VARIANTS",
     "VARIANTS",
     "all_workloads",
     "inject_faults",
@@ -137,7 +139,7 @@ class ForkWorkload(Workload):
     def setup(self, top: str, aux: str) -> None:
         self.ws = os.path.join(aux, "ws")
         os.makedirs(self.ws, exist_ok=True)
-        store = Store(os.path.join(top, "state"), io=FastIO())
+        store = open_store(os.path.join(top, "state"), io=FastIO())
         self.parent = _completed_session(store, self.ws)
         ss = SessionStore(store)
         info = ss.get(self.parent)
@@ -189,7 +191,7 @@ class ResumeWorkload(Workload):
                 raise _Interrupted()
 
         io.hook = stop_after_the_effect
-        store = Store(os.path.join(top, "state"), io=io)
+        store = open_store(os.path.join(top, "state"), io=io)
         try:
             Runner(store).start(ws, TASK, agent())
             raise AssertionError("the run was not interrupted")
@@ -198,7 +200,7 @@ class ResumeWorkload(Workload):
         io.hook = None
         [info] = SessionStore(store).list()
         self.ses = info.id
-        res = Runner(Store(store.root, io=FastIO())).resume(self.ses)
+        res = Runner(open_store(store.root, io=FastIO())).resume(self.ses)
         assert res.status == "input_required" and len(res.unknown_ops) == 1, res
         self.run_id, self.op = res.run, res.unknown_ops[0]
 
@@ -235,7 +237,7 @@ class ImportWorkload(Workload):
 
         ws = os.path.join(aux, "ws")
         os.makedirs(ws, exist_ok=True)
-        src = Store(os.path.join(aux, "src"), io=FastIO())
+        src = open_store(os.path.join(aux, "src"), io=FastIO())
         ses = _completed_session(src, ws)
         group = f"sessions/{ses}"
         old = os.path.join(aux, "old.kxb")
@@ -246,7 +248,7 @@ class ImportWorkload(Workload):
         export_bundle(src, [group], self.bundle)
         self.refs = {g: dict(r) for g, r in verify_bundle(self.bundle).refs.items()}
         if not self.fresh:
-            import_bundle(Store(os.path.join(top, "state"), io=FastIO()), old)
+            import_bundle(open_store(os.path.join(top, "state"), io=FastIO()), old)
 
     def run(self, store: Store) -> Any:
         from kxen_agent.store.bundle import import_bundle
@@ -273,7 +275,7 @@ class GcWorkload(Workload):
 
         ws = os.path.join(aux, "ws")
         os.makedirs(ws, exist_ok=True)
-        store = Store(os.path.join(top, "state"), io=FastIO())
+        store = open_store(os.path.join(top, "state"), io=FastIO())
         self.live = _completed_session(store, ws)
         ss = SessionStore(store)
         fork = ss.fork(self.live).id
@@ -373,7 +375,7 @@ class FaultThenRetry(Workload):
             pass
         finally:
             io.hook = None
-        retry = Store(store.root, io=io)  # a new process, the same disk
+        retry = open_store(store.root, io=io)  # a new process, the same disk
         if self.recorder is not None:
             self.recorder.attach(retry)
         self.inner.retry(retry)
@@ -401,7 +403,7 @@ def fault_points(workload: Workload, kinds: tuple[str, ...] = MUTATING_OPS) -> l
 
             io = FaultyIO(None, sync=False)
             io.hook = note
-            workload.run(Store(os.path.join(top, "state"), io=io))
+            workload.run(open_store(os.path.join(top, "state"), io=io))
         counts: dict[tuple, int] = {}
         out = []
         for key in keys:
@@ -457,8 +459,13 @@ class FaultReport:
                 f"raised: {kinds}; absorbed {self.absorbed}, not reached {self.unfired}; {len(self.failures)} failures, {self.seconds:.1f}s")
 
 
+#: The variants for failing reads: a read error once (a bad sector read again fine), and a disk that keeps failing.
+READ_VARIANTS = ((errno.EIO, False), (errno.EIO, True))
+
+
 def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | None = None,
-                  jobs: int | None = None) -> FaultReport:
+                  jobs: int | None = None, reads: bool = False, sample: int | None = None,
+                  seed: int = 0) -> FaultReport:
     """Fail operation N, for N = 1 .. the workload's total, with each of :data:`VARIANTS`.
 
     ``rotate``: one variant per N, taken in turn (N = 1 ENOSPC once, N = 2
@@ -468,13 +475,21 @@ def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | No
     processes (default: up to 2, the CPUs there are); each trial has its
     own copy of the pre-state, so they are independent.
 
+    ``reads``: fail read and metadata operations instead (``read``,
+    ``stat``, ``listdir``...: :data:`~kxen_agent.store.fsio.READ_OPS`,
+    numbered by ``FileIO.read_count``), with :data:`READ_VARIANTS`.
+    ``sample``: fail only that many of the N, drawn with ``seed`` (for a
+    workload with too many operations to fail each in the time there is).
+
     After each trial: the call raised a one-line :class:`KxenError` or the
     injected ``OSError`` (anything else is a failure); with a good disk
     again the store opens and fsck is clean; the workload's retry finishes
-    the job; fsck is still clean.
+    the job (for reads: on the same store, its disk healed, as a
+    long-running process goes on after a transient read error); fsck is
+    still clean.
     """
     global _POOL_CTX
-    rep = FaultReport(workload.name)
+    rep = FaultReport(workload.name + (" (reads)" if reads else ""))
     t0 = time.monotonic()
     base = tempfile.mkdtemp(prefix=f"iofault-{workload.name}-", dir=scratch or scratch_dir())
     try:
@@ -485,11 +500,15 @@ def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | No
             workload.setup(top0, aux)
             count_dir = os.path.join(base, "count")
             shutil.copytree(top0, count_dir, symlinks=True)
-            io = FaultyIO(None, sync=False)
-            workload.run(Store(os.path.join(count_dir, "state"), io=io))
-            rep.total_ops = io.op_count
-            plan = [(n, err, persistent) for n in range(1, rep.total_ops + 1)
-                    for err, persistent in ((VARIANTS[(n - 1) % len(VARIANTS)],) if rotate else VARIANTS)]
+            io = FaultyIO(None, sync=False, reads=reads)
+            workload.run(open_store(os.path.join(count_dir, "state"), io=io))
+            rep.total_ops = io.read_count if reads else io.op_count
+            variants = READ_VARIANTS if reads else VARIANTS
+            points = list(range(1, rep.total_ops + 1))
+            if sample is not None and sample < len(points):
+                points = sorted(random.Random(seed).sample(points, sample))
+            plan = [(n, err, persistent, reads) for i, n in enumerate(points)
+                    for err, persistent in ((variants[i % len(variants)],) if rotate else variants)]
             jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
             _POOL_CTX = (workload, base, top0)
             try:
@@ -512,27 +531,30 @@ def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | No
 _POOL_CTX: tuple[Workload, str, str] | None = None
 
 
-def _run_trials(trials: list[tuple[int, tuple[int, int, bool]]]) -> FaultReport:
+def _run_trials(trials: list[tuple[int, tuple[int, int, bool, bool]]]) -> FaultReport:
     assert _POOL_CTX is not None
     workload, base, top0 = _POOL_CTX
     rep = FaultReport(workload.name)
     with quiet_lease():
-        for i, (n, err, persistent) in trials:
+        for i, (n, err, persistent, reads) in trials:
             d = os.path.join(base, f"t{i}")
             shutil.copytree(top0, d, symlinks=True)
             try:
-                _one_trial(workload, rep, os.path.join(d, "state"), n, err, persistent)
+                _one_trial(workload, rep, os.path.join(d, "state"), n, err, persistent, reads)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
     return rep
 
 
-def _one_trial(workload: Workload, rep: FaultReport, root: str, n: int, err: int, persistent: bool) -> None:
-    what = f"op {n} {errno.errorcode[err]} {'persistent' if persistent else 'once'}"
+def _one_trial(workload: Workload, rep: FaultReport, root: str, n: int, err: int, persistent: bool,
+               reads: bool = False) -> None:
+    what = f"{'read ' if reads else ''}op {n} {errno.errorcode[err]} {'persistent' if persistent else 'once'}"
     rep.trials += 1
-    io = FaultyIO(n, err, persistent=persistent, sync=False)
+    io = FaultyIO(n, err, persistent=persistent, sync=False, reads=reads)
+    store: Store | None = None
     try:
-        workload.run(Store(root, io=io))
+        store = open_store(root, io=io)
+        workload.run(store)
         if io.faults:
             rep.absorbed += 1
         else:
@@ -549,14 +571,21 @@ def _one_trial(workload: Workload, rep: FaultReport, root: str, n: int, err: int
         rep.failures.append(f"{what}: unexpected {type(e).__name__}: {e}")
     rep.faults += io.faults
     try:
-        rep1 = fsck(Store(root, io=FastIO()))
+        rep1 = fsck(open_store(root, io=FastIO()))
         if rep1.problems:
             rep.failures.append(f"{what}: fsck after the error: {[p.line() for p in rep1.problems][:3]}")
             return
-        store = Store(root, io=FastIO())  # space returns: a new process, a good disk
+        if reads:
+            # The disk reads again; the same store goes on (its caches must
+            # not hold what the failed read made it believe).
+            io.heal()
+            if store is None:  # the store did not even open: a new one, over the same disk
+                store = open_store(root, io=io)
+        else:
+            store = open_store(root, io=FastIO())  # space returns: a new process, a good disk
         workload.retry(store)
         workload.verify(store)
-        rep2 = fsck(Store(root, io=FastIO()))
+        rep2 = fsck(open_store(root, io=FastIO()))
         if rep2.problems:
             rep.failures.append(f"{what}: fsck after the retry: {[p.line() for p in rep2.problems][:3]}")
     except Exception as e:  # noqa: BLE001

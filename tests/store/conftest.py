@@ -8,6 +8,8 @@ import pytest
 
 from kxen_agent.store import Store
 
+from .helpers import CLI_NAMESPACES
+
 
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
@@ -17,4 +19,5 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(state_dir: Path) -> Store:
-    return Store(str(state_dir))
+    """A store opened as the CLI opens one (its namespaces in the skeleton)."""
+    return Store(str(state_dir), namespaces=CLI_NAMESPACES)

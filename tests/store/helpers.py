@@ -10,6 +10,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from kxen_agent.session.sessions import NS
+
+#: The namespaces the CLI opens its stores with (``Store.open(namespaces=(NS,))``).
+#: A state dir that a test hands to the CLI, or whose skeleton it checks as
+#: the CLI makes it (``objects_spec.md`` §10.3), is made with these.
+CLI_NAMESPACES = (NS,)
+
 #: The installed console script, next to the interpreter running the tests.
 KXEN_AGENT = str(Path(sys.executable).with_name("kxen-agent"))
 

@@ -14,6 +14,7 @@ import pytest
 from kxen_agent.cli import main as cli_main
 from kxen_agent.cli.store_cmds import register
 from kxen_agent.store import Store, fsck
+from kxen_agent.store.fsio import TracingIO
 from kxen_agent.store.gc import BadDuration, GcAborted, gc, parse_duration
 from kxen_agent.store.locks import LockBusy
 from kxen_agent.store.objects import encode_object
@@ -206,6 +207,33 @@ def test_writing_a_packed_object_again_freshens_its_pack(tmp_path):
     store = Store(store.root)
     assert store.put("blob", b" output 0\n" * 3) and not loose_ids(store)
     assert os.stat(pack).st_mtime > time.time() - 60
+
+
+def test_the_times_the_grace_period_is_judged_by_are_set_through_the_seam(tmp_path):
+    # The three utime calls gc's grace period depends on (an object written
+    # again, loose or packed; an exploded object keeping its pack's age) are
+    # operations of the store's FileIO: traced, and failed by a fault injector.
+    io = TracingIO(sync=False)
+    store = Store(str(tmp_path / "s"), io=io)
+    gone = history(store, "ses/gone", 3, tag="gone")
+    gc(store)
+    (old_pack,) = [os.path.join(store.pack_dir, p) for p in packs(store) if p.endswith(".pack")]
+    t0 = time.time()
+    store.refs.transaction("ses/gone", [], reason="delete", deleted_ns=time.time_ns())
+    history(store, "ses/new", 2, tag="new")
+    again = store.put("blob", b"new output 0\n" * 3)  # loose, written again: its file is touched
+    store.put("blob", b"gone output 0\n" * 3)  # packed, written again: its pack is touched
+    before = [op.path for op in io.trace if op.kind == "utime"]
+    assert store.loose.path(again) in before and old_pack in before
+    now = t0 + 15 * DAY
+    young = now - 1 * DAY
+    os.utime(old_pack, (young, young))
+    mark = io.mark()
+    rep = gc(store, prune="2w", now=now)
+    assert rep.exploded == len(gone)
+    exploded = {op.path for op in io.trace[mark:] if op.kind == "utime"}
+    assert exploded == {store.loose.path(o) for o in gone}
+    assert {round(os.stat(p).st_mtime) for p in exploded} == {round(young)}
 
 
 def test_stale_temp_files_and_orphan_packs_are_removed_after_the_grace_period(tmp_path):

@@ -22,6 +22,8 @@ from kxen_agent.store.refs import (
     validate_ref_name,
 )
 
+from .helpers import CLI_NAMESPACES
+
 G = "sessions/s1"
 TEMP = "tmp_0123456789abcdef"  # what FileIO.write_tmp names a temp file
 
@@ -94,6 +96,8 @@ def test_an_object_found_present_has_its_name_synced(state_dir):
     io = TracingIO()
     store = Store(str(state_dir), io=io)
     store.ensure_initialized()
+    with store.writing():  # the store lock's files exist now (their creation is a "create" too)
+        pass
     # Another process renamed it in and has not fsynced the directory yet.
     _touch(store.loose.path(obj.id), compress_loose(obj.raw))
     fanout = os.path.dirname(store.loose.path(obj.id))
@@ -155,10 +159,10 @@ def test_a_failed_batch_does_not_count_its_objects_durable(state_dir):
 def test_a_new_state_dir_is_made_with_a_durable_skeleton_before_format(tmp_path):
     root = str(tmp_path / "state")
     io = TracingIO()
-    Store(root, io=io).ensure_initialized()
+    Store(root, io=io, namespaces=CLI_NAMESPACES).ensure_initialized()
     ops = io.ops
     fmt = ops.index(("rename", os.path.join(root, "FORMAT")))
-    for rel in skeleton_dirs():
+    for rel in skeleton_dirs(CLI_NAMESPACES):
         d = os.path.join(root, rel)
         assert os.path.isdir(d)
         made = ops.index(("mkdir", d))
@@ -195,7 +199,7 @@ def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
     os.makedirs(os.path.join(str(state_dir), "objects", "c3"))
     (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
     io = TracingIO()
-    store = Store(str(state_dir), io=io)
+    store = Store(str(state_dir), io=io, namespaces=CLI_NAMESPACES)
     assert store.format_version == 1
     obj = _blob_in("c3")
     assert store.put_raw(obj) is True
@@ -204,7 +208,7 @@ def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
     assert os.path.join(store.root, "objects") in synced and store.root in synced
     assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
     assert store.get(obj.id) == obj.body
-    for rel in skeleton_dirs():
+    for rel in skeleton_dirs(CLI_NAMESPACES):
         assert os.path.isdir(os.path.join(store.root, rel))
 
 
@@ -220,7 +224,7 @@ def test_without_format_anything_but_the_skeleton_makes_a_dir_foreign(tmp_path, 
     root = tmp_path / "state"
     root.mkdir()
     kind, rel = extra
-    for d in skeleton_dirs():
+    for d in skeleton_dirs(CLI_NAMESPACES):
         if kind == "symlink" and (d == rel or d.startswith(rel + os.sep)):
             continue
         (root / d).mkdir()
@@ -253,21 +257,21 @@ def test_without_format_an_unlistable_dir_is_foreign(tmp_path, monkeypatch):
 
 
 def test_upgrading_a_version_1_dir_with_its_whole_skeleton_syncs_every_parent(state_dir):
-    for d in skeleton_dirs():
+    for d in skeleton_dirs(CLI_NAMESPACES):
         os.makedirs(os.path.join(str(state_dir), d), exist_ok=True)
     (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
     io = TracingIO()
-    store = Store(str(state_dir), io=io)
+    store = Store(str(state_dir), io=io, namespaces=CLI_NAMESPACES)
     store.put("blob", b"z")
     fmt = io.ops.index(("rename", os.path.join(store.root, "FORMAT")))
     synced = {p for op, p in io.ops[:fmt] if op == "fsync_dir"}
-    assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs()} <= synced
+    assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs(CLI_NAMESPACES)} <= synced
 
 
 def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_path):
     root = tmp_path / "state"
     root.mkdir()
-    for rel in skeleton_dirs()[:40]:
+    for rel in skeleton_dirs(CLI_NAMESPACES)[:40]:
         (root / rel).mkdir()
     (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 2\n")
     store = Store(str(root))
@@ -296,7 +300,7 @@ def test_existing_ref_dirs_have_their_names_synced_before_the_commit(state_dir, 
 
 def test_skeleton_ref_dirs_need_no_sync_of_their_parents(state_dir, populated):
     io = TracingIO()
-    store = Store(str(state_dir), io=io)
+    store = Store(str(state_dir), io=io, namespaces=CLI_NAMESPACES)
     store.refs.transaction("sessions/s2", [RefUpdate("head", None, populated["a"])], reason="x")
     synced = [p for op, p in io.ops if op == "fsync_dir"]
     assert synced == [
@@ -522,3 +526,18 @@ def test_an_over_long_length_is_refused_as_over_the_limit(digits):
         assert ei.value.reason == f"declared length {digits} exceeds the limit 67108864"
     with pytest.raises(CorruptObject, match="bad header"):
         objects.parse_object(b"blob " + b"9" * 21 + b"\0", "x")
+
+
+def test_a_write_remakes_the_lock_directory_removed_by_hand(store: Store, populated):
+    # locks/ is a skeleton directory (fsck reports it missing); the next
+    # write makes it again, through the seam, before its lock files.
+    import shutil
+
+    shutil.rmtree(os.path.join(store.root, "locks"))
+    io = TracingIO()
+    again = Store(store.root, io=io, namespaces=CLI_NAMESPACES)
+    again.refs.transaction(G, [RefUpdate("head", populated["a"], populated["b"])], reason="after rm")
+    locks = os.path.join(store.root, "locks")
+    assert ("mkdir", locks) in io.ops and ("create", os.path.join(locks, "gc.lock")) in io.ops
+    assert io.ops.index(("mkdir", locks)) < io.ops.index(("create", os.path.join(locks, "gc.lock")))
+    assert fsck(again).clean  # locks/ and locks/sessions/ are there again

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kxen_agent.store import ANY, BadRefName, CorruptRef, RefConflict, RefUpdate, StaleFence, Store, fsck
-from kxen_agent.store.fsio import FileIO
+from kxen_agent.store.fsio import FileIO, TracingIO
 from kxen_agent.store.refs import (
     ReflogEntry,
     format_reflog_line,
@@ -343,3 +343,39 @@ def test_failing_disk_during_commit_leaves_the_old_state(state_dir):
     assert fsck(store).clean
     store.refs.transaction(G, [RefUpdate("head", a, b)], reason="retry")
     assert [e.reason for e in store.refs.reflog(G)] == ["ok", "retry"]
+
+
+def test_lock_files_are_created_through_the_seam_only_when_missing(state_dir):
+    # objects_spec.md §8.1: a lock file carries nothing, but making one is a
+    # change on disk; the store's FileIO makes it (fasteners then opens it).
+    io = TracingIO(sync=False)
+    store = Store(str(state_dir), io=io)
+    (a,) = _ids(store, 1)
+    store.refs.transaction(G, [RefUpdate("head", None, a)], reason="first")
+    locks = os.path.join(store.root, "locks")
+    created = sorted(op.path for op in io.trace if op.kind == "create" and op.path.startswith(locks + os.sep))
+    assert created == sorted([os.path.join(locks, "gc.lock"), os.path.join(locks, "gc-gate.lock"),
+                              store.refs.lock_path(G)])
+    assert sorted(os.path.join(d, f) for d, _, fs in os.walk(locks) for f in fs) == created
+    mark = io.mark()
+    store.refs.transaction(G, [RefUpdate("head", a, None)], reason="second")
+    assert [op for op in io.trace[mark:] if op.kind == "create" and op.path.startswith(locks + os.sep)] == []
+
+
+def test_a_lock_file_that_cannot_be_created_fails_the_transaction_and_frees_the_lock(state_dir):
+    io = FileIO()
+    store = Store(str(state_dir), io=io, lock_timeout=2.0)  # a lock left taken fails the retry quickly
+    (a,) = _ids(store, 1)
+
+    def full_disk(op: str, path: str) -> None:
+        if op == "create" and path == store.refs.lock_path(G):
+            raise OSError(28, "No space left on device", path)
+
+    io.hook = full_disk
+    with pytest.raises(OSError) as ei:
+        store.refs.transaction(G, [RefUpdate("head", None, a)], reason="enospc")
+    assert ei.value.errno == 28 and not os.path.exists(store.refs.lock_path(G))
+    io.hook = None
+    # Neither this thread's lock nor the store lock stayed taken: the retry goes through at once.
+    store.refs.transaction(G, [RefUpdate("head", None, a)], reason="retry")
+    assert [e.reason for e in store.refs.reflog(G)] == ["retry"] and fsck(store).clean
