@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import errno
+import importlib
 import io
 import json
 import os
@@ -20,7 +22,7 @@ import zstandard
 from kxen_agent.cli import main as cli_main
 from kxen_agent.cli.store_cmds import register
 from kxen_agent.store import Store, fsck
-from kxen_agent.store import bundle as bundle_mod
+from kxen_agent.store.bundle import export as export_mod, hashing_reader as hashing_reader_mod
 from kxen_agent.store.loose import LooseNames
 from kxen_agent.store.bundle import (
     BadBundle,
@@ -32,7 +34,7 @@ from kxen_agent.store.bundle import (
     iter_bundle_objects,
     verify_bundle,
 )
-from kxen_agent.store.fsio import FileIO
+from kxen_agent.store.fsio import FaultyIO, FileIO
 from kxen_agent.store.refs import RefUpdate
 from kxen_agent.store.repo import MissingObject
 from .helpers import closure
@@ -477,7 +479,7 @@ def test_reading_in_any_piece_size_gives_the_same_answers(tmp_path, monkeypatch)
     assert want[paths[-1]][0] == "bad" and want[str(tmp_path / "flip0.kxb")][0] == "bad"
     assert sum(w[0] == "ok" for w in want.values()) == 1 + sum(n.startswith("valid") for n in os.listdir(HOSTILE))  # the whole cut
     for piece in (1, 3, 57, 1000):
-        monkeypatch.setattr(bundle_mod, "_READ_CHUNK", piece)
+        monkeypatch.setattr(hashing_reader_mod, "_READ_CHUNK", piece)
         assert {p: _outcome(p) for p in paths} == want, piece
 
 
@@ -486,7 +488,7 @@ def test_export_writes_the_same_bundle_whatever_it_keeps_in_memory(src, tmp_path
     want = export_bundle(src, ["ses/a", "ses/b"], tmp_path / "want.kxb")
     assert want.capabilities == ("zstd-dict",)
     for budget in (0, 5000, 1 << 30):
-        monkeypatch.setattr(bundle_mod, "EXPORT_KEEP_BUDGET", budget)
+        monkeypatch.setattr(export_mod, "EXPORT_KEEP_BUDGET", budget)
         got = export_bundle(src, ["ses/a", "ses/b"], tmp_path / f"k{budget}.kxb")
         assert (tmp_path / f"k{budget}.kxb").read_bytes() == (tmp_path / "want.kxb").read_bytes()
         assert got == want.__class__(**{**want.__dict__, "path": got.path})
@@ -515,6 +517,31 @@ def test_import_finds_loose_objects_by_listing_or_by_stat(src, tmp_path, monkeyp
         assert fsck(Store(dst.root)).clean
         assert import_bundle(dst, str(out)).new_objects == 0
         monkeypatch.undo()
+
+
+def test_a_bundle_that_cannot_be_read_is_one_bad_bundle_and_imports_nothing(src, tmp_path):
+    bundle = str(tmp_path / "a.kxb")
+    export_bundle(src, ["ses/a"], bundle)
+    disk = FaultyIO(1, errno.EIO, reads=True)  # the first read is the bundle's open
+    with pytest.raises(BadBundle, match="cannot open: Input/output error") as ei:
+        verify_bundle(bundle, io=disk)
+    assert ei.value.where == bundle and disk.faults == 1
+    dst = Store(str(tmp_path / "dst"), io=FaultyIO(None, reads=True))
+    dst.io.fail_at = dst.io.read_count + 1
+    with pytest.raises(BadBundle, match="cannot open"):
+        import_bundle(dst, bundle)
+    assert not dst.refs.read("ses/a").exists and list(dst.iter_ids()) == []
+
+
+def test_the_bundle_package_exports_a_sorted_all_of_its_modules_public_names():
+    import kxen_agent.store.bundle as pkg
+
+    names = ("closure", "export", "hashing_reader", "header", "import_", "json_form", "pack_form", "verify")
+    mods = [importlib.import_module(f"kxen_agent.store.bundle.{n}") for n in names]
+    assert pkg.__all__ == sorted(pkg.__all__)
+    assert set(pkg.__all__) == set().union(*(m.__all__ for m in mods))
+    assert all(getattr(pkg, n) is getattr(m, n) for m in mods for n in m.__all__)
+    assert all(m.__all__ == sorted(m.__all__) for m in mods)
 
 
 # ------------------------------------------------------------------ CLI

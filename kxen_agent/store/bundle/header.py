@@ -1,0 +1,214 @@
+"""The bundle format's constants and header block, and the record of what a bundle holds.
+
+Owns ``objects_spec.md`` §12.5's header: the 16-byte prefix (``KXBUNDLE``,
+version, header length), the strict-CBOR header map (capabilities, refs,
+object count and size) and its CRC-32, as pure functions over bytes
+(:func:`encode_bundle_head`, :func:`parse_bundle_prefix`,
+:func:`parse_bundle_header`), and the checks of a header's values that
+both forms share (:func:`_check_header`, :func:`_check_refs`). Also the
+small pieces every bundle operation shares: :class:`BadBundle`,
+:class:`BundleInfo`, :func:`format_for_path` and the progress callback.
+
+It must never open a file or read a stream: callers hand it bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from kxen_agent.errors import KxenError, UsageError
+
+from .. import codec
+from ..pack import crc32
+from ..refs import BadRefName, validate_group, validate_ref_name
+
+__all__ = sorted(
+    [
+        "BUNDLE_MAGIC",
+        "BUNDLE_VERSION",
+        "BadBundle",
+        "BundleInfo",
+        "CAP_ZSTD_DICT",
+        "KNOWN_CAPABILITIES",
+        "MAX_HEADER_SIZE",
+        "PREFIX_SIZE",
+        "Progress",
+        "encode_bundle_head",
+        "format_for_path",
+        "parse_bundle_header",
+        "parse_bundle_prefix",
+    ]
+)
+
+BUNDLE_MAGIC = b"KXBUNDLE"
+BUNDLE_VERSION = 1
+#: Capabilities a version-1 reader understands; any other is refused.
+CAP_ZSTD_DICT = "zstd-dict"  # entries may use the pack's zstd dictionary
+KNOWN_CAPABILITIES = frozenset({CAP_ZSTD_DICT})
+MAX_HEADER_SIZE = 16 << 20
+
+_PREFIX = struct.Struct(">8sII")  # magic, version, header length
+_U32 = struct.Struct(">I")
+PREFIX_SIZE = _PREFIX.size  # 16
+
+Progress = Callable[[int], None]
+
+
+class BadBundle(KxenError):
+    """A bundle file breaks the format or fails a check; nothing was imported."""
+
+    def __init__(self, where: str, reason: str, offset: int | None = None, unit: str = "byte") -> None:
+        at = f" (at {unit} {offset})" if offset is not None else ""
+        super().__init__(f"bad bundle {where}: {reason}{at}")
+        self.where = where
+        self.reason = reason
+        self.offset = offset
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """What a bundle holds, as verified."""
+
+    path: str
+    format: str  # "pack" | "json"
+    version: int
+    capabilities: tuple[str, ...]
+    refs: Mapping[str, Mapping[str, bytes]]
+    objects: int
+    object_bytes: int  # sum of the canonical object sizes
+    pack_bytes: int  # the pack section (pack form), 0 for JSON
+    file_bytes: int
+    digest: str  # the trailer (pack form) or the digest (JSON form), hex
+    kinds: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "version": self.version,
+            "capabilities": list(self.capabilities),
+            "refs": {g: {n: v.hex() for n, v in sorted(r.items())} for g, r in sorted(self.refs.items())},
+            "objects": self.objects,
+            "objectBytes": self.object_bytes,
+            "packBytes": self.pack_bytes,
+            "fileBytes": self.file_bytes,
+            "digest": self.digest,
+            "kinds": dict(sorted(self.kinds.items())),
+        }
+
+
+def format_for_path(path: str, fmt: str | None = None) -> str:
+    """``fmt`` if given, else ``json`` for a ``.json`` file name, else ``pack``."""
+    if fmt is not None:
+        if fmt not in ("pack", "json"):
+            raise UsageError(f"unknown bundle format {fmt!r}: use 'pack' or 'json'")
+        return fmt
+    return "json" if str(path).lower().endswith(".json") else "pack"
+
+
+def _set_total(progress: Progress | None, n: int) -> None:
+    # Duck-typed: the CLI's Progress shows a percentage once it knows the total.
+    if progress is not None and hasattr(progress, "total") and getattr(progress, "total") is None:
+        try:
+            progress.total = n  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+
+
+# ------------------------------------------------------------------ the header's values
+
+
+@dataclass(frozen=True)
+class _Header:
+    capabilities: tuple[str, ...]
+    refs: dict[str, dict[str, bytes]]
+    objects: int
+    size: int
+
+    def cbor(self) -> bytes:
+        return codec.encode(
+            {"capabilities": list(self.capabilities), "objects": self.objects, "refs": self.refs, "size": self.size},
+            links_only=True,
+        )
+
+
+def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -> dict[str, dict[str, bytes]]:
+    def bad(reason: str) -> BadBundle:
+        return BadBundle(where, reason, offset, unit)
+
+    if type(refs) is not dict or not refs:
+        raise bad("refs must be a non-empty map of ref groups")
+    out: dict[str, dict[str, bytes]] = {}
+    for group, names in refs.items():
+        try:
+            validate_group(group)
+        except BadRefName as e:
+            raise bad(str(e)) from None
+        if type(names) is not dict or not names:
+            raise bad(f"ref group {group!r} must map at least one ref name to an id")
+        out[group] = {}
+        for name, oid in names.items():
+            try:
+                validate_ref_name(name)
+            except BadRefName as e:
+                raise bad(f"in ref group {group}: {e}") from None
+            if type(oid) is not bytes or len(oid) != 32:
+                raise bad(f"ref {group}/{name} is not a 32-byte object id")
+            out[group][name] = oid
+    return out
+
+
+def _check_header(value: Any, where: str, offset: int) -> _Header:
+    if type(value) is not dict:
+        raise BadBundle(where, "header is not a map", offset)
+    keys = {"capabilities", "objects", "refs", "size"}
+    if set(value) != keys:
+        extra = sorted(set(value) - keys)
+        missing = sorted(keys - set(value))
+        raise BadBundle(where, f"header keys: unknown {extra}, missing {missing}", offset)
+    caps = value["capabilities"]
+    if type(caps) is not list or any(type(c) is not str for c in caps):
+        raise BadBundle(where, "capabilities must be a list of strings", offset)
+    for c in caps:
+        if c not in KNOWN_CAPABILITIES:
+            raise BadBundle(where, f"unknown capability {c!r} (this kxen-agent knows {sorted(KNOWN_CAPABILITIES)}); upgrade kxen-agent", offset)
+    if caps != sorted(set(caps)):
+        raise BadBundle(where, "capabilities must be sorted and unique", offset)
+    n, size = value["objects"], value["size"]
+    if type(n) is not int or n < 0 or type(size) is not int or size < 0:
+        raise BadBundle(where, "object count and size must be non-negative integers", offset)
+    return _Header(tuple(caps), _check_refs(value["refs"], where, offset), n, size)
+
+
+# ------------------------------------------------------------------ the header block's bytes
+
+
+def encode_bundle_head(raw_header: bytes) -> bytes:
+    """The prefix, the header's CBOR ``raw_header`` and their CRC-32: what precedes the pack."""
+    prefix = _PREFIX.pack(BUNDLE_MAGIC, BUNDLE_VERSION, len(raw_header))
+    return prefix + raw_header + _U32.pack(crc32(prefix, raw_header))
+
+
+def parse_bundle_prefix(prefix: bytes, where: str) -> int:
+    """Check the :data:`PREFIX_SIZE`-byte prefix at the start of a pack-form bundle; the header's length."""
+    magic, version, hlen = _PREFIX.unpack(prefix)
+    if magic != BUNDLE_MAGIC:
+        raise BadBundle(where, f"not a kxen bundle (magic {magic!r})", 0)
+    if version != BUNDLE_VERSION:
+        raise BadBundle(where, f"unknown bundle version {version} (this kxen-agent reads version {BUNDLE_VERSION}); upgrade kxen-agent", 8)
+    if hlen > MAX_HEADER_SIZE:
+        raise BadBundle(where, f"header of {hlen} bytes exceeds the {MAX_HEADER_SIZE}-byte limit", 12)
+    return hlen
+
+
+def parse_bundle_header(prefix: bytes, raw_header: bytes, crc: bytes, where: str) -> _Header:
+    """Check the header block: ``crc`` (4 bytes) over ``prefix`` and ``raw_header``, strict CBOR, the values."""
+    if crc32(prefix, raw_header) != _U32.unpack(crc)[0]:
+        raise BadBundle(where, "header checksum mismatch", PREFIX_SIZE)
+    try:
+        value = codec.decode(raw_header, links_only=True)
+    except codec.DecodeError as e:
+        raise BadBundle(where, f"header is not strict CBOR: {e.reason}", PREFIX_SIZE + e.offset) from None
+    return _check_header(value, where, PREFIX_SIZE)

@@ -1,0 +1,105 @@
+"""Opening a bundle file and checking it completely, without a state dir.
+
+Owns the choice of a bundle's form from its first bytes (:func:`_open_reader`),
+opening the file through the :class:`~kxen_agent.store.fsio.FileIO` seam
+(:func:`_reading`, which import shares), and the public checks:
+:func:`verify_bundle`, :func:`verify_bundle_with_ref_targets`,
+:func:`iter_bundle_objects`. Every problem is one :class:`~.header.BadBundle`
+naming the first one.
+
+It must never write: verification leaves no file behind, not even a state dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, BinaryIO, Iterator
+
+from ..fsio import OS_IO, FileIO
+from ..objects import ObjectId, RawObject, Schema
+from .hashing_reader import stream_size
+from .header import BUNDLE_MAGIC, BadBundle, BundleInfo, Progress, _set_total
+from .json_form import _JsonBundleReader
+from .pack_form import _PackBundleReader
+
+__all__ = ["iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
+
+
+def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _JsonBundleReader":
+    where = str(path)
+    head = f.read(len(BUNDLE_MAGIC))
+    f.seek(0)
+    if head == BUNDLE_MAGIC:
+        return _PackBundleReader(f, where, where, stream_size(io, f))
+    if not head:
+        raise BadBundle(where, "empty file")
+    if BUNDLE_MAGIC.startswith(head):
+        raise BadBundle(where, f"truncated: the file ends after {len(head)} bytes, inside the magic", 0)
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] == b"{" or (not stripped and head):
+        return _JsonBundleReader(f, where, where, io)
+    raise BadBundle(where, f"not a kxen bundle (starts with {head!r})", 0)
+
+
+@contextlib.contextmanager
+def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO) -> Iterator[Any]:
+    try:
+        f = io.open_read(path)
+    except OSError as e:
+        raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
+    with f:
+        r = _open_reader(path, f, io)
+        # A bundle is checked against the schema when every group it holds is
+        # one the schema governs (a session bundle); one that mixes in other
+        # groups is checked byte by byte only (and a session import refuses it).
+        if schema is not None and all(schema.governs(g) for g in r.header.refs):
+            r.closure.use_schema(schema)
+        yield r
+
+
+def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
+                  io: FileIO = OS_IO) -> BundleInfo:
+    """Check a bundle completely without a state dir; its refs, object count and sizes.
+
+    Raises :class:`BadBundle` naming the first problem. With ``schema``,
+    every object's shape and the kind each link and ref names are checked too.
+    ``io`` opens the file.
+    """
+    with _reading(path, schema, io) as r:
+        _set_total(progress, r.header.objects)
+        for _item in r:
+            if progress:
+                progress(1)
+        assert r.info is not None
+        return r.info
+
+
+def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
+                                   io: FileIO = OS_IO) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
+    """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
+
+    So a caller can judge the refs (a session's binding) before it touches
+    a state dir: an import refused then writes nothing, not even a state dir.
+    """
+    with _reading(path, schema, io) as r:
+        _set_total(progress, r.header.objects)
+        wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
+        kept: dict[ObjectId, RawObject] = {}
+        for item in r:
+            if item.obj.id in wanted:
+                kept[item.obj.id] = item.obj
+            if progress:
+                progress(1)
+        assert r.info is not None
+        return r.info, kept
+
+
+def iter_bundle_objects(path: str, *, io: FileIO = OS_IO) -> Iterator[RawObject]:
+    """Every object of a bundle, verified, decompressed, in bundle order.
+
+    The bundle is fully checked by the time the iteration ends; a problem
+    raises :class:`BadBundle` (possibly after some objects were yielded).
+    """
+    with _reading(path, io=io) as r:
+        for item in r:
+            yield item.obj
