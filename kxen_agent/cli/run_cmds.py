@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from contextlib import AbstractContextManager
+from typing import Optional
 
 import typer
 
 from kxen_agent.errors import UsageError
+from kxen_agent.runtime.cancel import cancel_on_signals
 from kxen_agent.runtime.lease import lease_ttl_s
 from kxen_agent.runtime.runner import Runner, RunResult
 from kxen_agent.session.agent_def import load_agent_definition
@@ -88,68 +89,23 @@ def _read_task_file(path: str) -> str:
         raise UsageError(f"task file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
-#: The signals that request cooperative cancellation of a run.
-CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def cancellation(json_out: bool) -> Iterator[threading.Event]:
+def cancellation(json_out: bool) -> AbstractContextManager[threading.Event]:
     """SIGINT/SIGTERM set the yielded event: the runner cancels cooperatively.
 
-    The Python-level handler does nothing; the interpreter's C handler writes
-    the signal number to a wakeup pipe, and a watcher thread sets the event
-    and prints the note. Doing either inside the handler is unsafe: the
-    handler runs in the main thread between any two bytecodes, possibly while
-    that thread holds the very Event's internal lock (``set`` would deadlock)
-    or stderr's buffer lock (a print raises "reentrant call" into the middle
-    of a journal write). A second signal changes nothing but a note: the
-    journaling in progress always completes, so the state on disk is always
-    one the seed names.
+    :func:`~kxen_agent.runtime.cancel.cancel_on_signals` does the signal
+    work; the CLI adds only the notes on stderr (none with ``--json``): one
+    for the first signal, one saying a second changes nothing, then silence.
     """
-    event = threading.Event()
-    rfd, wfd = os.pipe()
-    os.set_blocking(wfd, False)
 
-    def watch() -> None:
-        seen = 0
-        while True:
-            try:
-                data = os.read(rfd, 64)
-            except OSError:
-                return
-            if not data:  # the write end was closed: the command is done
-                return
-            for signum in data:
-                if signum not in CANCEL_SIGNALS:
-                    continue
-                seen += 1
-                event.set()
-                if json_out:
-                    continue
-                name = signal.Signals(signum).name
-                if seen == 1:
-                    err(f"kxen-agent: {name}: canceling the run cooperatively; a running tool gets its "
-                        "cancellation window to stop, then its outcome is journaled...")
-                elif seen == 2:
-                    err(f"kxen-agent: {name} again: still canceling — the journal is being written and "
-                        "will not be skipped; the process ends on its own within the tool's cancellation window")
+    def note(sig: signal.Signals, seen: int) -> None:
+        if seen == 1:
+            err(f"kxen-agent: {sig.name}: canceling the run cooperatively; a running tool gets its "
+                "cancellation window to stop, then its outcome is journaled...")
+        elif seen == 2:
+            err(f"kxen-agent: {sig.name} again: still canceling — the journal is being written and "
+                "will not be skipped; the process ends on its own within the tool's cancellation window")
 
-    watcher = threading.Thread(target=watch, name="kxen-cancel", daemon=True)
-    watcher.start()
-    old_handlers = {}
-    old_wakeup = -1
-    try:
-        old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        for s in CANCEL_SIGNALS:
-            old_handlers[s] = signal.signal(s, lambda signum, frame: None)
-        yield event
-    finally:
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
-        signal.set_wakeup_fd(old_wakeup)
-        os.close(wfd)
-        watcher.join(timeout=5)
-        os.close(rfd)
+    return cancel_on_signals(on_signal=None if json_out else note)
 
 
 def render_result(res: RunResult, json_out: bool) -> None:

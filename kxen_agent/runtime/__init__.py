@@ -1,0 +1,57 @@
+"""The run layer: the agent loop, its providers and tools, leases and cancellation.
+
+Third layer of kxen-agent, above :mod:`kxen_agent.session` and
+:mod:`kxen_agent.store`, below :mod:`kxen_agent.cli`; it imports only
+downwards. What an embedding program needs is re-exported here:
+
+- :mod:`.runner`: :class:`Runner` runs a task in a Session to a terminal
+  state, with the durable tool journal and recovery; :class:`RunResult`.
+- :mod:`.lease`: :class:`Lease`, at most one active run per Session.
+- :mod:`.providers`: the :class:`Provider` seam to a language model.
+- :mod:`.tools`: the tools a run calls (:data:`TOOLS`) and their contract.
+- :mod:`.cancel`: :func:`cancel_on_signals`, SIGINT/SIGTERM as the event
+  the runner cancels on.
+- :mod:`.faults`: crash points for tests (``KXEN_AGENT_FAULT``).
+
+Nothing here renders text for a terminal or exits the process; that is the
+CLI's. Each module's docstring says what it owns and its limitations.
+"""
+
+from __future__ import annotations
+
+from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
+from .faults import FaultSpecError
+from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
+from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
+from .runner import TERMINAL, RunError, Runner, RunResult
+from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+
+__all__ = [
+    "AssistantTurn",
+    "CANCEL_SIGNALS",
+    "CancelSetupError",
+    "FaultSpecError",
+    "Lease",
+    "LeaseBusy",
+    "LeaseLost",
+    "OnSignal",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderError",
+    "RunError",
+    "RunResult",
+    "Runner",
+    "ScriptProvider",
+    "TERMINAL",
+    "TOOLS",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolOutcome",
+    "ToolOutcomeUnknown",
+    "cancel_on_signals",
+    "lease_ttl_s",
+    "make_provider",
+    "redact",
+    "tool_specs",
+]

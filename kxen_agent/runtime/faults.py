@@ -16,7 +16,7 @@ import signal
 
 from kxen_agent.errors import UsageError
 
-__all__ = ["POINTS", "FaultSpecError", "check_spec", "fault"]
+__all__ = ["FaultSpecError", "POINTS", "check_spec", "fault"]
 
 POINTS = (
     "provider:after-response",
@@ -32,7 +32,11 @@ _counts: dict[str, int] = {}
 
 
 class FaultSpecError(UsageError):
-    """``KXEN_AGENT_FAULT`` names an unknown point or a bad occurrence number."""
+    """``KXEN_AGENT_FAULT`` names an unknown point or a bad occurrence number.
+
+    The run's crash points only; a bad ``KXEN_AGENT_IO_FAULT`` (the store's
+    I/O faults) is the store's own error, a different class.
+    """
 
 
 def _targets() -> dict[str, int]:

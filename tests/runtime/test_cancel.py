@@ -149,3 +149,40 @@ def test_cancel_with_no_tool_in_flight_ends_canceled_and_a_new_task_continues(be
         res = json.loads(r.stdout)
         assert (res["status"], res["result"]) == ("completed", "continued")
     assert b.cli("fsck").returncode == 0
+
+
+
+# --- the CLI's notes, in-process ---------------------------------------------
+
+FIRST_NOTE = ("kxen-agent: SIGINT: canceling the run cooperatively; a running tool gets its cancellation "
+              "window to stop, then its outcome is journaled...\n")
+SECOND_NOTE = ("kxen-agent: SIGTERM again: still canceling \u2014 the journal is being written and will not be "
+               "skipped; the process ends on its own within the tool's cancellation window\n")
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_cli_notes_the_first_and_second_signal_then_nothing_and_nothing_with_json(capsys, json_out):
+    from kxen_agent.cli.run_cmds import cancellation
+
+    err = ""
+    before = signal.getsignal(signal.SIGINT)
+
+    def stderr_has(n: int) -> bool:
+        nonlocal err
+        err += capsys.readouterr().err
+        return err.count("kxen-agent: ") >= n
+
+    with cancellation(json_out) as cancel:
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_for(cancel.is_set, "the cancel event")
+        if not json_out:
+            wait_for(lambda: stderr_has(1), "the first note", timeout=5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        if not json_out:
+            wait_for(lambda: stderr_has(2), "the second note", timeout=5)
+        os.kill(os.getpid(), signal.SIGINT)
+    # Leaving the context closes the wake-up pipe's write end; the watcher
+    # handles every byte before it, so nothing more can be printed after this.
+    err += capsys.readouterr().err
+    assert err == ("" if json_out else FIRST_NOTE + SECOND_NOTE)
+    assert signal.getsignal(signal.SIGINT) is before, "the CLI's previous SIGINT handler was not restored"

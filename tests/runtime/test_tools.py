@@ -86,6 +86,22 @@ def test_registry_and_specs():
         tool_specs(["nope"])
 
 
+def test_package_exports_its_sorted_all_and_each_tool_lives_in_its_concept_module():
+    import kxen_agent.runtime.tools as tools
+    from kxen_agent.runtime.tools import files, protocol, registry
+    from kxen_agent.runtime.tools import shell as shell_mod
+
+    assert tools.__all__ == sorted(tools.__all__)
+    assert set(tools.__all__) == {
+        "TOOLS", "Tool", "ToolContext", "ToolOutcome", "ToolOutcomeUnknown", "redact", "tool_specs",
+    }
+    for mod in (protocol, files, shell_mod, registry):
+        assert mod.__all__ == sorted(mod.__all__) and all(hasattr(mod, n) for n in mod.__all__)
+    assert tools.TOOLS is registry.TOOLS and tools.ToolOutcome is protocol.ToolOutcome
+    assert type(TOOLS["shell"]).__module__ == shell_mod.__name__
+    assert {type(t).__module__ for n, t in TOOLS.items() if n != "shell"} == {files.__name__}
+
+
 def test_redact():
     assert redact("key=abcd1234 again abcd1234", ["abcd1234"]) == "key=[REDACTED] again [REDACTED]"
     assert redact("a ab abc", ["", "ab", "abc"]) == "a ab abc"  # shorter than 4: left alone
