@@ -35,6 +35,13 @@ Rule for a new grant, decided under the group lock from the holder record
 - same host, the holder had no ``fcntl`` lock (it took over from a paused
   holder that still kept it): free iff its pid is gone (or reused).
 
+The lock and the record live in a :class:`LeaseBackend`: the state dir's
+files for the disk store (:class:`DiskLeaseBackend`, the layout above,
+``objects_spec.md`` §8.3, §15), a lock and a dict for a
+:class:`~kxen_agent.store.memory.MemoryStore` (:class:`MemoryLeaseBackend`,
+for the threads of one process); the fence is in the ref group either way.
+Only the disk backend touches the state dir.
+
 Pids are trusted only within the holder's pid namespace (containers on one
 host may share a hostname); elsewhere an unexpired record counts as alive.
 A grant taken without the ``fcntl`` lock picks it up at a later renewal, once
@@ -53,15 +60,30 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.sessions import UnknownSession
 from kxen_agent.store import Store
-from kxen_agent.store.locks import FileLock, LockBusy, lock_for as _lock_for  # one lock object per path
+from kxen_agent.store.locks import LockBusy, lock_for  # one lock object per path
+from kxen_agent.store.memory import MemoryLock, MemoryStore
+from kxen_agent.store.protocols import ExclusiveLock, Repository
 
-__all__ = ["DEFAULT_TTL_S", "Lease", "LeaseBusy", "LeaseLost", "blocking_reason", "lease_ttl_s"]
+__all__ = [
+    "DEFAULT_TTL_S",
+    "DiskLeaseBackend",
+    "Lease",
+    "LeaseBackend",
+    "LeaseBusy",
+    "LeaseLost",
+    "MemoryLeaseBackend",
+    "StagedRecord",
+    "blocking_reason",
+    "lease_backend",
+    "lease_ttl_s",
+]
 
 DEFAULT_TTL_S = 30.0
 #: How long a grant or release waits for the session's ref-group lock, which
@@ -236,6 +258,194 @@ def blocking_reason(holder: dict | None, fence: int, *, have_fcntl: bool, now_ns
     return "it is alive" if alive else None
 
 
+# ---------------------------------------------------------------- where a lease lives
+
+
+class StagedRecord(Protocol):
+    """A holder record written aside, not yet in place (:meth:`LeaseBackend.stage_record`)."""
+
+    def commit(self) -> None:
+        """Put it in place of the session's record, whole (called under the group lock)."""
+        ...
+
+    def discard(self) -> None:
+        """Forget it if it was not committed; never raises."""
+        ...
+
+
+class LeaseBackend(Protocol):
+    """Where a session's lease lives besides its ref group: the holder lock and the holder record.
+
+    The fence is in the ref group (any :class:`~kxen_agent.store.protocols.RefContainer`);
+    the backend keeps the other two parts. On disk (:class:`DiskLeaseBackend`)
+    they are ``locks/sessions/<ses>.lease`` (an ``fcntl`` lock that dies with
+    its process) and the record file ``leases/sessions/<ses>``; in memory
+    (:class:`MemoryLeaseBackend`) a :class:`~kxen_agent.store.memory.MemoryLock`
+    and a dict, shared by every thread using one
+    :class:`~kxen_agent.store.memory.MemoryStore`. A record is replaced or
+    removed whole: a reader sees the old one or the new one, never a part.
+    """
+
+    def holder_lock(self, ses: str) -> ExclusiveLock:
+        """The session's holder lock (the one object per session of this process); may prepare the store."""
+        ...
+
+    def read_record(self, ses: str) -> bytes | None:
+        """The holder record's bytes, or None if there is none."""
+        ...
+
+    def write_record(self, ses: str, data: bytes) -> None:
+        """Replace the record durably (a grant, under the group lock)."""
+        ...
+
+    def stage_record(self, ses: str, data: bytes) -> StagedRecord:
+        """Write ``data`` aside, outside the group lock (the slow part of a renewal)."""
+        ...
+
+    def remove_record(self, ses: str) -> None:
+        """Remove the record (a release, under the group lock)."""
+        ...
+
+    def sync_records(self, ses: str) -> None:
+        """Make the last commit or removal durable (after the group lock is let go)."""
+        ...
+
+
+class _StagedFile:
+    def __init__(self, io, tmp: str, path: str) -> None:
+        self._io = io
+        self._tmp: str | None = tmp
+        self._path = path
+
+    def commit(self) -> None:
+        assert self._tmp is not None
+        self._io.rename(self._tmp, self._path)
+        self._tmp = None
+
+    def discard(self) -> None:
+        if self._tmp is not None:
+            try:
+                self._io.unlink(self._tmp)  # through the seam, like every write
+            except OSError:
+                pass
+            self._tmp = None
+
+
+class DiskLeaseBackend:
+    """The lease's files in a state dir (the lock file and the holder record), through the store's I/O seam.
+
+    Every operation is the one the lease made on the files before it had a
+    backend, in the same order: fault injection and crash points count the
+    same operations.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def holder_lock(self, ses: str) -> ExclusiveLock:
+        self.store.ensure_initialized()
+        path = Lease.lock_path(self.store, ses)
+        self.store.io.makedirs(os.path.dirname(path))
+        return lock_for(path)
+
+    def read_record(self, ses: str) -> bytes | None:
+        try:
+            return self.store.io.read(Lease.record_path(self.store, ses))
+        except FileNotFoundError:
+            return None
+
+    def write_record(self, ses: str, data: bytes) -> None:
+        path = Lease.record_path(self.store, ses)
+        self.store.io.makedirs(os.path.dirname(path))
+        self.store.io.write_durable(path, data)
+
+    def stage_record(self, ses: str, data: bytes) -> StagedRecord:
+        path = Lease.record_path(self.store, ses)
+        return _StagedFile(self.store.io, self.store.io.write_tmp(os.path.dirname(path), data), path)
+
+    def remove_record(self, ses: str) -> None:
+        self.store.io.unlink(Lease.record_path(self.store, ses))
+
+    def sync_records(self, ses: str) -> None:
+        self.store.io.fsync_dir(os.path.dirname(Lease.record_path(self.store, ses)))
+
+
+class _StagedValue:
+    def __init__(self, backend: "MemoryLeaseBackend", ses: str, data: bytes) -> None:
+        self._backend, self._ses, self._data = backend, ses, data
+
+    def commit(self) -> None:
+        self._backend._records[self._ses] = self._data
+
+    def discard(self) -> None:
+        pass
+
+
+class MemoryLeaseBackend:
+    """The lease's holder locks and records in memory, for the threads of one process.
+
+    Over a :class:`~kxen_agent.store.memory.MemoryStore` the rule of
+    :func:`blocking_reason` holds as on one host: the holder lock plays the
+    ``fcntl`` lock (held for the lease's life), the pid is this process's
+    (alive), so a second thread is refused at once with :class:`LeaseBusy`
+    naming the holder, and a holder that stops renewing is taken over at
+    its expiry with the fence raised. Unlike an ``fcntl`` lock, a thread
+    that ends without releasing keeps the holder lock: its lease is freed
+    by expiry only.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._guard = threading.Lock()
+        self._locks: dict[str, MemoryLock] = {}
+        self._records: dict[str, bytes] = {}
+
+    def holder_lock(self, ses: str) -> ExclusiveLock:
+        with self._guard:
+            lock = self._locks.get(ses)
+            if lock is None:
+                lock = self._locks[ses] = MemoryLock(f"{self.where}/locks/sessions/{ses}.lease")
+            return lock
+
+    def read_record(self, ses: str) -> bytes | None:
+        return self._records.get(ses)
+
+    def write_record(self, ses: str, data: bytes) -> None:
+        self._records[ses] = data
+
+    def stage_record(self, ses: str, data: bytes) -> StagedRecord:
+        return _StagedValue(self, ses, data)
+
+    def remove_record(self, ses: str) -> None:
+        self._records.pop(ses, None)
+
+    def sync_records(self, ses: str) -> None:
+        pass
+
+
+_memory_backends: "weakref.WeakKeyDictionary[MemoryStore, MemoryLeaseBackend]" = weakref.WeakKeyDictionary()
+_memory_backends_guard = threading.Lock()
+
+
+def lease_backend(store: Repository) -> LeaseBackend:
+    """The backend of ``store``'s leases: its state dir's files, or (a memory store) its one in-memory backend."""
+    if isinstance(store, Store):
+        return DiskLeaseBackend(store)
+    if isinstance(store, MemoryStore):
+        # One per store, so every Runner and Lease over it contends for the same records.
+        with _memory_backends_guard:
+            backend = _memory_backends.get(store)
+            if backend is None:
+                backend = _memory_backends[store] = MemoryLeaseBackend(store.root)
+            return backend
+    where = getattr(store, "root", "?")
+    raise TypeError(f"no lease backend is known for {type(store).__name__} ({where}); "
+                    "pass one with backend= (Lease.acquire) or leases= (Runner)")
+
+
+# ---------------------------------------------------------------- the lease
+
+
 class Lease:
     """A granted run lease; use as a context manager or call :meth:`release`.
 
@@ -244,9 +454,10 @@ class Lease:
     expiry); ``on_lost`` (if given) is then called once, from that thread.
     """
 
-    def __init__(self, store: Store, ses: str, record: _Record, flock: FileLock, have_fcntl: bool,
-                 ttl: float, on_lost: Callable[[], None] | None) -> None:
+    def __init__(self, store: Repository, ses: str, record: _Record, flock: ExclusiveLock, have_fcntl: bool,
+                 ttl: float, on_lost: Callable[[], None] | None, backend: LeaseBackend | None = None) -> None:
         self.store = store
+        self.backend = backend if backend is not None else lease_backend(store)
         self.ses = ses
         self.fence = record.fence
         self.record = record
@@ -266,7 +477,7 @@ class Lease:
     def group(self) -> str:
         return f"sessions/{self.ses}"
 
-    # ---------------------------------------------------------------- paths
+    # ---------------------------------------------------------------- paths (the disk backend's)
 
     @staticmethod
     def lock_path(store: Store, ses: str) -> str:
@@ -277,11 +488,14 @@ class Lease:
         return os.path.join(store.root, "leases", "sessions", ses)
 
     @staticmethod
-    def holder(store: Store, ses: str) -> dict | None:
+    def holder(store: Repository, ses: str, *, backend: LeaseBackend | None = None) -> dict | None:
         """The holder record as written (it may be stale: see :func:`blocking_reason`), or None."""
+        data = (backend if backend is not None else lease_backend(store)).read_record(ses)
+        if data is None:
+            return None
         try:
-            rec = json.loads(store.io.read(Lease.record_path(store, ses)))
-        except (FileNotFoundError, ValueError):
+            rec = json.loads(data)
+        except ValueError:
             return None
         # A record that is not ours to read is void; the fence still guards.
         if not isinstance(rec, dict) or not all(isinstance(rec.get(k), int) for k in ("fence", "expiresNs", "sinceNs")):
@@ -291,19 +505,19 @@ class Lease:
     # ---------------------------------------------------------------- acquire
 
     @classmethod
-    def acquire(cls, store: Store, ses: str, *, run: str | None = None, purpose: str = "run",
-                ttl: float | None = None, on_lost: Callable[[], None] | None = None) -> "Lease":
+    def acquire(cls, store: Repository, ses: str, *, run: str | None = None, purpose: str = "run",
+                ttl: float | None = None, on_lost: Callable[[], None] | None = None,
+                backend: LeaseBackend | None = None) -> "Lease":
         """Take the lease of session ``ses`` now or raise :class:`LeaseBusy` (never waits for a holder).
 
         ``purpose`` names what the holder does (``run``, ``resolve``,
-        ``rebind``, ``import``...); ``ttl`` defaults to :func:`lease_ttl_s`.
+        ``rebind``, ``import``...); ``ttl`` defaults to :func:`lease_ttl_s`;
+        ``backend`` to :func:`lease_backend` of ``store``.
         """
         ttl = lease_ttl_s() if ttl is None else ttl
+        backend = backend if backend is not None else lease_backend(store)
         group = f"sessions/{ses}"
-        store.ensure_initialized()
-        lock_path = cls.lock_path(store, ses)
-        store.io.makedirs(os.path.dirname(lock_path))
-        flock = _lock_for(lock_path)
+        flock = backend.holder_lock(ses)
         try:
             flock.acquire(timeout=0)
             have_fcntl = True
@@ -314,7 +528,7 @@ class Lease:
                 # Refuse at once from a snapshot, without queueing on the
                 # group lock: both files are replaced whole, and refusing is
                 # always safe.
-                holder = cls.holder(store, ses)
+                holder = cls.holder(store, ses, backend=backend)
                 why = blocking_reason(holder, store.refs.read(group).fence, have_fcntl=False, now_ns=time.time_ns())
                 if why:
                     raise LeaseBusy(ses, holder, why)
@@ -324,7 +538,7 @@ class Lease:
                 if not state.exists or "meta" not in state.refs:
                     raise UnknownSession(ses, store.root)
                 now = time.time_ns()
-                holder = cls.holder(store, ses)
+                holder = cls.holder(store, ses, backend=backend)
                 why = blocking_reason(holder, state.fence, have_fcntl=have_fcntl, now_ns=now)
                 if why:
                     raise LeaseBusy(ses, holder, why)
@@ -335,20 +549,14 @@ class Lease:
                 # fence is behind the group's, which the rule reads as free.
                 store.refs.transaction(group, [], reason=f"lease: {purpose} {run or '-'} pid {os.getpid()} on {_HOST}",
                                        new_fence=fence, locked=True)
-                cls._write_record(store, ses, rec)
+                backend.write_record(ses, _record_bytes(rec))
         except BaseException:
             if have_fcntl:
                 flock.release()
             raise
-        lease = cls(store, ses, rec, flock, have_fcntl, ttl, on_lost)
+        lease = cls(store, ses, rec, flock, have_fcntl, ttl, on_lost, backend)
         lease._start_renewer()
         return lease
-
-    @staticmethod
-    def _write_record(store: Store, ses: str, rec: _Record) -> None:
-        path = Lease.record_path(store, ses)
-        store.io.makedirs(os.path.dirname(path))
-        store.io.write_durable(path, json.dumps(asdict(rec), sort_keys=True).encode())
 
     # ---------------------------------------------------------------- renew / check / release
 
@@ -388,11 +596,9 @@ class Lease:
                     pass
             self.record.expiresNs = time.time_ns() + int(self.ttl * 1e9)
             self.record.locked = self._have_fcntl
-            path = self.record_path(self.store, self.ses)
-            directory = os.path.dirname(path)
             # The slow part (write, fsync) happens outside the group lock, so
             # a holder paused mid-renewal almost never sits inside it.
-            tmp: str | None = self.store.io.write_tmp(directory, json.dumps(asdict(self.record), sort_keys=True).encode())
+            staged = self.backend.stage_record(self.ses, _record_bytes(self.record))
             try:
                 with self.store.refs.lock(self.group, timeout=self.ttl / 3):
                     # Under the lock, so a stale holder never overwrites a
@@ -400,15 +606,10 @@ class Lease:
                     current = self.store.refs.read(self.group).fence
                     if current != self.fence:
                         raise LeaseLost(self.ses, self.fence, current)
-                    self.store.io.rename(tmp, path)
-                    tmp = None
+                    staged.commit()
             finally:
-                if tmp is not None:
-                    try:
-                        self.store.io.unlink(tmp)  # through the seam, like every write
-                    except OSError:
-                        pass
-            self.store.io.fsync_dir(directory)
+                staged.discard()
+            self.backend.sync_records(self.ses)
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if another process now holds the lease (a cheap read, no lock)."""
@@ -425,16 +626,15 @@ class Lease:
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join()
-        path = self.record_path(self.store, self.ses)
         try:
             removed = False
             with self.store.refs.lock(self.group, timeout=GROUP_LOCK_WAIT_S):
-                cur = self.holder(self.store, self.ses)
+                cur = self.holder(self.store, self.ses, backend=self.backend)
                 if cur is not None and cur.get("fence") == self.fence:
-                    self.store.io.unlink(path)
+                    self.backend.remove_record(self.ses)
                     removed = True
             if removed:
-                self.store.io.fsync_dir(os.path.dirname(path))
+                self.backend.sync_records(self.ses)
         except (LockBusy, OSError):
             # The record stays: on this host it is void once the fcntl lock
             # or the process is gone, elsewhere at its expiry.
@@ -450,3 +650,7 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _record_bytes(rec: _Record) -> bytes:
+    return json.dumps(asdict(rec), sort_keys=True).encode()

@@ -34,10 +34,11 @@ from typing import Callable
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
-from kxen_agent.store import CorruptObject, RefUpdate, Store
+from kxen_agent.store import CorruptObject, RefUpdate
+from kxen_agent.store.protocols import Repository
 
 from .faults import check_spec as check_fault_spec, fault
-from .lease import Lease, lease_ttl_s
+from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import AssistantTurn, ProviderError, make_provider
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
 
@@ -103,15 +104,32 @@ class _Stop(Exception):
 
 
 class Runner:
-    """Runs, resumes and resolves DCPRuns of the sessions in one store."""
+    """Runs, resumes and resolves DCPRuns of the sessions in one store.
 
-    def __init__(self, store: Store, *, cancel: threading.Event | None = None,
-                 on_event: Callable[[str], None] | None = None) -> None:
+    ``store`` is any :class:`~kxen_agent.store.protocols.Repository`: the
+    state dir on disk, or a :class:`~kxen_agent.store.memory.MemoryStore`
+    (in-process tests). ``leases`` is where the run lease lives
+    (default: :func:`~kxen_agent.runtime.lease.lease_backend` of the store).
+    ``fault`` is called with the name of each fault point the loop passes
+    (:data:`~kxen_agent.runtime.faults.POINTS`); the default,
+    :func:`~kxen_agent.runtime.faults.fault`, kills the process where
+    ``KXEN_AGENT_FAULT`` says. A hook that raises stops the run there, with
+    what is durable left as a crash would leave it.
+    """
+
+    def __init__(self, store: Repository, *, cancel: threading.Event | None = None,
+                 on_event: Callable[[str], None] | None = None, leases: LeaseBackend | None = None,
+                 fault: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.sessions = SessionStore(store)
         self.cancel = cancel or threading.Event()
         self.on_event = on_event or (lambda line: None)
+        self.leases = leases if leases is not None else lease_backend(store)
+        self.fault = fault
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
+
+    def _lease(self, ses: str, *, run: str | None = None, purpose: str = "run") -> Lease:
+        return Lease.acquire(self.store, ses, run=run, purpose=purpose, backend=self.leases)
 
     # ================================================================ reading
 
@@ -189,7 +207,7 @@ class Runner:
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
         run = new_id("run")
-        with Lease.acquire(self.store, info.id, run=run) as lease:
+        with self._lease(info.id, run=run) as lease:
             return self._new_run(info.id, run, task, lease)
 
     def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
@@ -200,14 +218,14 @@ class Runner:
         if rebind:
             if workspace is None:
                 raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
-            with Lease.acquire(self.store, ses, purpose="rebind") as lease:
+            with self._lease(ses, purpose="rebind") as lease:
                 info = self.sessions.rebind(ses, workspace, fence=lease.fence)
             self.on_event(f"session {ses} bound to {info.workspace.root}")
         else:
             self.sessions.check_workspace(info, workspace, rebind=False)
         new_run = new_id("run") if task is not None else None
         snapshot = self.latest_run(info)  # names the run in the lease record; decided below
-        with Lease.acquire(self.store, ses, run=new_run or (snapshot[0] if snapshot else None)) as lease:
+        with self._lease(ses, run=new_run or (snapshot[0] if snapshot else None)) as lease:
             # Decide under the lease, never from the snapshot: another process
             # may have started or finished a run since (two `--task` racing
             # must not both start one; a busy session is LeaseBusy, not "still running").
@@ -291,7 +309,7 @@ class Runner:
 
         Never re-executes the operation; refuses an op that is not UNKNOWN.
         """
-        with Lease.acquire(self.store, ses, run=run, purpose="resolve") as lease:
+        with self._lease(ses, run=run, purpose="resolve") as lease:
             info = self.sessions.get(ses)
             oid, st = self.run_state(info, run)
             ops = self.ops(st)
@@ -355,6 +373,9 @@ class _RunCtx:
         self.agent = self.sessions.agent(self.info)
         self.secrets = Runner._secrets(self.agent)
         self.oid, self.st = runner.run_state(self.info, run)
+        # Looked up now, not at import: tests replace the module's ``fault``.
+        # Called straight from the loop's methods (a hook may look at its caller's frame).
+        self.fault = runner.fault if runner.fault is not None else fault
 
     # ---------------------------------------------------------------- writes
 
@@ -457,7 +478,7 @@ class _RunCtx:
                 if self.r.cancel.wait(min(2 ** attempt, 8)):
                     self.end("canceled", error=f"canceled by the user while retrying the model provider ({msg})")
         assert turn is not None
-        fault("provider:after-response")
+        self.fault("provider:after-response")
         if self.r.cancel.is_set() and not turn.tool_calls:
             # A final answer that arrives after Ctrl-C does not complete the
             # run (tool calls are recorded, and reported "not run", below).
@@ -492,7 +513,7 @@ class _RunCtx:
         self.update({"turn": self.st["turn"] + 1, "model": turn.model, "status": "completed",
                      "result": content or "", "settled": False},
                     reason=f"run {self.run}: result saved")
-        fault("run:after-result")
+        self.fault("run:after-result")
         self.finish_settlement()
         raise _Stop
 
@@ -511,7 +532,7 @@ class _RunCtx:
                     self.store.refs.transaction(self.info.group, [RefUpdate("head", head, final)],
                                                 reason=f"run {self.run}: final message", fence=self.lease.fence)
                 self.info = self.sessions.get(self.ses)
-            fault("run:after-final-message")
+            self.fault("run:after-final-message")
         self.update({"settled": True}, reason=f"run {self.run}: settled")
         self.r.on_event(f"run {self.run} {self.st['status']}")
 
@@ -573,7 +594,7 @@ class _RunCtx:
                                         reason=f"run {self.run}: tool results of turn {self.st['turn']}",
                                         fence=self.lease.fence)
         self.info = self.sessions.get(self.ses)
-        fault("tool:after-turn")
+        self.fault("tool:after-turn")
         self.settle_turn(ops)
 
     def settle_turn(self, ops: dict[str, dict]) -> None:
@@ -594,7 +615,7 @@ class _RunCtx:
                 "arguments": call["arguments"], "message": assistant.oid,
                 "sideEffects": bool(tool.side_effects) if tool else False}
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
-        fault("tool:after-started")
+        self.fault("tool:after-started")
         refused = _refusal(call, allowed)
         if refused is not None:
             outcome = refused
@@ -617,7 +638,7 @@ class _RunCtx:
             try:
                 outcome = tool.run(args, ctx)
             except ToolOutcomeUnknown as ex:
-                fault("tool:after-effect")
+                self.fault("tool:after-effect")
                 self.journal_write(
                     [dict(base, state="OutcomeUnknown", source="cancel", note=redact(ex.message, self.secrets))],
                     outputs=[redact(ex.output, self.secrets) if ex.output else None],
@@ -626,8 +647,8 @@ class _RunCtx:
                 )
                 self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
                 raise _Stop
-        fault("tool:after-effect")
+        self.fault("tool:after-effect")
         self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
                            outputs=[redact(outcome.output, self.secrets)],
                            reason=f"run {self.run}: {op} outcome known")
-        fault("tool:after-outcome")
+        self.fault("tool:after-outcome")

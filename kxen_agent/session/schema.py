@@ -14,7 +14,7 @@ hook the store's bundle reader and fsck call (they know nothing of sessions);
 
 Readers ignore keys they do not know (§14: a newer writer may add some);
 a key they need must be there with its type. Link kinds are checked where
-the link is followed (``Store.get`` with a kind), and by imports and fsck
+the link is followed (the store's ``get`` with a kind), and by imports and fsck
 for every link at once.
 """
 
@@ -24,8 +24,8 @@ import re
 from typing import Any, Callable, Mapping
 
 from kxen_agent.errors import KxenError
-from kxen_agent.store import Store
 from kxen_agent.store.objects import CorruptObject, ObjectId, SchemaViolation
+from kxen_agent.store.protocols import ObjectStore
 
 __all__ = ["RUN_RE", "SESSION_SCHEMA", "SES_RE", "SessionSchema", "check", "misplaced", "put", "read", "ref_kind", "text_blob"]
 
@@ -353,7 +353,7 @@ class SessionSchema:
 SESSION_SCHEMA = SessionSchema()
 
 
-def read(store: Store, oid: ObjectId, kind: str) -> Any:
+def read(store: ObjectStore, oid: ObjectId, kind: str) -> Any:
     """``store.get(oid, kind)``, then its shape: a malformed object is a :class:`CorruptObject` naming it."""
     value = store.get(oid, kind)
     try:
@@ -378,7 +378,7 @@ def misplaced(ses: str, ref: str, value: Any) -> str | None:
     return None
 
 
-def put(store: Store, kind: str, value: Any) -> ObjectId:
+def put(store: ObjectStore, kind: str, value: Any) -> ObjectId:
     """``store.put(kind, value)`` for a value that passes :func:`check`: a writer never
     leaves an object the readers would refuse (a provider's odd answer stops the
     run here, in one line, instead of every later read)."""
@@ -391,7 +391,7 @@ def put(store: Store, kind: str, value: Any) -> ObjectId:
     return store.put(kind, value)
 
 
-def text_blob(store: Store, oid: ObjectId) -> str:
+def text_blob(store: ObjectStore, oid: ObjectId) -> str:
     """The UTF-8 text of a content or output blob (§14.4, §14.6)."""
     try:
         return store.get(oid, "blob").decode("utf-8")

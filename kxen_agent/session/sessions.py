@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate, Store
+from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate
+from kxen_agent.store.protocols import Repository
 
 from .schema import SES_RE, misplaced, put, read, text_blob
 from .workspace import (
@@ -40,9 +41,11 @@ from .workspace import (
 __all__ = [
     "BLOB_THRESHOLD",
     "Message",
+    "SessionError",
     "SessionInfo",
     "SessionStore",
     "UnknownSession",
+    "msg_id",
     "new_id",
 ]
 
@@ -161,9 +164,14 @@ def _ws_json(rec: dict) -> dict:
 
 
 class SessionStore:
-    """Sessions, messages and forks over a :class:`Store`."""
+    """Sessions, messages and forks over a :class:`~kxen_agent.store.protocols.Repository`.
 
-    def __init__(self, store: Store) -> None:
+    The disk :class:`~kxen_agent.store.Store` in use, a
+    :class:`~kxen_agent.store.memory.MemoryStore` in tests: nothing here
+    needs a path (``store.root`` only names the store in messages).
+    """
+
+    def __init__(self, store: Repository) -> None:
         self.store = store
 
     # ------------------------------------------------------------ lookup

@@ -1,4 +1,4 @@
-"""The run lease across real processes: exclusion, exit 75, takeover, fencing.
+"""The run lease across real processes: exclusion, exit 75, takeover, fencing; and its two backends.
 
 Every test drives the installed ``kxen-agent`` console script (or the
 library, for the in-process rules) against a state dir of its own, sends
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,11 +24,22 @@ import pytest
 
 from kxen_agent.errors import UsageError
 from kxen_agent.runtime import lease as lease_mod
-from kxen_agent.runtime.lease import Lease, LeaseBusy, LeaseLost, blocking_reason, lease_ttl_s
+from kxen_agent.runtime.lease import (
+    DiskLeaseBackend,
+    Lease,
+    LeaseBusy,
+    LeaseLost,
+    MemoryLeaseBackend,
+    blocking_reason,
+    lease_backend,
+    lease_ttl_s,
+)
 from kxen_agent.session.agent_def import default_agent_definition
 from kxen_agent.session.sessions import SessionStore, UnknownSession
 from kxen_agent.session.workspace import inspect_workspace
 from kxen_agent.store import LockBusy, RefUpdate, StaleFence, Store, file_lock
+from kxen_agent.store.fsio import TracingIO
+from kxen_agent.store.memory import MemoryStore
 
 KXEN = os.path.join(os.path.dirname(sys.executable), "kxen-agent")
 if not os.path.exists(KXEN):  # pragma: no cover - run outside the venv
@@ -559,3 +571,125 @@ def test_rule_and_settings(tmp_path, monkeypatch):
     with pytest.raises(UnknownSession):
         Lease.acquire(store, "ses_0000000000000000")
     assert not os.path.exists(store.refs.ref_path("sessions/ses_0000000000000000"))
+
+
+# ---------------------------------------------------------------- the backends
+
+
+def memory_session(tmp: Path) -> tuple[MemoryStore, str]:
+    ws = tmp / "memws"
+    ws.mkdir()
+    store = MemoryStore("lease")
+    info = SessionStore(store).create(default_agent_definition([{"content": "x"}]), inspect_workspace(str(ws)))
+    return store, info.id
+
+
+def test_the_disk_lease_makes_the_same_file_operations_and_record(tmp_path):
+    """The disk backend is the lease's old file code moved behind a protocol: the same operations on
+    the same files in the same order (what fault injection and crash points count), and the same record."""
+    io = TracingIO(sync=False)
+    store = Store(str(tmp_path / "state"), io=io)
+    (tmp_path / "ws").mkdir()
+    ses = SessionStore(store).create(default_agent_definition([{"content": "x"}]), inspect_workspace(str(tmp_path / "ws"))).id
+    ops: list[str] = []
+    io.hook = lambda op, p: ops.append(f"{op} {p}")
+    io.read_hook = lambda op, p: ops.append(f"r:{op} {p}")
+    lease = Lease.acquire(store, ses, run="run_x", ttl=3600)
+    record = Path(Lease.record_path(store, ses)).read_bytes()
+    ops.append("-- renew")
+    lease.renew()
+    ops.append("-- busy")
+    t = threading.Thread(target=lambda: pytest.raises(LeaseBusy, Lease.acquire, store, ses))
+    t.start()
+    t.join()
+    ops.append("-- release")
+    lease.release()
+    refs, leases = f"{store.root}/refs/sessions", f"{store.root}/leases/sessions"
+    grant = [f"r:read {refs}/{ses}", f"r:read {leases}/{ses}", f"r:read {refs}/{ses}",
+             f"create {refs}/tmp", f"write {refs}/tmp", f"fsync {refs}/tmp", f"rename {refs}/{ses}", f"fsync_dir {refs}",
+             f"create {leases}/tmp", f"write {leases}/tmp", f"fsync {leases}/tmp", f"rename {leases}/{ses}",
+             f"fsync_dir {leases}"]
+    renew = [f"create {leases}/tmp", f"write {leases}/tmp", f"fsync {leases}/tmp", f"r:read {refs}/{ses}",
+             f"rename {leases}/{ses}", f"fsync_dir {leases}"]
+    busy = [f"r:read {leases}/{ses}", f"r:read {refs}/{ses}"]
+    release = [f"r:read {leases}/{ses}", f"unlink {leases}/{ses}", f"fsync_dir {leases}"]
+    assert [re.sub(r"/tmp_[0-9a-f]{16}$", "/tmp", o) for o in ops] == (
+        grant + ["-- renew"] + renew + ["-- busy"] + busy + ["-- release"] + release)
+    # The record: sorted keys, json's default separators, nothing else.
+    rec = json.loads(record)
+    assert record == json.dumps(rec, sort_keys=True).encode()
+    assert list(rec) == ["boot", "expiresNs", "fence", "host", "locked", "pid", "pidStart", "pidns", "purpose",
+                         "run", "sinceNs", "ttlMs"]
+    assert (rec["pid"], rec["run"], rec["purpose"], rec["fence"], rec["locked"], rec["ttlMs"]) == (
+        os.getpid(), "run_x", "run", 1, True, 3600000)
+
+
+def test_lease_backends_are_chosen_by_the_store(tmp_path):
+    disk = Store(str(tmp_path / "state"))
+    mem = MemoryStore()
+    assert isinstance(lease_backend(disk), DiskLeaseBackend)
+    assert isinstance(lease_backend(mem), MemoryLeaseBackend)
+    assert lease_backend(mem) is lease_backend(mem), "every runner over one memory store shares its leases"
+    assert lease_backend(MemoryStore()) is not lease_backend(mem)
+    with pytest.raises(TypeError, match="no lease backend is known for object"):
+        lease_backend(object())  # type: ignore[arg-type]
+
+
+def test_threads_cannot_both_hold_a_memory_session(tmp_path):
+    store, ses = memory_session(tmp_path)
+    for _ in range(20):
+        barrier = threading.Barrier(2)
+        got: list[Lease] = []
+        refused: list[LeaseBusy] = []
+
+        def take() -> None:
+            barrier.wait()
+            try:
+                got.append(Lease.acquire(store, ses, run="run_x"))
+            except LeaseBusy as e:
+                refused.append(e)
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 1 and len(refused) == 1
+        assert f"pid {os.getpid()}" in str(refused[0]) and "run run_x" in str(refused[0])
+        assert refused[0].holder["fence"] == got[0].fence
+        with pytest.raises(LeaseBusy):
+            Lease.acquire(store, ses)  # nor this thread
+        got[0].release()
+        assert Lease.holder(store, ses) is None
+    with Lease.acquire(store, ses) as lease:
+        assert lease.record.locked and lease.fence == 21
+        assert store.refs.read(f"sessions/{ses}").fence == 21  # one raise per grant
+    with pytest.raises(UnknownSession, match="memory:"):
+        Lease.acquire(store, "ses_0000000000000000")
+
+
+def test_takeover_after_expiry_fences_out_the_old_holder_in_memory(tmp_path):
+    store, ses = memory_session(tmp_path)
+    group = f"sessions/{ses}"
+    old = Lease.acquire(store, ses, ttl=0.3)
+    old._stop.set()  # a paused holder: it stops renewing
+    old._renewer.join()
+    wait_for(lambda: Lease.holder(store, ses)["expiresNs"] < time.time_ns(), "the old lease to expire")
+    lost: list[bool] = []
+    new = Lease.acquire(store, ses, ttl=0.6, on_lost=lambda: lost.append(True))
+    assert new.fence == old.fence + 1
+    assert not new.record.locked  # the old holder still has the holder lock
+    with pytest.raises(StaleFence):
+        store.refs.transaction(group, [RefUpdate("x", None, b"\x01" * 32)], reason="stale", fence=old.fence)
+    with pytest.raises(LeaseLost):
+        old.renew()
+    with pytest.raises(LeaseLost):
+        old.check()
+    old.release()
+    assert Lease.holder(store, ses)["fence"] == new.fence, "the old holder removed the new holder's record"
+    with pytest.raises(LeaseBusy):
+        Lease.acquire(store, ses)
+    wait_for(lambda: Lease.holder(store, ses)["locked"], "the new holder to take the holder lock")
+    store.refs.transaction(group, [RefUpdate("x", None, b"\x01" * 32)], reason="ok", fence=new.fence)
+    new.release()
+    assert Lease.holder(store, ses) is None and not lost

@@ -1,0 +1,360 @@
+"""In-process storage: objects, refs and locks in memory, with the disk store's semantics.
+
+:class:`MemoryStore` satisfies :class:`~kxen_agent.store.protocols.Repository`
+as :class:`~kxen_agent.store.repo.Store` does, so the session layer and the
+run loop can be tested in-process, in milliseconds (dulwich's
+``MemoryObjectStore`` and ``DictRefsContainer`` play this part there):
+
+- objects are kept as :class:`~kxen_agent.store.objects.RawObject` in a dict
+  keyed by their id, made by the same :func:`~kxen_agent.store.objects.encode_object`
+  and read back by the same :func:`~kxen_agent.store.objects.decode_stored`:
+  a value has the same id here and on disk;
+- refs (:class:`MemoryRefStore`) have the same transactions — atomic over a
+  group, compare-and-swap under the group's lock, fences — the same errors
+  (``RefConflict``, ``StaleFence``, ``BadRefName``, ``BadRefValue``,
+  ``LockBusy``) raised in the same order, and reflogs kept in the very bytes
+  the disk store appends (:func:`~kxen_agent.store.refs.format_reflog_line`),
+  so a group's ``log_size`` is the same number on both;
+- locks (:class:`MemoryLock`) are ``threading`` locks with the disk locks'
+  acquire/timeout rules: one holder whichever thread asks, ``LockBusy`` when
+  the wait runs out.
+
+A layer's :class:`~kxen_agent.store.objects.Schema` applies as on disk: its
+own writers and readers check shapes (``session.schema.put``/``read``)
+over either store, and the disk store calls a schema only in fsck and a
+bundle import, which this store has not.
+
+What it must never do: touch the file system (``io`` is kept only for files
+a caller writes *outside* the store, such as an export's bundle), pretend to
+be durable (it is gone with the process), or be shared between processes
+(its locks are a process's). It has no packs, no loose files and no gc:
+fsck, gc and bundle import are the disk store's alone. Nothing here knows
+what a session is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterable, Iterator
+
+from kxen_agent.errors import UsageError
+
+from .fsio import OS_IO, FileIO
+from .locks import LockBusy
+from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object, parse_object
+from .refs import (
+    ANY,
+    CorruptRef,
+    RefConflict,
+    RefGroupState,
+    ReflogEntry,
+    RefUpdate,
+    StaleFence,
+    format_reflog_line,
+    parse_reflog,
+    validate_group,
+    validate_ref_name,
+    validate_update,
+)
+from .repo import AmbiguousId, MissingObject
+
+__all__ = ["MemoryLock", "MemoryLockBusy", "MemoryLocks", "MemoryRefStore", "MemoryStore"]
+
+_HEX_ID = re.compile(r"[0-9a-f]{8,64}")
+_names = itertools.count(1)
+
+
+# ------------------------------------------------------------------ locks
+
+
+class MemoryLockBusy(LockBusy):
+    """A memory lock is held by another thread and the wait ran out (a :class:`LockBusy`, exit 75)."""
+
+    def __init__(self, path: str, waited: float) -> None:
+        super().__init__(path, waited)
+        # LockBusy's text speaks of another process; here it is a thread of this one.
+        self.args = (f"lock {path} is held by another thread of this process (waited {waited:.1f}s); "
+                     "retry when it finishes",)
+
+
+class MemoryLock:
+    """An exclusive in-process lock with :class:`~kxen_agent.store.locks.FileLock`'s rules.
+
+    ``acquire(None)`` waits for ever, ``acquire(0)`` fails at once, any other
+    timeout waits that long, then :class:`MemoryLockBusy`. Not re-entrant,
+    and not owned by a thread: as with the disk lock, a thread that holds it
+    and asks again is refused (or waits for itself), and the holder is
+    whoever released last let in. One per name per store (:class:`MemoryLocks`).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout: float | None = None) -> None:
+        start = time.monotonic()
+        if timeout is None:
+            got = self._lock.acquire()
+        elif timeout <= 0:
+            got = self._lock.acquire(blocking=False)
+        else:
+            got = self._lock.acquire(timeout=timeout)
+        if not got:
+            raise MemoryLockBusy(self.path, time.monotonic() - start)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @property
+    def held(self) -> bool:
+        return self._lock.locked()
+
+
+class MemoryLocks:
+    """The named locks of one memory store: one :class:`MemoryLock` per name (``lock_for``)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._guard = threading.Lock()
+        self._locks: dict[str, MemoryLock] = {}
+
+    def lock_for(self, name: str) -> MemoryLock:
+        """The one lock named ``name`` (a path relative to a state dir, e.g. ``locks/ns/id.lock``)."""
+        with self._guard:
+            lock = self._locks.get(name)
+            if lock is None:
+                lock = self._locks[name] = MemoryLock(f"{self.where}/{name}")
+            return lock
+
+    @contextmanager
+    def hold(self, name: str, timeout: float | None) -> Iterator[MemoryLock]:
+        lock = self.lock_for(name)
+        lock.acquire(timeout)
+        try:
+            yield lock
+        finally:
+            lock.release()
+
+
+# ------------------------------------------------------------------ refs
+
+
+class MemoryRefStore:
+    """Ref groups in a dict, with :class:`~kxen_agent.store.refs.RefStore`'s transactions (§6-§7).
+
+    A group's committed state is one immutable :class:`RefGroupState`
+    replaced whole at commit, as the disk store renames a ref file in whole:
+    a :meth:`read` needs no lock and never sees half a transaction. The
+    reflog is appended before the state is replaced, so a reader that reads
+    the state first always finds at least ``log_size`` bytes of reflog.
+    """
+
+    def __init__(self, where: str, locks: MemoryLocks, lock_timeout: float = 30.0) -> None:
+        self.where = where
+        self.lock_timeout = lock_timeout
+        self._locks = locks
+        self._states: dict[str, RefGroupState] = {}
+        self._logs: dict[str, bytearray] = {}
+
+    @staticmethod
+    def _lock_name(group: str) -> str:
+        ns, gid = validate_group(group).split("/")
+        return f"locks/{ns}/{gid}.lock"  # the disk store's lock file, relative to its state dir
+
+    def read(self, group: str) -> RefGroupState:
+        st = self._states.get(validate_group(group))
+        if st is None:
+            return RefGroupState(group)
+        # The stored state is never changed, but its dict could be by a caller.
+        return RefGroupState(group, dict(st.refs), st.fence, st.log_size, st.deleted_ns, True)
+
+    def get(self, group: str, name: str) -> bytes | None:
+        return self.read(group).refs.get(validate_ref_name(name))
+
+    def reflog(self, group: str, state: RefGroupState | None = None) -> list[ReflogEntry]:
+        if state is None:
+            state = self.read(group)
+        elif state.group != group:
+            raise ValueError(f"state of {state.group} given for the reflog of {group}")
+        where = f"{self.where}/logs/{group}"
+        data = bytes(self._logs.get(group, b""))
+        if len(data) < state.log_size:
+            # Only a group removed and made again since ``state`` was read.
+            raise CorruptRef(f"reflog {where} is shorter ({len(data)} bytes) than its ref state records ({state.log_size})")
+        return parse_reflog(data[: state.log_size], where)
+
+    def groups(self, namespace: str | None = None) -> Iterator[str]:
+        names = [g for g in list(self._states) if namespace is None or g.split("/", 1)[0] == namespace]
+        # The disk store lists namespace directories, then each one's groups.
+        yield from sorted(names, key=lambda g: g.split("/", 1))
+
+    def lock(self, group: str, timeout: float | None = None):
+        """The group's lock, for callers that must read-decide-write atomically."""
+        return self._locks.hold(self._lock_name(group), self.lock_timeout if timeout is None else timeout)
+
+    def transaction(
+        self,
+        group: str,
+        updates: Iterable[RefUpdate],
+        *,
+        reason: str,
+        fence: int | None = None,
+        new_fence: int | None = None,
+        deleted_ns: Any = ANY,
+        locked: bool = False,
+    ) -> RefGroupState:
+        """Apply ``updates`` to ``group`` all together or not at all (see the disk ``RefStore.transaction``)."""
+        updates = list(updates)
+        # Names and values before the lock: a refused update touches nothing.
+        validate_group(group)
+        for u in updates:
+            validate_update(u)
+        if locked:
+            if not self._locks.lock_for(self._lock_name(group)).held:
+                raise RuntimeError(f"transaction on {group} with locked=True, but nobody holds its lock")
+            return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+        with self.lock(group):
+            return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+
+    def _commit(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None,
+                new_fence: int | None, deleted_ns: Any) -> RefGroupState:
+        # Called under the group's lock: the state read here is the one the
+        # compare-and-swap must hold against, whatever the caller saw before.
+        cur = self._states.get(group) or RefGroupState(group)
+        if fence is not None and fence < cur.fence:
+            raise StaleFence(group, fence, cur.fence)
+        refs = dict(cur.refs)
+        olds: list[bytes | None] = []
+        for u in updates:
+            found = refs.get(u.name)
+            if u.old is not ANY and found != u.old:
+                raise RefConflict(group, u.name, u.old, found)  # type: ignore[arg-type]
+            olds.append(found)
+            if u.new is None:
+                refs.pop(u.name, None)
+            else:
+                refs[u.name] = u.new
+        out_fence = cur.fence
+        if new_fence is not None:
+            if new_fence <= cur.fence:
+                raise StaleFence(group, new_fence, cur.fence)
+            out_fence = new_fence
+        out_deleted = cur.deleted_ns if deleted_ns is ANY else deleted_ns
+        now = time.time_ns()
+        used_fence = fence if fence is not None else out_fence
+        lines = b"".join(
+            format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, reason))
+            for u, old in zip(updates, olds)
+        )
+        log = self._logs.setdefault(group, bytearray())
+        log += lines  # before the state that counts it (see the class docstring)
+        state = RefGroupState(group, refs, out_fence, cur.log_size + len(lines), out_deleted, True)
+        self._states[group] = state
+        return RefGroupState(group, dict(refs), state.fence, state.log_size, state.deleted_ns, True)
+
+    def remove_group(self, group: str) -> None:
+        """Forget a group's refs, fence and reflog (what gc's removal does on disk)."""
+        with self.lock(group):
+            self._states.pop(group, None)
+            self._logs.pop(group, None)
+
+
+# ------------------------------------------------------------------ the store
+
+
+class MemoryStore:
+    """Objects and refs of one process's memory; see the module docstring.
+
+    ``name`` shows in messages where the disk store shows its state dir
+    (``root``: ``memory:<name>``). ``lock_timeout`` is the default wait for
+    a ref group's lock, as the disk store's.
+    """
+
+    def __init__(self, name: str | None = None, *, lock_timeout: float = 30.0, io: FileIO = OS_IO) -> None:
+        self.root = f"memory:{name if name is not None else next(_names)}"
+        self.lock_timeout = lock_timeout
+        #: For files written outside the store (an export's bundle); the store itself writes none.
+        self.io = io
+        self.locks = MemoryLocks(self.root)
+        self.refs = MemoryRefStore(self.root, self.locks, lock_timeout)
+        self._objects: dict[ObjectId, RawObject] = {}
+        self._mu = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore {self.root}: {len(self._objects)} objects>"
+
+    # ------------------------------------------------------------ objects
+
+    def put(self, kind: str, value: Any) -> ObjectId:
+        """Store ``value`` as an object of ``kind``; return its id."""
+        obj = encode_object(kind, value)
+        self._add(obj)
+        return obj.id
+
+    def put_raw(self, obj: RawObject) -> bool:
+        """Store ``obj``; False if it was already there.
+
+        Its bytes are verified against its id here, once: the disk store
+        verifies on every read, and this one never reads anything back.
+        """
+        parse_object(obj.raw, f"{obj.id.hex()} (being stored in {self.root})", expect_id=obj.id)
+        return self._add(obj)
+
+    def _add(self, obj: RawObject) -> bool:
+        with self._mu:
+            if obj.id in self._objects:
+                return False
+            self._objects[obj.id] = obj
+            return True
+
+    def read_raw(self, oid: ObjectId) -> RawObject:
+        obj = self._objects.get(oid)
+        if obj is None:
+            raise MissingObject(oid.hex(), self.root)
+        return obj
+
+    def get(self, oid: ObjectId, kind: str | None = None) -> Any:
+        """The decoded value of object ``oid``, checking its kind if given."""
+        obj = self.read_raw(oid)
+        if kind is not None and obj.kind != kind:
+            raise CorruptObject(oid.hex(), f"is a {obj.kind} object, expected a {kind}")
+        return decode_stored(obj)  # a fresh value each time: callers may change it
+
+    def has(self, oid: ObjectId) -> bool:
+        return oid in self._objects
+
+    def iter_ids(self) -> Iterator[ObjectId]:
+        """Every object id, each once, in id order (as the disk store lists loose objects)."""
+        with self._mu:
+            ids = sorted(self._objects)
+        yield from ids
+
+    def resolve(self, text: str) -> ObjectId:
+        """An object id from 8 to 64 hex digits (a unique prefix, like git)."""
+        h = text.strip().lower()
+        if not _HEX_ID.fullmatch(h):
+            raise UsageError(f"{text!r} is not an object id: give 8 to 64 hex digits")
+        if len(h) == 64:
+            oid = bytes.fromhex(h)
+            if not self.has(oid):
+                raise MissingObject(h, self.root)
+            return oid
+        with self._mu:
+            found = [oid for oid in self._objects if oid.hex().startswith(h)]
+        if not found:
+            raise MissingObject(h + "…", self.root)
+        if len(found) > 1:
+            raise AmbiguousId(f"object id prefix {h} is ambiguous ({len(found)} objects); give more digits")
+        return found[0]
+
+    def batch(self):
+        """Nothing to share: every put is complete when it returns."""
+        return nullcontext()
+
+    def writing(self, timeout: float | None = None):
+        """Nothing to hold: no gc prunes a memory store."""
+        return nullcontext()
