@@ -3,7 +3,8 @@
 Bottom layer of kxen-agent: strict deterministic CBOR (:mod:`.codec`), object
 bytes and ids (:mod:`.objects`), loose files (:mod:`.loose`), refs with
 transactions and reflogs (:mod:`.refs`), locks (:mod:`.locks`), the one I/O
-seam (:mod:`.fsio`), the state dir (:mod:`.repo`), :mod:`.fsck`, packs
+seam (:mod:`.fsio`), the state dir (:mod:`.repo`), the storage protocols (:mod:`.protocols`)
+with an in-memory implementation (:mod:`.memory`), :mod:`.fsck`, packs
 (:mod:`.pack`), :mod:`.gc` and bundles (:mod:`.bundle`). Nothing
 here knows what a session, an agent or a run is (the namespaces of the
 state dir's skeleton are given by the layer above: ``Store(root,
@@ -22,8 +23,10 @@ from .fsck import FsckReport, Problem, fsck
 from .fsio import OS_IO, FaultyIO, FileIO, IOFaultSpecError, TracingIO
 from .gc import GcAborted, GcReport, gc
 from .locks import FileLock, LockBusy, StoreLock, file_lock, lock_for, store_lock
+from .memory import MemoryRefStore, MemoryStore
 from .objects import KINDS, MAX_OBJECT_SIZE, CorruptObject, ObjectId, RawObject, decode_body, encode_object
 from .pack import BadPack, PackReader, PackWriter
+from .protocols import ExclusiveLock, ObjectStore, RefContainer, Repository
 from .refs import ANY, BadRefName, CorruptRef, RefConflict, RefUpdate, StaleFence
 from .repo import AmbiguousId, MissingObject, StateDirError, Store, default_state_dir
 
@@ -39,6 +42,7 @@ __all__ = [
     "CorruptRef",
     "DecodeError",
     "EncodeError",
+    "ExclusiveLock",
     "FaultyIO",
     "FileIO",
     "FileLock",
@@ -50,15 +54,20 @@ __all__ = [
     "KINDS",
     "LockBusy",
     "MAX_OBJECT_SIZE",
+    "MemoryRefStore",
+    "MemoryStore",
     "MissingObject",
     "OS_IO",
     "ObjectId",
+    "ObjectStore",
     "PackReader",
     "PackWriter",
     "Problem",
     "RawObject",
     "RefConflict",
+    "RefContainer",
     "RefUpdate",
+    "Repository",
     "StaleFence",
     "StateDirError",
     "Store",

@@ -213,6 +213,11 @@ class FileIO:
         self._read_op("stat", path)
         return os.path.islink(path)
 
+    def realpath(self, path: str) -> str:
+        """``path`` with every symlink resolved (lstat and readlink of each part)."""
+        self._read_op("stat", path)
+        return os.path.realpath(path)
+
     def getsize(self, path: str) -> int:
         return self.stat(path).st_size
 

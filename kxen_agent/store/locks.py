@@ -120,7 +120,7 @@ def lock_for(path: str) -> FileLock:
     """The process's one :class:`FileLock` for the lock file ``path``."""
     # realpath: a state dir reached through a symlink must map to the same
     # lock object, or two threads could both "hold" one fcntl lock.
-    path = os.path.realpath(path)
+    path = OS_IO.realpath(path)
     with _registry_guard:
         lock = _registry.get(path)
         if lock is None:

@@ -391,7 +391,7 @@ class Store:
                 packs.append(kept)
                 continue
             try:
-                packs.append(PackReader.open(base))
+                packs.append(PackReader.open(base, io=self.io))
             except FileNotFoundError:
                 continue
             except (BadPack, OSError, ValueError) as e:

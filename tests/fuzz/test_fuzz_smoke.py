@@ -105,6 +105,7 @@ def test_seeds_and_seeded_mutants(target, tmp_path):
             )
 
 
+@pytest.mark.slow
 def test_atheris_smoke_run_of_every_target(tmp_path):
     import atheris  # noqa: F401  (the test extra installs it; a missing fuzzer is a failure, not a skip)
     before = {t: sorted(p.name for p in (CORPUS / t).iterdir()) for t in TARGETS}

@@ -318,6 +318,7 @@ print(json.dumps({"baseKiB": base, "peakKiB": kib(), "worst": worst, **counts}))
 """
 
 
+@pytest.mark.slow
 def test_the_whole_corpus_in_a_fresh_process_stays_under_256_mib():
     p = subprocess.run([sys.executable, "-c", _REPLAY_ALL, str(ROOT)], capture_output=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr.decode()[-4000:]

@@ -29,6 +29,7 @@ from .crashsim import Prepared, explore, long_mode, open_store, quiet_lease
 from .workloads import STEPS, TASK, FaultThenRetry, all_workloads, fault_points, inject_faults
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", all_workloads(), ids=lambda w: w.name)
 def test_every_operation_failing_leaves_a_consistent_store_that_finishes_the_job(workload) -> None:
     rotate = workload.name in ("run", "resume") and not long_mode()
@@ -46,6 +47,7 @@ def test_every_operation_failing_leaves_a_consistent_store_that_finishes_the_job
 READ_SAMPLES = {"fork": None, "import": None, "run": 120, "gc": 150}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(READ_SAMPLES))
 def test_every_read_failing_leaves_a_consistent_store_that_finishes_the_job(name: str) -> None:
     """A read or metadata operation (``read``, ``stat``, ``listdir``...) fails with EIO, once or
@@ -132,6 +134,7 @@ def _fault_then_crash(name: str, key: tuple, nth: int, policies: tuple[str, ...]
     return w, rep
 
 
+@pytest.mark.slow
 def test_after_an_io_error_the_retry_is_crash_safe() -> None:
     """One operation that can leave something behind (an fsync, a rename, an unlink...) fails
     once; a new store retries the job with a good disk; then every prefix of the whole trace

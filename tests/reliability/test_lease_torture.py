@@ -28,6 +28,7 @@ ROUNDS = 4
 PROCS = 8
 
 
+@pytest.mark.slow
 def test_lease_torture(tmp_path: Path) -> None:
     seed = int(os.environ.get("KXEN_TORTURE_SEED") or random.randrange(10**6))
     figs = lease_torture(tmp_path, seed=seed, procs=PROCS, rounds=ROUNDS, ttl=1.0)

@@ -21,6 +21,7 @@ from .crashsim import FS, Trace, explore
 from .workloads import ForkWorkload, all_workloads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", all_workloads(), ids=lambda w: w.name)
 def test_every_crash_state_opens_is_clean_and_is_old_or_new(workload) -> None:
     rep = explore(workload)

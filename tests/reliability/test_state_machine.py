@@ -319,6 +319,7 @@ class LibraryMachine(RuleBasedStateMachine):
                 self.checked[s] = files
 
 
+@pytest.mark.slow
 def test_library_state_machine(monkeypatch):
     monkeypatch.setenv("KXEN_AGENT_LEASE_TTL_S", "3600")  # no renewer thread writes during a step
     t0 = time.monotonic()

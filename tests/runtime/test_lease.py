@@ -366,6 +366,7 @@ def _race_round(b: Bench, args: list[str], go: Path, label: str) -> Proc:
     return winner
 
 
+@pytest.mark.slow
 def test_eight_processes_racing_to_resume_exactly_one_runs_each_round(bench_factory, tmp_path):
     rounds = 10
     steps: list = [{"content": "ready"}]
@@ -394,6 +395,7 @@ def test_eight_processes_racing_to_resume_exactly_one_runs_each_round(bench_fact
     assert b.cli("fsck").returncode == 0
 
 
+@pytest.mark.slow
 def test_eight_processes_racing_to_start_a_new_task_exactly_one_runs(bench_factory, tmp_path):
     rounds = 2
     steps: list = [{"content": "ready"}]

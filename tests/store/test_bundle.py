@@ -363,6 +363,7 @@ def test_a_failure_while_committing_leaves_no_trace(src, tmp_path):
 # ------------------------------------------------------------------ corruption
 
 
+@pytest.mark.slow
 def test_every_flipped_bit_of_a_small_bundle_is_refused(tmp_path):
     data = (HOSTILE / "valid.kxb").read_bytes()
     assert verify_bundle(str(HOSTILE / "valid.kxb")).objects == 3

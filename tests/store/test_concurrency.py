@@ -77,6 +77,7 @@ def _spawn(script: str, *args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_two_processes_cas_increment_one_ref(state_dir):
     root = str(state_dir)
     reader = _spawn(_READER, root, GROUP, str(2 * N))
@@ -137,6 +138,7 @@ Store(root).put("blob", b"from %s" % i.encode())
 """
 
 
+@pytest.mark.slow
 def test_processes_initialising_one_state_dir_at_once(tmp_path):
     # Each process sees the dir absent or half-created (a FORMAT temp file,
     # or FORMAT plus objects/); none may mistake it for a foreign directory.

@@ -106,6 +106,7 @@ print(json.dumps({"refused": refused, "baseKiB": base, "peakKiB": peak}))
 """
 
 
+@pytest.mark.slow
 def test_the_whole_corpus_in_a_fresh_process_stays_small():
     r = subprocess.run([sys.executable, "-c", REPLAY, *(str(HOSTILE / n) for n in BAD)], capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()

@@ -14,8 +14,7 @@ writer (:data:`EXPORT_KEEP_BUDGET`, so that each is read once; the others
 are read again).
 
 It must never encode bundle bytes itself (the form modules do), nor call
-``os`` or ``open`` for a file, but one ``os.path.realpath`` (the seam has
-no readlink).
+``os`` or ``open`` for a file: every file operation goes through the seam.
 """
 
 from __future__ import annotations
@@ -129,9 +128,7 @@ def _export_target(path: str, io: FileIO) -> str:
     temp file over it would replace it (as root, turn ``/dev/full`` into a
     regular file). Raises :class:`BundleWriteError`.
     """
-    # Resolving symlinks is os.path.realpath's (lstat and readlink each part):
-    # the one file-system call here outside the seam, which has no readlink.
-    target = os.path.realpath(path)
+    target = io.realpath(path)
     try:
         st = io.lstat(target)
     except FileNotFoundError:
