@@ -48,6 +48,9 @@ demo.register(app)
 from .store_cmds import register as _register_store_cmds  # noqa: E402
 
 _register_store_cmds(app)
+from .remote_cmds import register as _register_remote_cmds  # noqa: E402
+
+_register_remote_cmds(session_app)
 app.add_typer(session_app, name="session")
 
 
@@ -60,6 +63,8 @@ def root(
     workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="With --resume: the workspace path to check (or rebind)."),
     rebind_workspace: bool = typer.Option(False, "--rebind-workspace", help="Re-point the binding to --workspace if its identity checks out."),
     json_out: bool = typer.Option(False, "--json", help="Print the run result as JSON."),
+    remote_lease: bool = typer.Option(False, "--remote-lease", help="With --resume: hold the session's lease on its Git remote and push every durable step."),
+    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
 ) -> None:
     """A coding agent whose sessions are durable, forkable and portable."""
     if ctx.invoked_subcommand is not None:
@@ -67,11 +72,11 @@ def root(
             raise UsageError("--resume takes no subcommand")
         return
     if resume is None:
-        if any([task, task_file, workspace, rebind_workspace]):
+        if any([task, task_file, workspace, rebind_workspace, remote_lease, remote]):
             raise UsageError("--task/--workspace at the top level need --resume SES (or use `kxen-agent run`)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out)
+    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out, remote_lease=remote_lease, remote=remote)
 
 
 def open_store() -> Store:

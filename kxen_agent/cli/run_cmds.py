@@ -13,6 +13,7 @@ import typer
 from kxen_agent.errors import UsageError
 from kxen_agent.runtime.cancel import cancel_on_signals
 from kxen_agent.runtime.lease import lease_ttl_s
+from kxen_agent.runtime.remote_lease import RemoteLeaseScope, remote_lease_scope
 from kxen_agent.runtime.runner import Runner, RunResult
 from kxen_agent.session.agent_def import load_agent_definition
 from kxen_agent.session.sessions import NS
@@ -126,11 +127,15 @@ def render_result(res: RunResult, json_out: bool) -> None:
     raise typer.Exit(res.exit_code)
 
 
-def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
+def make_runner(cancel: threading.Event, json_out: bool, remote: RemoteLeaseScope | None = None) -> Runner:
     def note(line: str) -> None:  # progress notes name paths and stored values
         err(f"kxen-agent: {t(line, quote=False)}")
 
-    return Runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=(lambda line: None) if json_out else note)
+    on_event = (lambda line: None) if json_out else note
+    if remote is not None:  # --remote-lease: every durable step is pushed too
+        remote.on_event = on_event
+        return remote.runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=on_event)
+    return Runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=on_event)
 
 
 @run_app.callback(invoke_without_command=True)
@@ -141,6 +146,8 @@ def run_cmd(
     task_file: Optional[str] = typer.Option(None, "--task-file", help="A file holding the task."),
     agent: Optional[str] = typer.Option(None, "--agent", help="Agent definition (TOML); default: the bundled demo agent."),
     json_out: bool = typer.Option(False, "--json", help="Print {session, run, status, ...} as JSON."),
+    remote_lease: bool = typer.Option(False, "--remote-lease", help="Hold the session's lease on its Git remote and push every durable step."),
+    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state."""
     if ctx.invoked_subcommand is not None:
@@ -152,17 +159,17 @@ def run_cmd(
         raise UsageError("run needs a task: --task TEXT or --task-file FILE")
     lock = load_agent_definition(agent or DEFAULT_AGENT)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    with cancellation(json_out) as cancel:
-        res = make_runner(cancel, json_out).start(workspace, text, lock)
+    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel) as rl:
+        res = make_runner(cancel, json_out, rl).start(workspace, text, lock)
     render_result(res, json_out)
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
-               rebind: bool, json_out: bool) -> None:
+               rebind: bool, json_out: bool, *, remote_lease: bool = False, remote: Optional[str] = None) -> None:
     text = read_task(task, task_file)
     lease_ttl_s()
-    with cancellation(json_out) as cancel:
-        res = make_runner(cancel, json_out).resume(ses, task=text, workspace=workspace, rebind=rebind)
+    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel) as rl:
+        res = make_runner(cancel, json_out, rl).resume(ses, task=text, workspace=workspace, rebind=rebind)
     render_result(res, json_out)
 
 

@@ -1,0 +1,138 @@
+"""``kxen-agent session push|pull|ls-remote``: sessions through the repository's Git remote.
+
+Registered on the ``session`` group by :func:`register` (main.py calls it;
+this module must not import main.py). Each command calls
+:mod:`kxen_agent.session.remote` and renders text or ``--json``; its
+errors are :class:`~kxen_agent.errors.KxenError` subclasses that main.py
+prints as one line and maps to an exit code (1: refused or unreachable,
+75: another machine holds the session's remote lease). The ``run`` and
+``--resume`` side (``--remote-lease``) is :mod:`kxen_agent.runtime.remote_lease`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import typer
+
+from kxen_agent.errors import UsageError
+from kxen_agent.session.schema import SES_RE
+from kxen_agent.session.sessions import NS
+from kxen_agent.store import Store
+
+from ._render import emit_json, out, term_text as t
+
+__all__ = ["register"]
+
+_REMOTE_HELP = "A remote of the workspace's repository, or a URL (default: origin)."
+
+
+def register(session_app: typer.Typer) -> None:
+    session_app.command("push")(push_cmd)
+    session_app.command("pull")(pull_cmd)
+    session_app.command("ls-remote")(ls_remote_cmd)
+
+
+def push_cmd(
+    sessions: list[str] = typer.Argument(..., metavar="SES...", help="Sessions to push (each to its workspace's remote)."),
+    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
+    with_branch: bool = typer.Option(False, "--with-branch", help="Also push a worktree fork's kxen/NAME branch."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental."""
+    from kxen_agent.session.remote import push_sessions
+
+    reports = push_sessions(Store.open(namespaces=(NS,)), sessions, remote=remote, with_branch=with_branch)
+    if json_out:
+        emit_json({"pushes": [r.to_json() for r in reports]})
+        return
+    for r in reports:
+        for ses, status in r.sessions.items():
+            if status == "up-to-date":
+                out(f"{t(ses)}: up to date on {t(r.remote.display)}")
+            else:
+                out(f"{t(ses)}: {status} on {t(r.remote.display)} ({r.new_objects.get(ses, 0)} new objects, "
+                    f"commit {r.commits[ses][:12]})")
+        for ref, oid in r.branches.items():
+            out(f"branch {t(ref[len('refs/heads/'):])}: {oid[:12]} on {t(r.remote.display)}")
+
+
+def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
+    """``--workspace`` values: at most one DIR (default: the current directory), and SES=DIR."""
+    default: list[str] = []
+    per_session: dict[str, str] = {}
+    for v in values:
+        ses, eq, d = v.partition("=")
+        if eq and SES_RE.fullmatch(ses):
+            if not d or ses in per_session:
+                raise UsageError(f"--workspace {t(ses, quote=False)}=DIR: give one directory per session")
+            per_session[ses] = d
+        else:
+            default.append(v)
+    if len(default) > 1:
+        raise UsageError(f"give at most one --workspace DIR (the default binding), got {len(default)}; "
+                         "bind single sessions elsewhere with --workspace SES=DIR")
+    return (default[0] if default else os.getcwd()), per_session
+
+
+def pull_cmd(
+    sessions: list[str] = typer.Argument(..., metavar="SES...", help="Sessions to pull."),
+    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
+    workspace: list[str] = typer.Option(
+        [], "--workspace", "-w", metavar="DIR|SES=DIR",
+        help="The workspace a new session is bound to (default: the current directory; its repository names "
+             "the remote); SES=DIR binds one session elsewhere (a worktree fork: a worktree of its branch)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Fetch sessions, verify every object, then fast-forward them here (or create them, bound to DIR)."""
+    from kxen_agent.runtime.lease import Lease, lease_ttl_s
+    from kxen_agent.session.remote import pull_sessions
+
+    lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before anything is fetched
+    default, per_session = _workspaces(workspace)
+    store = Store.open(namespaces=(NS,))
+    rep = pull_sessions(store, sessions, default, workspaces=per_session, remote=remote,
+                        acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
+    if json_out:
+        emit_json(rep.to_json())
+        return
+    for ses, status in rep.sessions.items():
+        note = {"ahead": "this state dir is ahead of the remote (push it)"}.get(status, status)
+        out(f"{t(ses)}: {note}, bound to {t(rep.bindings[ses])}")
+    out(f"pulled from {t(rep.remote.display)}: {rep.new_objects} new objects; "
+        f"resume with `kxen-agent --resume SES --workspace DIR`")
+
+
+def ls_remote_cmd(
+    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
+    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", metavar="DIR",
+                                            help="The repository whose remote to list (default: the current directory)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """The sessions on the remote: heads, forks, last run and lease, without fetching their histories."""
+    from kxen_agent.session.remote import ls_remote
+
+    listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)
+    if json_out:
+        emit_json(listing.to_json())
+        return
+    if not listing.sessions:
+        out(f"no sessions on {t(listing.remote.display)}")
+        return
+    now = time.time_ns()
+    for s in listing.sessions:
+        if "error" in s:
+            out(f"{t(s['id'])}  (unreadable: {t(s['error'])})")
+            continue
+        run = f"{t(s['runStatus'])} ({t(s['run'])})" if s["run"] else "no runs"
+        fork = f"  fork of {t(s['parentId'])} ({t(s['forkKind'] or '-')})" if s["parentId"] else ""
+        lease = s.get("lease")
+        held = ""
+        if lease and "error" not in lease:
+            left = (lease["expiresNs"] - now) / 1e9
+            held = (f"  leased by {t(lease['host'])} ({t(lease['run'] or '-')}, "
+                    + (f"expires in {left:.0f}s)" if left > 0 else "expired)"))
+        out(f"{t(s['id'])}  {run:<40} {s['messages'] if s['messages'] is not None else '?':>6} msgs  "
+            f"local: {s['local']}{fork}{held}")

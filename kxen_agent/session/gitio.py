@@ -1,0 +1,520 @@
+"""Git as the transport of sessions: the ``git`` processes, the scratch repositories and the state dir's mirror.
+
+Owns every ``git`` command that session push, pull, ls-remote and the
+remote lease run, and three kinds of repository:
+
+- the **mirror**, ``<state dir>/git``: a bare repository holding the Git
+  image (``objects_spec.md`` §16) of every session this state dir pushed or
+  pulled, and, as refs ``refs/kxen-seen/<remote key>/<group>``, the group
+  commit each remote was last seen to hold — what a push's compare-and-swap
+  expects. It is a cache plus those records: lose it, and the next push is
+  refused until a pull has seen the remote again;
+- a **workbench** per operation: a scratch bare repository in the system's
+  temp directory that borrows the mirror's objects (``alternates``) and the
+  workspace repository's configuration (``include.path``), so that remote
+  names, URL rewriting, push URLs, credential helpers and per-URL HTTP
+  settings are exactly the workspace's, while nothing is written into the
+  workspace repository. New objects are written, and fetched objects land,
+  in the workbench; only after the operation succeeded are its packs
+  adopted into the mirror, so a refused or interrupted push or pull
+  changes nothing in the state dir;
+- the **remote**, any URL Git speaks (a path, ``file://``, ``ssh://``,
+  ``git://``, smart HTTP(S)).
+
+Authentication is Git's own: kxen-agent passes the remote's name or URL to
+``git`` and never reads, stores or prints a credential; a URL is shown only
+without its user-info, and Git's own error lines are shown with any
+user-info removed.
+
+It knows Git and files, not sessions (``remote.py`` does); it must never
+write into a workspace repository or the kxen object store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import blake3
+
+from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.store.gitmap import GitObject, encode_pack, hex40, kxen_id_of_path
+
+from .workspace import normalize_remote_url, strip_credentials
+
+__all__ = [
+    "GitFailed",
+    "Mirror",
+    "PushRejected",
+    "PushUpdate",
+    "Remote",
+    "RemoteUnreachable",
+    "Workbench",
+    "resolve_remote",
+]
+
+#: Where the mirror lives in a state dir, and where it keeps what each remote was last seen to hold.
+MIRROR_DIR = "git"
+SEEN_PREFIX = "refs/kxen-seen/"
+#: Commands of ours never run the workspace's hooks, maintenance or signing.
+_SAFE_CONFIG = (
+    "core.hooksPath=/dev/null", "gc.auto=0", "maintenance.auto=false", "push.gpgSign=false",
+    "fetch.unpackLimit=1", "transfer.unpackLimit=1", "transfer.fsckObjects=true",
+    "fetch.writeCommitGraph=false", "core.fsync=reference,loose-object,pack,index", "core.fsyncMethod=fsync",
+    "protocol.version=2", "advice.pushUpdateRejected=false",
+)
+# Variables that would point git at another repository than the one we name,
+# as the workspace module strips them for inspection.
+_GIT_LOCAL_ENV = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_CONFIG", "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_PARAMETERS", "GIT_DIR", "GIT_GRAFT_FILE", "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE",
+    "GIT_NO_REPLACE_OBJECTS", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX", "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE", "GIT_WORK_TREE", "GIT_QUARANTINE_PATH",
+)
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+_REMOTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+class GitFailed(KxenError):
+    """A local ``git`` command failed (not the remote's doing)."""
+
+
+class RemoteUnreachable(KxenError):
+    """The remote could not be reached or read (network, authentication, no such repository)."""
+
+    def __init__(self, remote: "Remote", line: str, what: str) -> None:
+        super().__init__(f"remote {remote.display} cannot be reached ({line}); nothing was {what}; "
+                         "check the URL, the network and your Git credentials, then retry")
+        self.remote = remote
+
+
+class PushRejected(KxenError):
+    """The remote refused a push (a lost compare-and-swap, a non-fast-forward); nothing was changed there."""
+
+    def __init__(self, remote: "Remote", statuses: Mapping[str, str], message: str) -> None:
+        super().__init__(message)
+        self.remote = remote
+        self.statuses = dict(statuses)
+
+
+def git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}
+    env["LC_ALL"] = "C"
+    env.pop("LANGUAGE", None)
+    return env
+
+
+def scrub(text: str) -> str:
+    """``text`` with the user-info of every URL in it removed (Git's lines may quote a URL)."""
+    return _USERINFO.sub("", text)
+
+
+def _first_line(stderr: bytes) -> str:
+    lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
+    pick = (fatal or lines or ["(no output)"])[0]
+    return scrub(" ".join(pick.split()))
+
+
+def run_git(args: Sequence[str], *, git_dir: str | None = None, cwd: str | None = None,
+            input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    """``git [--git-dir=D] -c SAFE... ARGS``; a failure is :class:`GitFailed` when ``check``."""
+    cmd = ["git"]
+    if git_dir is not None:
+        cmd.append(f"--git-dir={git_dir}")
+    for c in _SAFE_CONFIG:
+        cmd += ["-c", c]
+    cmd += list(args)
+    try:
+        done = subprocess.run(cmd, cwd=cwd, input=input, capture_output=True, env=git_env(),
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise GitFailed("git executable not found on PATH; install Git to push or pull sessions") from None
+    if check and done.returncode != 0:
+        raise GitFailed(f"git {args[0]} failed (exit {done.returncode}): {_first_line(done.stderr)}")
+    return done
+
+
+# ---------------------------------------------------------------- remotes
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A remote as Git will be told it (``spec``: a remote name or a URL) and as we show and key it.
+
+    ``display`` is the URL without user-info (or ``NAME (URL)``); ``key`` the
+    hash of the credential-free normalized URL (the same hash a session's
+    workspace record keeps of its origin), which names the remote in the
+    mirror; ``config`` the workspace repository's config file to include,
+    ``cwd`` where ``git`` runs (relative URLs are relative to it).
+    """
+
+    spec: str
+    url: str
+    display: str
+    key: str
+    config: str | None
+    cwd: str
+
+
+def remote_key(url: str) -> str:
+    return blake3.blake3(b"kxen-remote-v1\0" + normalize_remote_url(url).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _looks_like_url(text: str) -> bool:
+    return "://" in text or text.startswith(("/", ".", "~")) or (":" in text.split("/", 1)[0])
+
+
+def resolve_remote(repo_root: str | None, name_or_url: str | None, *, what: str) -> Remote:
+    """The remote ``name_or_url`` (default ``origin``) of the repository at ``repo_root``.
+
+    A name must be a remote of that repository; a URL (or a path) is used
+    as given (a relative path from the current directory). ``what`` says
+    whose repository it is, for the errors.
+    """
+    name = name_or_url if name_or_url is not None else "origin"
+    common = None
+    if repo_root is not None and os.path.isdir(repo_root):
+        p = run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=repo_root, check=False)
+        if p.returncode == 0:
+            common = p.stdout.decode("utf-8", "surrogateescape").strip()
+    config = os.path.join(common, "config") if common else None
+    if common is not None and _REMOTE_NAME.fullmatch(name) and not _looks_like_url(name):
+        got = run_git(["remote", "get-url", "--", name], cwd=repo_root, check=False)
+        if got.returncode == 0:
+            url = got.stdout.decode("utf-8", "surrogateescape").strip()
+            return Remote(name, url, f"{name} ({strip_credentials(url)})", remote_key(_absolute(url, repo_root)),
+                          config, repo_root or ".")
+    if name_or_url is None or (_REMOTE_NAME.fullmatch(name) and not _looks_like_url(name)):
+        where = f"repository {repo_root}" if common else f"{what} (no Git repository at {repo_root or '?'})"
+        raise UsageError(f"no remote {name!r} in {where}; add one (git remote add {name} URL) "
+                         "or name the remote with --remote URL")
+    url = _absolute(name, os.getcwd())
+    return Remote(url, url, strip_credentials(url), remote_key(url), config, repo_root if common else os.getcwd())
+
+
+def _absolute(url: str, base: str | None) -> str:
+    """A local path made absolute (Git resolves a relative one from where it runs); any other URL unchanged."""
+    if "://" in url or (":" in url.split("/", 1)[0] and not url.startswith((".", "/"))):
+        return url
+    return os.path.normpath(os.path.join(base or os.getcwd(), os.path.expanduser(url)))
+
+
+# ---------------------------------------------------------------- the mirror
+
+
+class Mirror:
+    """The state dir's bare Git repository (see the module docstring)."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, MIRROR_DIR)
+
+    @property
+    def objects(self) -> str:
+        return os.path.join(self.path, "objects")
+
+    def exists(self) -> bool:
+        return os.path.isfile(os.path.join(self.path, "HEAD"))
+
+    def ensure(self) -> None:
+        """Create the mirror if it is missing (the state dir must exist: its store made it)."""
+        if self.exists():
+            return
+        run_git(["init", "-q", "--bare", self.path])
+        # A mirror is written by kxen-agent only; it never gc's on its own.
+        run_git(["config", "gc.auto", "0"], git_dir=self.path)
+
+    def seen(self, key: str, groups: Iterable[str]) -> dict[str, bytes]:
+        """The group commit each of ``groups`` was last seen at on the remote ``key`` (absent: never)."""
+        if not self.exists():
+            return {}
+        wanted = {f"{SEEN_PREFIX}{key}/{g}": g for g in groups}
+        if not wanted:
+            return {}
+        p = run_git(["for-each-ref", "--format=%(objectname) %(refname)", f"{SEEN_PREFIX}{key}/"], git_dir=self.path)
+        out = {}
+        for line in p.stdout.decode("ascii", "replace").splitlines():
+            oid, _, ref = line.partition(" ")
+            if ref in wanted and hex40(oid):
+                out[wanted[ref]] = bytes.fromhex(oid)
+        return out
+
+    def all_seen(self, groups_of: Iterable[str]) -> dict[str, bytes]:
+        """For ``groups_of`` (groups), any remote's last-seen commit of each (for bases); one per group."""
+        if not self.exists():
+            return {}
+        wanted = set(groups_of)
+        p = run_git(["for-each-ref", "--format=%(objectname) %(refname)", SEEN_PREFIX], git_dir=self.path)
+        out: dict[str, bytes] = {}
+        for line in p.stdout.decode("ascii", "replace").splitlines():
+            oid, _, ref = line.partition(" ")
+            group = ref[len(SEEN_PREFIX):].partition("/")[2]
+            if group in wanted and hex40(oid):
+                out.setdefault(group, bytes.fromhex(oid))
+        return out
+
+    def set_seen(self, key: str, updates: Sequence[tuple[str, bytes | None, bytes]]) -> None:
+        """Record, in one transaction, that the remote ``key`` now holds ``new`` for each group (CAS on ``old``)."""
+        if not updates:
+            return
+        zero = "0" * 40
+        lines = ["start"]
+        for group, old, new in updates:
+            lines.append(f"update {SEEN_PREFIX}{key}/{group} {new.hex()} {old.hex() if old else zero}")
+        lines += ["prepare", "commit", ""]
+        run_git(["update-ref", "--stdin"], git_dir=self.path, input="\n".join(lines).encode("ascii"))
+
+    def adopt(self, bench: "Workbench") -> int:
+        """Copy the packs ``bench`` wrote or fetched into the mirror, durably, index last; how many."""
+        src = os.path.join(bench.path, "objects", "pack")
+        dst = os.path.join(self.objects, "pack")
+        names = sorted(n for n in os.listdir(src) if n.startswith("pack-") and n.endswith(".idx"))
+        for idx in names:
+            base = idx[:-4]
+            if os.path.exists(os.path.join(dst, idx)):
+                continue
+            for ext in (".pack", ".idx"):  # the index names the pack: it goes in last
+                _copy_durably(os.path.join(src, base + ext), os.path.join(dst, base + ext))
+        if names:
+            _fsync_dir(dst)
+        return len(names)
+
+    def covered(self, tips: Sequence[bytes]) -> set[bytes]:
+        """The kxen ids the objects trees reachable from ``tips`` (commits in the mirror) hold."""
+        if not tips:
+            return set()
+        p = run_git(["rev-list", "--objects", *[t.hex() for t in tips]], git_dir=self.path)
+        return _kxen_ids(p.stdout)
+
+
+def _kxen_ids(rev_list_objects: bytes) -> set[bytes]:
+    out = set()
+    for line in rev_list_objects.splitlines():
+        if len(line) == 41 + 65:
+            kid = kxen_id_of_path(line[41:])
+            if kid is not None:
+                out.add(kid)
+    return out
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_durably(src: str, dst: str) -> None:
+    """Copy ``src`` to ``dst`` as the store writes a file: temp file, fsync, rename (the caller fsyncs the dir)."""
+    tmp = os.path.join(os.path.dirname(dst), "tmp_" + os.urandom(8).hex())
+    try:
+        with open(src, "rb") as fin, open(tmp, "xb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------- workbenches
+
+
+@dataclass(frozen=True)
+class PushUpdate:
+    """One ref of an atomic push: ``new`` (a commit id, None to delete) expected to replace ``expect`` (None: absent)."""
+
+    ref: str
+    new: bytes | None
+    expect: bytes | None
+    lease: bool = True  # compare-and-swap on ``expect`` (--force-with-lease); else Git's fast-forward rule
+
+
+class Workbench:
+    """A scratch bare repository borrowing the mirror's objects and the workspace's Git configuration."""
+
+    def __init__(self, remote: Remote, *, mirror: Mirror | None, alternates: Sequence[str] = ()) -> None:
+        self.remote = remote
+        self.path = tempfile.mkdtemp(prefix="kxen-git-")
+        try:
+            run_git(["init", "-q", "--bare", self.path])
+            alt = [a for a in ([mirror.objects] if mirror is not None and mirror.exists() else []) + list(alternates)]
+            if alt:
+                with open(os.path.join(self.path, "objects", "info", "alternates"), "w", encoding="utf-8") as f:
+                    f.write("".join(a + "\n" for a in alt))
+            if remote.config is not None:
+                # The workspace's configuration first, then ours over it.
+                with open(os.path.join(self.path, "config"), "a", encoding="utf-8") as f:
+                    f.write(f"[include]\n\tpath = {_config_quote(remote.config)}\n[core]\n\tbare = true\n"
+                            "\trepositoryformatversion = 0\n")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "Workbench":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def git(self, args: Sequence[str], *, input: bytes | None = None, check: bool = True,
+            at_remote: bool = False) -> subprocess.CompletedProcess[bytes]:
+        return run_git(args, git_dir=self.path, cwd=self.remote.cwd if at_remote else None, input=input, check=check)
+
+    # ------------------------------------------------------------ objects
+
+    def write(self, objects: Sequence[GitObject]) -> None:
+        """Add ``objects`` as one pack (indexed by ``git index-pack``, which checks each)."""
+        if not objects:
+            return
+        data = encode_pack(objects)
+        pack_dir = os.path.join(self.path, "objects", "pack")
+        path = os.path.join(pack_dir, f"pack-{data[-20:].hex()}.pack")
+        with open(path, "wb") as f:
+            f.write(data)
+        self.git(["index-pack", path])
+
+    def sizes(self, oids: Sequence[bytes]) -> dict[bytes, tuple[str, int]]:
+        """(type, size) of each object present (``git cat-file --batch-check``); absent ones are left out."""
+        out: dict[bytes, tuple[str, int]] = {}
+        for head, _ in self._batch(oids, check_only=True):
+            if head is not None:
+                out[head[0]] = (head[1], head[2])
+        return out
+
+    def read(self, oids: Sequence[bytes]) -> Iterator[tuple[bytes, str, bytes]]:
+        """(id, type, body) of each object, streamed (``git cat-file --batch``); absent ones are skipped."""
+        for head, body in self._batch(oids, check_only=False):
+            if head is not None:
+                yield head[0], head[1], body
+
+    def _batch(self, oids: Sequence[bytes], *, check_only: bool):
+        if not oids:
+            return
+        cmd = ["git", f"--git-dir={self.path}", "cat-file", "--batch-check" if check_only else "--batch"]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=git_env())
+
+        def feed() -> None:
+            try:
+                assert proc.stdin is not None
+                for o in oids:
+                    proc.stdin.write(o.hex().encode("ascii") + b"\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+        writer = threading.Thread(target=feed, daemon=True)
+        writer.start()
+        assert proc.stdout is not None
+        try:
+            for _ in oids:
+                line = proc.stdout.readline()
+                if not line:
+                    raise GitFailed("git cat-file ended early")
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == b"missing":
+                    yield None, b""
+                    continue
+                if len(parts) != 3:
+                    raise GitFailed(f"git cat-file said {line[:80]!r}")
+                oid, typ, size = bytes.fromhex(parts[0].decode("ascii")), parts[1].decode("ascii"), int(parts[2])
+                if check_only:
+                    yield (oid, typ, size), b""
+                    continue
+                body = proc.stdout.read(size)
+                proc.stdout.read(1)
+                yield (oid, typ, size), body
+        finally:
+            proc.stdout.close()
+            proc.kill()
+            proc.wait()
+            writer.join()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+    def rev_list_objects(self, tips: Sequence[bytes], exclude: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
+        """(id, path) of every object reachable from ``tips`` and not from ``exclude`` (path may be empty)."""
+        if not tips:
+            return []
+        args = ["rev-list", "--objects", *[t.hex() for t in tips]]
+        if exclude:
+            args += ["--not", *[e.hex() for e in exclude]]
+        out = []
+        for line in self.git(args).stdout.splitlines():
+            out.append((bytes.fromhex(line[:40].decode("ascii")), line[41:]))
+        return out
+
+    # ------------------------------------------------------------ the remote
+
+    def ls_remote(self, patterns: Sequence[str], *, what: str) -> dict[str, bytes]:
+        """The remote's refs named by ``patterns`` (exact names, or a prefix ending in ``/``)."""
+        p = self.git(["ls-remote", "--", self.remote.spec, *patterns], check=False, at_remote=True)
+        if p.returncode != 0:
+            raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
+        out: dict[str, bytes] = {}
+        for line in p.stdout.decode("utf-8", "replace").splitlines():
+            oid, _, ref = line.partition("\t")
+            value = hex40(oid)
+            if value is None:
+                raise GitFailed(f"remote {self.remote.display} named ref {ref!r} by {oid[:70]!r}, not a SHA-1 id; "
+                                "SHA-256 repositories are not supported")
+            # ls-remote matches patterns against the tail of a name: keep exact names and prefixes only.
+            if any(ref == pat or (pat.endswith("/") and ref.startswith(pat)) for pat in patterns):
+                out[ref] = value
+        return out
+
+    def fetch(self, refspecs: Sequence[str], *, what: str, depth: int | None = None,
+              negotiation_tips: Sequence[bytes] = ()) -> None:
+        """Fetch ``refspecs`` (``+SRC:DST``, DST in this workbench) from the remote."""
+        args = ["fetch", "--no-tags", "--no-write-fetch-head", "--no-auto-maintenance", "--no-recurse-submodules",
+                "--no-prune", "--refmap=", "--quiet"]
+        if depth is not None:
+            args.append(f"--depth={depth}")
+        args += [f"--negotiation-tip={t.hex()}" for t in negotiation_tips]
+        p = self.git([*args, "--", self.remote.spec, *refspecs], check=False, at_remote=True)
+        if p.returncode != 0:
+            raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
+
+    def push(self, updates: Sequence[PushUpdate], *, what: str) -> dict[str, str]:
+        """One atomic push of ``updates``; each ref's summary, or :class:`PushRejected` / :class:`RemoteUnreachable`."""
+        args = ["push", "--atomic", "--porcelain", "--no-verify", "--quiet"]
+        specs = []
+        for u in updates:
+            if u.lease:
+                args.append(f"--force-with-lease={u.ref}:{u.expect.hex() if u.expect else ''}")
+            specs.append(f"{u.new.hex() if u.new else ''}:{u.ref}")
+        p = self.git([*args, "--", self.remote.spec, *specs], check=False, at_remote=True)
+        statuses: dict[str, str] = {}
+        rejected = False
+        for line in p.stdout.decode("utf-8", "replace").splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
+                ref = parts[1].rpartition(":")[2]
+                statuses[ref] = parts[2]
+                rejected |= parts[0] == "!"
+        if p.returncode == 0 and not rejected:
+            return statuses
+        if not statuses:
+            raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
+        worst = next((f"{r}: {s}" for r, s in statuses.items() if "atomic push failed" not in s), None)
+        raise PushRejected(self.remote, statuses, scrub(worst or _first_line(p.stderr)))
+
+
+def _config_quote(path: str) -> str:
+    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
