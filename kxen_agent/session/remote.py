@@ -368,7 +368,11 @@ class RemoteSession:
             how, ref = _compare(_Objects(self.store), refs, theirs)
             if how in ("ahead", "diverged"):
                 raise _refused_push(self.ses, self.remote, how, ref, refs, theirs)
-            if how == "same" and (fence is None or fence == their_fence):
+            # Only the metadata moved (a binding to this machine's workspace, a
+            # pull's or a rebind's): where a session lives here is no news for the
+            # remote, and pushing it would make every pull elsewhere rebind again.
+            moved = {n for n in refs if refs.get(n) != theirs.get(n)}
+            if (how == "same" or moved == {"meta"}) and (fence is None or fence == their_fence):
                 return None
         bases = [seen] if seen is not None else self._fork_bases()
         covered = cached[3] if cached is not None else _covered(self.bench, bases)
@@ -833,8 +837,9 @@ def _plan_pull(store: Store, objs: _Objects, images: Mapping[str, GroupImage], c
                     f"(kxen-agent session fork {ses}) and pushing the fork, or take the remote's by deleting "
                     f"yours (kxen-agent session delete {ses}) and pulling again")
             if how == "behind" or (how == "same" and meta_how == "same"):
-                # Nothing to take; "ahead" when this state dir has more (its own binding counts).
-                plan.status = "ahead" if how == "behind" or lm != img.refs["meta"] else "unchanged"
+                # Nothing to take. A binding of this machine's own on top of the
+                # remote's metadata is not "ahead": where a session lives is local.
+                plan.status = "ahead" if how == "behind" else "unchanged"
                 plan.refs = dict(local.refs)
                 plan.new_meta = None
             else:
