@@ -168,7 +168,9 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
                rebind: bool, json_out: bool, *, remote_lease: bool = False, remote: Optional[str] = None) -> None:
     text = read_task(task, task_file)
     lease_ttl_s()
-    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel) as rl:
+    # A new task's run is named at its start: the remote lease is claimed then (with the name), else now.
+    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel,
+                                                              claim_now=text is None) as rl:
         res = make_runner(cancel, json_out, rl).resume(ses, task=text, workspace=workspace, rebind=rebind)
     render_result(res, json_out)
 

@@ -124,17 +124,37 @@ class RemoteLease:
         return lease
 
     @classmethod
-    def _claim(cls, rs: RemoteSession, run: str | None, ttl: float, on_lost) -> "RemoteLease":
+    def precheck(cls, store: Store, ses: str, *, remote: str | None = None) -> None:
+        """Refuse now, writing nothing, what a claim of ``ses`` would refuse (a live holder, a remote not seen).
+
+        For a claim made later (a new task's, at its first step): the same
+        checks are made again then, atomically with the claim.
+        """
+        info = SessionStore(store).get(ses)
+        r = resolve_remote(info.workspace.repo_root, remote, what=f"session {ses}'s workspace {info.workspace.root}")
+        with Workbench(r, mirror=Mirror(store.root)) as bench:
+            cls._claimable(RemoteSession(store, ses, r, bench))
+
+    @classmethod
+    def _claimable(cls, rs: RemoteSession) -> tuple[dict[str, bytes], RemoteHolder | None, bytes | None]:
+        """(the remote's refs, its live holder's record if expired, what this state dir last saw), or refuse."""
         r, ses = rs.remote, rs.ses
         live = rs.bench.ls_remote([session_ref(ses), lease_ref(ses)], what="claimed")
-        old_lease = live.get(lease_ref(ses))
-        holder = cls._holder(rs, old_lease)
+        holder = cls._holder(rs, live.get(lease_ref(ses)))
         now = time.time_ns()
         if holder is not None and not holder.expired(now):
             raise _busy(ses, r.display, holder, now)
         there, seen = live.get(session_ref(ses)), rs.seen()
         if there != seen:
             raise pull_first(ses, r, there, seen, "remote lease claim")
+        return live, holder, seen
+
+    @classmethod
+    def _claim(cls, rs: RemoteSession, run: str | None, ttl: float, on_lost) -> "RemoteLease":
+        r, ses = rs.remote, rs.ses
+        live, holder, seen = cls._claimable(rs)
+        old_lease, there = live.get(lease_ref(ses)), live.get(session_ref(ses))
+        now = time.time_ns()
         fence = max(rs.image(there).fence if there else 0, holder.fence if holder else 0) + 1
         plan = rs.plan(seen, fence=fence)
         assert plan is not None
@@ -316,24 +336,39 @@ class RemoteLeaseScope:
     """The remote lease around one ``run`` or ``--resume``: claimed before anything runs, released at the end."""
 
     def __init__(self, remote: str | None, ses: str | None, cancel: threading.Event,
-                 on_event: Callable[[str], None] = lambda line: None) -> None:
+                 on_event: Callable[[str], None] = lambda line: None, *, claim_now: bool = True) -> None:
         self.remote = remote
         self.ses = ses
+        self.claim_now = claim_now
         self.cancel = cancel
         self.on_event = on_event
         self.store: Store | None = None
         self.lease: RemoteLease | None = None
 
     def runner(self, store: Store, **kw: Any) -> Runner:
-        """A :class:`Runner` over ``store`` whose durable steps reach the remote; claims now for a resume."""
+        """A :class:`Runner` over ``store`` whose durable steps reach the remote.
+
+        With ``ses`` and ``claim_now`` (a resume that continues a run: it may
+        call the model before it writes anything) the lease is claimed now;
+        otherwise at the run's first durable step, before it is written
+        (``run`` and a new task: nothing has run yet, and the run has its
+        name) — after a check now, for a session that exists, that refuses
+        what the claim would, before anything is written.
+        """
         self.store = store
         if self.ses is not None and self.lease is None:
-            self._claim(self.ses)
+            if self.claim_now:
+                self._claim(self.ses)
+            else:
+                RemoteLease.precheck(store, self.ses, remote=self.remote)
         return Runner(_StepRepository(store, self), leases=lease_backend(store), **kw)  # type: ignore[arg-type]
 
     def _claim(self, ses: str) -> None:
         assert self.store is not None
-        run = _local_run(self.store, ses)
+        # The run the local lease was granted for (a new task's, named at its
+        # start), else the one a resume continues: the holder record names it.
+        rec = Lease.holder(self.store, ses, backend=lease_backend(self.store))
+        run = rec.get("run") if rec and rec.get("run") else _local_run(self.store, ses)
         self.lease = RemoteLease.claim(self.store, ses, run=run, remote=self.remote, on_lost=self.cancel.set)
         self.on_event(f"remote lease of session {ses} claimed on {self.lease.rs.remote.display} "
                       f"(fence {self.lease.holder.fence})")
@@ -366,6 +401,7 @@ def _local_run(store: Store, ses: str) -> str | None:
 
 @contextmanager
 def remote_lease_scope(enabled: bool, remote: str | None, *, ses: str | None, cancel: threading.Event,
+                       claim_now: bool = True,
                        on_event: Callable[[str], None] = lambda line: None) -> Iterator[RemoteLeaseScope | None]:
     """``--remote-lease``: a :class:`RemoteLeaseScope` for the block (None when not asked for), released after it."""
     if not enabled:
@@ -375,7 +411,7 @@ def remote_lease_scope(enabled: bool, remote: str | None, *, ses: str | None, ca
             raise UsageError("--remote names the remote of --remote-lease; add --remote-lease")
         yield None
         return
-    scope = RemoteLeaseScope(remote, ses, cancel, on_event)
+    scope = RemoteLeaseScope(remote, ses, cancel, on_event, claim_now=claim_now)
     try:
         yield scope
     finally:

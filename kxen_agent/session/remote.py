@@ -545,8 +545,8 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
         commits: dict[str, str] = {}
         for info in infos:
             there, last = live.get(session_ref(info.id)), seen.get(info.group)
-            if there != last:
-                raise pull_first(info.id, r, there, last, "push")
+            # A run elsewhere holds the session: say so before anything else (its
+            # steps move the ref, so "pull first" would only send the user in circles).
             held = live.get(lease_ref(info.id))
             if held is not None:
                 bench.fetch([f"+{lease_ref(info.id)}:{lease_ref(info.id)}"], what="pushed")
@@ -556,6 +556,8 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
                         f"session {info.id} is busy on {r.display}: its remote lease is held by "
                         f"{holder.line(time.time_ns())}; nothing was pushed — wait for that run to end "
                         "(or for its lease to expire), then pull and push again")
+            if there != last:
+                raise pull_first(info.id, r, there, last, "push")
             plan = RemoteSession(store, info.id, r, bench).plan(last)
             if plan is None:
                 statuses[info.id] = "up-to-date"
@@ -677,23 +679,41 @@ def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], 
             r: Remote, exclude: Sequence[bytes]) -> None:
     """Verify every object the images' refs reach that this store lacks; keep them in ``objs.pulled``.
 
-    Each is found by its kxen id in the objects trees, size-checked before
-    it is read, rehashed (BLAKE3), decoded strictly and checked against the
-    session schema, with the kind every ref and link must name.
+    The objects new since ``exclude`` (the last-seen commits) are listed
+    once (``git rev-list --objects``: their paths are their kxen ids),
+    size-checked before any is read, read in one stream and rehashed
+    (BLAKE3); then a walk from the refs decodes each reachable one strictly,
+    checks it against the session schema and the kind each ref and link
+    must name, and finds every object it needs here or among them. Objects
+    the refs do not reach are ignored (not written).
     """
     where = f"{r.display}"
+    candidates: dict[bytes, RawObject] = {}
     index: dict[bytes, bytes] = {}
-    listed_all = False
 
-    def list_objects(full: bool) -> None:
+    def read_new(full: bool) -> None:
         for oid, path in bench.rev_list_objects(commits, () if full else exclude):
             kid = kxen_id_of_path(path)
-            if kid is not None:
-                index.setdefault(kid, oid)
+            if kid is not None and kid not in index and not objs.has(kid):
+                index[kid] = oid
+        wanted = [(k, g) for k, g in index.items() if k not in candidates]
+        sizes = bench.sizes([g for _, g in wanted])
+        for kid, g in wanted:
+            t, size = sizes.get(g, ("missing", 0))
+            if t != "blob":
+                raise BadGitImage(f"{where} {g.hex()}", f"object {kid.hex()} is a Git {t}, not a blob")
+            if size > _MAX_RAW:
+                raise CorruptObject(kid.hex(), f"the remote's copy ({where}) is {size} bytes, more than the "
+                                    f"{_MAX_RAW} an object may be; nothing was pulled")
+        by_git = {g: k for k, g in wanted}
+        for g, _, body in bench.read([g for _, g in wanted]):
+            kid = by_git[g]
+            candidates[kid] = parse_object(body, f"{kid.hex()} (from {where})", expect_id=kid)
 
-    list_objects(False)
+    read_new(False)
+    listed_all = False
     expect: dict[bytes, tuple[str, str]] = {}  # kxen id -> (kind it must be, who says so)
-    wave: list[bytes] = []
+    stack: list[bytes] = []
     for ses, img in images.items():
         group = f"{NS}/{ses}"
         if "meta" not in img.refs:
@@ -702,52 +722,40 @@ def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], 
             if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
                 raise RemoteRefused(f"{where}: session {ses} has ref {name!r}, which no session has "
                                     "(meta, head, runs/<run>); nothing was pulled")
-            kind = SESSION_SCHEMA.ref_kind(group, name)
-            _expect(objs, expect, oid, kind, f"ref {group}/{name}", where)
-            wave.append(oid)
-    while wave:
-        need = [o for o in dict.fromkeys(wave) if not objs.has(o)]
-        wave = []
-        if not need:
-            break
-        missing = [o for o in need if o not in index]
-        if missing and not listed_all:
-            list_objects(True)
+            _expect(objs, expect, oid, SESSION_SCHEMA.ref_kind(group, name), f"ref {group}/{name}", where)
+            stack.append(oid)
+    visited: set[bytes] = set()
+    while stack:
+        kid = stack.pop()
+        if kid in visited or objs.has(kid):
+            continue  # what this store holds was verified when it came in
+        if kid not in candidates and not listed_all:
+            # Not new since the last-seen commits: this store lost it (gc of a
+            # deleted session); the remote's whole closure may hold it.
+            read_new(True)
             listed_all = True
-            missing = [o for o in need if o not in index]
-        if missing:
-            who = expect.get(missing[0], ("", "an object"))[1]
-            raise RemoteRefused(f"{where}: {who} names object {missing[0].hex()}, which the remote does not "
-                                "hold; nothing was pulled (the remote is damaged: push it again from a good copy)")
-        gits = [index[o] for o in need]
-        sizes = bench.sizes(gits)
-        for kid, g in zip(need, gits):
-            t, size = sizes.get(g, ("missing", 0))
-            if t != "blob":
-                raise BadGitImage(f"{where} {g.hex()}", f"object {kid.hex()} is a Git {t}, not a blob")
-            if size > _MAX_RAW:
-                raise CorruptObject(kid.hex(), f"the remote's copy ({where}) is {size} bytes, more than the "
-                                    f"{_MAX_RAW} an object may be; nothing was pulled")
-        by_git = {g: k for k, g in zip(need, gits)}
-        for g, _, body in bench.read(gits):
-            kid = by_git[g]
-            obj = parse_object(body, f"{kid.hex()} (from {where})", expect_id=kid)
-            objs.pulled[kid] = obj
-            want = expect.get(kid)
-            if want is not None and want[0] != obj.kind:
-                raise CorruptObject(kid.hex(), f"{want[1]} must name {a_kind(want[0])} object, but it is "
-                                    f"{a_kind(obj.kind)} (from {where}); nothing was pulled")
-            if obj.kind == "blob":
-                continue
-            value = decode_body(obj)
-            try:
-                typed = SESSION_SCHEMA.check(obj.kind, value)
-            except SchemaViolation as e:
-                raise CorruptObject(kid.hex(), f"{obj.kind} object from {where} does not match objects_spec.md "
-                                    f"§14: {e}; nothing was pulled") from None
-            for link, k in typed:
-                _expect(objs, expect, link, k, f"object {kid.hex()}", where)
-            wave.extend(links_of(obj.kind, value))
+        obj = candidates.get(kid)
+        if obj is None:
+            who = expect.get(kid, ("", "an object"))[1]
+            raise RemoteRefused(f"{where}: {who} names object {kid.hex()}, which the remote does not hold; "
+                                "nothing was pulled (the remote is damaged: push it again from a good copy)")
+        visited.add(kid)
+        objs.pulled[kid] = obj
+        want = expect.pop(kid, None)
+        if want is not None and want[0] != obj.kind:
+            raise CorruptObject(kid.hex(), f"{want[1]} must name {a_kind(want[0])} object, but it is "
+                                f"{a_kind(obj.kind)} (from {where}); nothing was pulled")
+        if obj.kind == "blob":
+            continue
+        value = objs.kind_value(kid)[1]  # strict decoding
+        try:
+            typed = SESSION_SCHEMA.check(obj.kind, value)
+        except SchemaViolation as e:
+            raise CorruptObject(kid.hex(), f"{obj.kind} object from {where} does not match objects_spec.md "
+                                f"§14: {e}; nothing was pulled") from None
+        for link, k in typed:
+            _expect(objs, expect, link, k, f"object {kid.hex()}", where)
+        stack.extend(links_of(obj.kind, value))
     for ses, img in images.items():
         for name, oid in img.refs.items():
             if name == "head":
