@@ -27,6 +27,9 @@ Workloads (``--only`` takes these names):
 - ``load``: load a 100,000-message history for the next provider call
   (time, and peak memory with tracemalloc) vs parsing the JSONL file.
 - ``fsck``: kxen fsck (loose, and packed after an import) vs ``git fsck``.
+- ``remote``: a session pushed to, and pulled from, a Git remote vs ``git
+  push``/``git fetch`` of the same messages as commits, and the size of an
+  incremental push (``bench/remote.py``).
 - ``scaling``: every export, import, fsck and load figure is measured at
   two sizes, N and 10 N; this prints how each cost grew.
 
@@ -56,7 +59,7 @@ from typing import Any, Callable
 from . import _peers as peers
 from ._content import Conversation, content_bytes, safe_fork_point
 
-WORKLOADS = ("fork", "durable", "export", "load", "fsck")
+WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote")
 FAMILY_FORKS = 10
 
 
@@ -786,6 +789,11 @@ def main(argv: list[str] | None = None) -> int:
                 es = sets[max(sets)]
                 packed = (str(exp[max(sets)]["import_dir"]), es.ses, es.jsonl, es.n)
             load = w_load(plan, res, hist, packed)  # type: ignore[arg-type]
+        if "remote" in only:
+            log("7 remote")
+            from .remote import w_remote
+
+            w_remote(plan, res, work, timed=ctimed, median=median, rate=rate, mib=mib, log=log)
         scaling_rows(res, plan, exp, fsck_, load)
         res.rows.sort(key=lambda r: r.workload)
         print(f"\nkxen-agent benchmarks: {'quick (sizes meaningless)' if plan.quick else 'default'} run, "

@@ -236,8 +236,8 @@ class RemoteLease:
                 delay = min(delay * 2, 2.0)
                 continue
             break
+        self.rs.record([plan] if plan is not None else [])  # the lease commits go to the mirror too
         if plan is not None:
-            self.rs.record([plan])
             self.session_oid = plan.commit
         self.lease_oid = lobjs[-1].oid
         self.holder = renewed

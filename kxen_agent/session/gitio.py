@@ -57,11 +57,14 @@ __all__ = [
     "RemoteUnreachable",
     "Workbench",
     "resolve_remote",
+    "run_git",
 ]
 
 #: Where the mirror lives in a state dir, and where it keeps what each remote was last seen to hold.
 MIRROR_DIR = "git"
 SEEN_PREFIX = "refs/kxen-seen/"
+#: Past this many packs in the mirror, adopting one more repacks it into one.
+MAX_PACKS = 48
 #: Commands of ours never run the workspace's hooks, maintenance or signing.
 _SAFE_CONFIG = (
     "core.hooksPath=/dev/null", "gc.auto=0", "maintenance.auto=false", "push.gpgSign=false",
@@ -283,7 +286,18 @@ class Mirror:
                 _copy_durably(os.path.join(src, base + ext), os.path.join(dst, base + ext))
         if names:
             _fsync_dir(dst)
+            if sum(1 for n in os.listdir(dst) if n.endswith(".idx")) > MAX_PACKS:
+                self.consolidate()
         return len(names)
+
+    def consolidate(self) -> None:
+        """Repack the mirror into one pack (every push adds one; Git slows down with many).
+
+        ``--keep-unreachable``: a pack another process just adopted and has
+        not yet named in a last-seen record is kept, not dropped; a pack that
+        appears during the repack is left alone by Git.
+        """
+        run_git(["repack", "-a", "-d", "-q", "--keep-unreachable"], git_dir=self.path)
 
     def covered(self, tips: Sequence[bytes]) -> set[bytes]:
         """The kxen ids the objects trees reachable from ``tips`` (commits in the mirror) hold."""
@@ -365,6 +379,21 @@ class Workbench:
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def borrow(self, objects_dir: str) -> None:
+        """Read ``objects_dir``'s objects too (the mirror, once it exists)."""
+        path = os.path.join(self.path, "objects", "info", "alternates")
+        lines = open(path, encoding="utf-8").read().splitlines() if os.path.exists(path) else []
+        if objects_dir not in lines:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(objects_dir + "\n")
+
+    def forget_packs(self) -> None:
+        """Remove this workbench's own packs once the mirror has them (it reads the mirror's)."""
+        d = os.path.join(self.path, "objects", "pack")
+        for name in sorted(os.listdir(d), key=lambda n: not n.endswith(".idx")):  # an index before its pack
+            if name.startswith("pack-"):
+                os.unlink(os.path.join(d, name))
 
     def __enter__(self) -> "Workbench":
         return self

@@ -67,17 +67,22 @@ from .sessions import NS, SessionStore, UnknownSession, msg_id
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
 __all__ = [
+    "GroupPlan",
     "LEASE_REFS",
     "PullReport",
     "PushReport",
     "RemoteHolder",
+    "RemoteListing",
     "RemoteRefused",
     "RemoteSession",
+    "RemoteSessionBusy",
     "SESSION_REFS",
     "lease_ref",
     "ls_remote",
+    "pull_first",
     "pull_sessions",
     "push_sessions",
+    "read_holder",
     "session_ref",
 ]
 
@@ -414,6 +419,10 @@ class RemoteSession:
 def record_push(mirror: Mirror, bench: Workbench, remote: Remote, plans: Sequence[GroupPlan]) -> None:
     mirror.ensure()
     mirror.adopt(bench)
+    bench.borrow(mirror.objects)
+    # A lease's workbench lives as long as its run: it keeps reading what it
+    # wrote through the mirror instead of piling up a pack per step.
+    bench.forget_packs()
     try:
         mirror.set_seen(remote.key, [(f"{NS}/{p.ses}", p.seen, p.commit) for p in plans])
     except KxenError:
@@ -649,10 +658,14 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
         if fetch:
             bench.fetch([f"+{session_ref(s)}:{session_ref(s)}" for s in fetch], what="pulled",
                         negotiation_tips=[v for v in seen.values()])
-        images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
-                  for s in ids}
         objs = _Objects(store)
-        _verify(bench, objs, images, [live[session_ref(s)] for s in ids], r, exclude=list(seen.values()))
+        try:
+            images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
+                      for s in ids}
+            _verify(bench, objs, images, [live[session_ref(s)] for s in ids], r, exclude=list(seen.values()))
+        except (BadGitImage, CorruptObject) as e:
+            msg = str(e)
+            raise RemoteRefused(msg if "nothing was pulled" in msg else f"{msg}; nothing was pulled") from None
         plans = _plan_pull(store, objs, images, chosen, default, r)
         with ExitStack() as stack:
             if acquire_lease is not None:

@@ -14,13 +14,17 @@ and into one holding another session (whose files must not change). The
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from kxen_agent.errors import KxenError
 from kxen_agent.session import SessionStore, default_agent_definition, inspect_workspace
-from kxen_agent.store import RawObject, Store, encode_object
+from kxen_agent.session.remote import pull_sessions
+from kxen_agent.store import RawObject, RefUpdate, Store, encode_object
 from kxen_agent.store.gitmap import (
     GitObject,
     TreeEntry,
@@ -33,9 +37,9 @@ from kxen_agent.store.gitmap import (
     Commit,
 )
 from kxen_agent.store.objects import decode_stored, links_of
+from tests.helpers import git
 from tests.remote.conftest import STEPS, Machine, Remote, make_machine
-
-pytestmark = pytest.mark.parametrize("transport", ["path"])
+from tests.remote.gitserver import bare_repo
 
 
 def _session(m: Machine) -> tuple[str, dict[str, bytes], dict[bytes, RawObject]]:
@@ -45,8 +49,6 @@ def _session(m: Machine) -> tuple[str, dict[str, bytes], dict[bytes, RawObject]]
     info = sessions.create(default_agent_definition(STEPS), inspect_workspace(str(m.ws)))
     head = sessions.append_messages(None, [{"role": "user", "content": "hello"},
                                            {"role": "assistant", "content": "x" * 2000}])
-    from kxen_agent.store import RefUpdate
-
     store.refs.transaction(info.group, [RefUpdate("head", None, head)], reason="test")
     refs = dict(store.refs.read(info.group).refs)
     objs: dict[bytes, RawObject] = {}
@@ -158,29 +160,65 @@ CASES = [absent_object, bytes_not_matching_the_id, schema_violation, ref_of_the_
          another_sessions_image, not_an_image, metadata_of_another_session]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
-def test_a_hostile_remote_is_refused_with_nothing_written(case: Case, served: Remote, tmp_path: Path) -> None:
-    a = make_machine(tmp_path, "a", served)
-    ses, refs, objs = _session(a)
-    why = case(served, ses, refs, objs)
-    # A fresh machine: refused, and no state dir appears.
-    b = make_machine(tmp_path, "b", served)
-    err = b.kx.refused("session", "pull", ses, cwd=b.ws)
-    assert why in err, err
-    if case is ref_of_the_wrong_kind:
-        assert "an agent" in err, err
-    assert not b.state.exists()
-    # A machine with a state dir of its own: refused, not a byte of it changes.
-    c = make_machine(tmp_path, "c", served)
+@dataclass
+class Hostile:
+    remote: Remote
+    a: Machine  # wrote the sessions the cases break
+    b: Machine  # no state dir
+    c: Machine  # a state dir of its own
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    """One served remote, and the machines; each case breaks a session of its own there."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    base = tmp / "served"
+    base.mkdir()
+    path = bare_repo(base / "remote.git")
+    seed = tmp / "seed"
+    seed.mkdir()
+    git(seed, "init", "-q", "-b", "main")
+    git(seed, "commit", "-q", "--allow-empty", "-m", "code")
+    git(seed, "push", "-q", str(path), "main")
+    subprocess.run(["git", "-C", str(path), "symbolic-ref", "HEAD", "refs/heads/main"], check=True)
+    remote = Remote(path, str(path))
+    c = make_machine(tmp, "c", remote)
     c.run("something of c's own")
-    before = c.snapshot()
-    err = c.kx.refused("session", "pull", ses, cwd=c.ws)
+    yield Hostile(remote, make_machine(tmp, "a", remote), make_machine(tmp, "b", remote), c)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_a_hostile_remote_is_refused_with_nothing_written(case: Case, hostile: Hostile) -> None:
+    ses, refs, objs = _session(hostile.a)
+    why = case(hostile.remote, ses, refs, objs)
+    before = hostile.c.snapshot()
+    for m in (hostile.b, hostile.c):
+        store = Store.open(str(m.state), namespaces=("sessions",))
+        with pytest.raises(KxenError) as refused:
+            pull_sessions(store, [ses], str(m.ws))
+        msg = str(refused.value)
+        assert why in msg and "\n" not in msg and "nothing was pulled" in msg, msg
+        if case is ref_of_the_wrong_kind:
+            assert "an agent" in msg, msg
+    # Nothing written: no state dir where there was none, not a byte changed where there was one.
+    assert not hostile.b.state.exists()
+    assert hostile.c.snapshot() == before
+
+
+def test_the_refusal_is_one_line_and_exit_1(hostile: Hostile) -> None:
+    ses, refs, objs = _session(hostile.a)
+    why = bytes_not_matching_the_id(hostile.remote, ses, refs, objs)
+    err = hostile.b.kx.refused("session", "pull", ses, cwd=hostile.b.ws)
     assert why in err, err
-    assert c.snapshot() == before
-    c.kx.fsck_clean()
+    assert not hostile.b.state.exists()
+    before = hostile.c.snapshot()
+    assert why in hostile.c.kx.refused("session", "pull", ses, cwd=hostile.c.ws)
+    assert hostile.c.snapshot() == before
+    hostile.c.kx.fsck_clean()
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["path"])
 def test_a_two_gib_object_is_refused_before_it_is_read(served: Remote, tmp_path: Path) -> None:
     a = make_machine(tmp_path, "a", served)
     ses, refs, objs = _session(a)

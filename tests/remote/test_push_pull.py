@@ -32,51 +32,55 @@ def _row(listing: dict, ses: str) -> dict:
 # ---------------------------------------------------------------- the round trip
 
 
-def test_round_trip_with_resume_on_the_other_machine(machines: tuple[Machine, Machine], served: Remote,
-                                                     tmp_path: Path) -> None:
+def test_round_trip_with_resume_on_the_other_machine(machines: tuple[Machine, Machine], served: Remote) -> None:
+    """Over each transport: a runs and pushes, b pulls and resumes and pushes, a pulls the result."""
+    a, b = machines
+    ses = a.run("first task")["session"]
+    assert a.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "created"}
+    pulled = b.json("session", "pull", ses)
+    assert pulled["sessions"] == {ses: "created"} and pulled["workspaces"][ses] == os.path.realpath(b.ws)
+    second = b.kx("--resume", ses, "--task", "second task", "--json", expect=0, cwd=b.ws).json()
+    assert second["status"] == "completed" and second["result"] == "Second task done."
+    assert b.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "updated"}
+    assert a.json("session", "pull", ses)["sessions"] == {ses: "updated"}
+    log = a.log(ses)
+    assert log == b.log(ses) and [m["content"] for m in log if m["role"] == "assistant" and not m["toolCalls"]] == [
+        "First task done.", "Second task done."]
+    served.fsck_strict()
+
+
+@PATH_ONLY
+def test_what_the_remote_and_each_machine_hold_along_the_way(machines: tuple[Machine, Machine], served: Remote,
+                                                             tmp_path: Path) -> None:
     a, b = machines
     first = a.run("first task")
     ses = first["session"]
-    pushed = a.json("session", "push", ses)["pushes"]
-    assert [p["sessions"] for p in pushed] == [{ses: "created"}]
-    assert served.url in pushed[0]["remote"]
+    a.kx("session", "push", ses, expect=0)
     served.fsck_strict()
     assert set(served.refs()) == {f"refs/kxen/sessions/{ses}"}
     # Sessions are never on a branch: a plain clone does not bring them.
     plain = tmp_path / "plain"
     subprocess.run(["git", "clone", "-q", str(served.path), str(plain)], check=True, capture_output=True)
     assert "kxen" not in git(plain, "for-each-ref")
-
-    listing = b.json("session", "ls-remote")
-    row = _row(listing, ses)
+    # ls-remote: from the tips alone, before b has anything.
+    row = _row(b.json("session", "ls-remote"), ses)
     assert (row["runStatus"], row["run"], row["local"], row["lease"]) == ("completed", first["run"], "absent", None)
     assert row["messages"] == len(a.log(ses)) and row["head"] == a.log(ses)[-1]["id"]
-    assert not b.state.exists() or not (b.state / "objects").exists() or not list((b.state / "refs").rglob("ses_*"))
-
-    pulled = b.json("session", "pull", ses)
-    assert pulled["sessions"] == {ses: "created"} and pulled["newObjects"] > 0
-    assert pulled["workspaces"][ses] == os.path.realpath(b.ws)
-    assert b.log(ses) == a.log(ses)
+    b.kx("session", "pull", ses, expect=0, cwd=b.ws)
     b.kx.fsck_clean()
     shown = b.kx.session_show(ses)
     assert shown["workspace"]["root"] == os.path.realpath(b.ws)
     assert shown["workspace"]["identity"] == a.kx.session_show(ses)["workspace"]["identity"]
-
-    second = b.kx("--resume", ses, "--task", "second task", "--json", expect=0, cwd=b.ws).json()
-    assert second["status"] == "completed" and second["result"] == "Second task done."
-    assert b.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "updated"}
-    assert a.json("session", "pull", ses)["sessions"] == {ses: "updated"}
-    assert a.log(ses) == b.log(ses)
-    third = a.kx("--resume", ses, "--task", "third task", "--json", expect=0).json()
-    assert third["status"] == "completed" and third["result"] == "Third task done."
-    assert [r["status"] for r in a.kx.session_show(ses)["runs"]] == ["completed"] * 3
-    assert a.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "updated"}
-    served.fsck_strict()
-    a.kx.fsck_clean()
-    # Up to date both ways now.
-    assert a.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "up-to-date"}
+    assert _row(b.json("session", "ls-remote"), ses)["local"] == "same"
+    # a goes on, b is behind, then up to date both ways.
+    a.kx("--resume", ses, "--task", "second task", "--json", expect=0)
+    assert _row(b.json("session", "ls-remote"), ses)["local"] == "same"  # a has not pushed yet
+    a.kx("session", "push", ses, expect=0)
+    assert _row(b.json("session", "ls-remote"), ses)["local"] == "differs"
     assert b.json("session", "pull", ses)["sessions"] == {ses: "updated"}
     assert b.json("session", "pull", ses)["sessions"] == {ses: "unchanged"}
+    assert b.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "up-to-date"}
+    assert b.log(ses) == a.log(ses)
 
 
 # ---------------------------------------------------------------- incremental
