@@ -17,7 +17,6 @@ from typing import Optional
 
 import typer
 
-from kxen_agent.errors import UsageError
 from kxen_agent.session.schema import SES_RE
 from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
@@ -60,21 +59,12 @@ def push_cmd(
 
 
 def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
-    """``--workspace`` values: at most one DIR (default: the current directory), and SES=DIR."""
-    default: list[str] = []
-    per_session: dict[str, str] = {}
-    for v in values:
-        ses, eq, d = v.partition("=")
-        if eq and SES_RE.fullmatch(ses):
-            if not d or ses in per_session:
-                raise UsageError(f"--workspace {t(ses, quote=False)}=DIR: give one directory per session")
-            per_session[ses] = d
-        else:
-            default.append(v)
-    if len(default) > 1:
-        raise UsageError(f"give at most one --workspace DIR (the default binding), got {len(default)}; "
-                         "bind single sessions elsewhere with --workspace SES=DIR")
-    return (default[0] if default else os.getcwd()), per_session
+    """``--workspace`` values as ``session import`` reads them, the current directory being the default DIR."""
+    from .session_cmds import _workspaces as import_workspaces
+
+    if all(v.partition("=")[1] and SES_RE.fullmatch(v.partition("=")[0]) for v in values):
+        values = [*values, os.getcwd()]
+    return import_workspaces(values)
 
 
 def pull_cmd(

@@ -83,6 +83,7 @@ __all__ = [
     "blocking_reason",
     "lease_backend",
     "lease_ttl_s",
+    "start_renewer",
 ]
 
 DEFAULT_TTL_S = 30.0
@@ -561,24 +562,12 @@ class Lease:
     # ---------------------------------------------------------------- renew / check / release
 
     def _start_renewer(self) -> None:
-        def loop() -> None:
-            interval = self.ttl / 3
-            while not self._stop.wait(interval):
-                try:
-                    self.renew()
-                    interval = self.ttl / 3
-                except LeaseLost:
-                    self.lost.set()
-                    if self._on_lost is not None:
-                        self._on_lost()
-                    return
-                except (KxenError, OSError):
-                    # Transient (group lock busy, I/O error): try again soon;
-                    # the lease is lost only if this keeps failing past expiry.
-                    interval = min(self.ttl / 3, 0.5)
+        def lost() -> None:
+            self.lost.set()
+            if self._on_lost is not None:
+                self._on_lost()
 
-        self._renewer = threading.Thread(target=loop, name=f"kxen-lease-{self.ses}", daemon=True)
-        self._renewer.start()
+        self._renewer = start_renewer(f"kxen-lease-{self.ses}", self.ttl, self._stop, self.renew, LeaseLost, lost)
 
     def renew(self) -> None:
         """Push the expiry forward (and take the ``fcntl`` lock if it is free now).
@@ -650,6 +639,33 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def start_renewer(name: str, ttl: float, stop: threading.Event, renew: Callable[[], None],
+                  lost: type[BaseException], on_lost: Callable[[], None]) -> threading.Thread:
+    """A daemon thread that calls ``renew`` every ``ttl``/3 until ``stop`` is set (a lease's renewer).
+
+    ``renew`` raising ``lost`` ends it, after ``on_lost()``. Any other
+    :class:`KxenError` or ``OSError`` is transient (a lock busy, an I/O or
+    network error): it tries again after min(``ttl``/3, 0.5 s); the lease
+    is lost only if that goes on past its expiry and someone takes it over.
+    """
+
+    def loop() -> None:
+        interval = ttl / 3
+        while not stop.wait(interval):
+            try:
+                renew()
+                interval = ttl / 3
+            except lost:
+                on_lost()
+                return
+            except (KxenError, OSError):
+                interval = min(ttl / 3, 0.5)
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _record_bytes(rec: _Record) -> bytes:

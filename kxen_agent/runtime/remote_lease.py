@@ -63,7 +63,7 @@ from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import Store
 from kxen_agent.store.gitmap import lease_commit
 
-from .lease import Lease, lease_backend, lease_ttl_s
+from .lease import Lease, lease_backend, lease_ttl_s, start_renewer
 from .runner import Runner
 
 __all__ = ["RemoteLease", "RemoteLeaseBusy", "RemoteLeaseLost", "RemoteLeaseScope", "remote_lease_scope"]
@@ -243,19 +243,9 @@ class RemoteLease:
         self.holder = renewed
 
     def _start_renewer(self) -> None:
-        def loop() -> None:
-            interval = self.ttl / 3
-            while not self._stop.wait(interval):
-                try:
-                    self.renew()
-                    interval = self.ttl / 3
-                except RemoteLeaseLost:
-                    return
-                except (KxenError, OSError):
-                    interval = min(self.ttl / 3, 0.5)
-
-        self._renewer = threading.Thread(target=loop, name=f"kxen-remote-lease-{self.ses}", daemon=True)
-        self._renewer.start()
+        # A refused renewal has set ``lost`` and called ``on_lost`` already (``_push``).
+        self._renewer = start_renewer(f"kxen-remote-lease-{self.ses}", self.ttl, self._stop, self.renew,
+                                      RemoteLeaseLost, lambda: None)
 
     # ------------------------------------------------------------ release
 

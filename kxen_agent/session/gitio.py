@@ -44,6 +44,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import blake3
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.store import OS_IO
 from kxen_agent.store.gitmap import GitObject, encode_pack, hex40, kxen_id_of_path
 
 from .workspace import normalize_remote_url, strip_credentials
@@ -285,7 +286,7 @@ class Mirror:
             for ext in (".pack", ".idx"):  # the index names the pack: it goes in last
                 _copy_durably(os.path.join(src, base + ext), os.path.join(dst, base + ext))
         if names:
-            _fsync_dir(dst)
+            OS_IO.fsync_dir(dst)
             if sum(1 for n in os.listdir(dst) if n.endswith(".idx")) > MAX_PACKS:
                 self.consolidate()
         return len(names)
@@ -315,14 +316,6 @@ def _kxen_ids(rev_list_objects: bytes) -> set[bytes]:
             if kid is not None:
                 out.add(kid)
     return out
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _copy_durably(src: str, dst: str) -> None:

@@ -10,7 +10,6 @@ every command below finds the remote the way a user's would.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -20,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Cli, Proc, git, write_agent
+from tests.helpers import git, write_agent
 from tests.remote.gitserver import GitDaemon, HttpGitServer, bare_repo
+from tests.session.test_transfer import Kx as TransferKx
 
 TRANSPORTS = ("path", "git", "http")
 
@@ -37,20 +37,11 @@ STEPS = [
 ]
 
 
-class Kx(Cli):
-    """The CLI that never shows a traceback, with a helper for refusals."""
+class Kx(TransferKx):
+    """``session import``'s test CLI (no traceback ever; one-line refusals), refusing with exit 1 by default."""
 
-    def __call__(self, *args: str, **kw: Any) -> Proc:
-        p = super().__call__(*args, **kw)
-        assert "Traceback" not in p.err, str(p)
-        return p
-
-    def refused(self, *args: str, code: int = 1, cwd: Path | None = None) -> str:
-        p = self(*args, cwd=cwd)
-        assert p.rc == code, str(p)
-        lines = p.err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("kxen-agent: error: "), str(p)
-        return lines[0]
+    def refused(self, *args: str, code: int | None = 1, cwd: Path | None = None) -> str:
+        return super().refused(*args, code=code, cwd=cwd)
 
 
 @dataclass
@@ -161,5 +152,11 @@ def machines(tmp_path: Path, served: Remote) -> Iterator[tuple[Machine, Machine]
     b.kx.kill_spawned()
 
 
-def last_json_line(text: str) -> Any:
-    return json.loads(text.strip().splitlines()[-1])
+def both_went_on(a: Machine, b: Machine) -> str:
+    """A session a ran and pushed, b pulled, and both then ran a task of their own on: its id."""
+    ses = a.run("first task")["session"]
+    a.kx("session", "push", ses, expect=0)
+    b.kx("session", "pull", ses, expect=0, cwd=b.ws)
+    a.kx("--resume", ses, "--task", "on a", "--json", expect=0)
+    b.kx("--resume", ses, "--task", "on b", "--json", expect=0, cwd=b.ws)
+    return ses

@@ -9,7 +9,6 @@ encoders would never write.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -34,21 +33,10 @@ from kxen_agent.store.gitmap import (
     parse_tree,
 )
 from kxen_agent.store.objects import encode_object, parse_object
+from tests.store.test_spec_vectors import _tagged
 
-SPEC = Path(__file__).resolve().parents[2] / "objects_spec.md"
-_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
-
-
-def _blocks(tag: str) -> list[dict[str, str]]:
-    out = []
-    for block in _FENCE.findall(SPEC.read_text(encoding="utf-8")):
-        if block.startswith(f"{tag}: "):
-            out.append(dict(line.split(": ", 1) for line in block.splitlines()))
-    return out
-
-
-IMAGES = {b["git-image"]: b for b in _blocks("git-image")}
-KXEN = {b["vector"]: bytes.fromhex(b["bytes"]) for b in _blocks("vector")}
+IMAGES = {b["git-image"]: b for b in _tagged("git-image")}  # the spec's blocks, read as §13's are
+KXEN = {b["vector"]: bytes.fromhex(b["bytes"]) for b in _tagged("vector")}
 
 
 def _rebuild(v: dict[str, str]):

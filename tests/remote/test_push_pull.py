@@ -19,7 +19,7 @@ from kxen_agent.session import SessionStore, default_agent_definition, inspect_w
 from kxen_agent.session.remote import pull_sessions, push_sessions
 from kxen_agent.store import RefUpdate, Store, encode_object
 from tests.helpers import git
-from tests.remote.conftest import STEPS, Machine, Remote, make_machine
+from tests.remote.conftest import STEPS, Machine, Remote, both_went_on, make_machine
 
 PATH_ONLY = pytest.mark.parametrize("transport", ["path"])
 
@@ -151,12 +151,7 @@ def test_ten_messages_onto_two_thousand_push_under_five_percent(served: Remote, 
 def test_diverged_and_stale_are_refused_with_nothing_changed(machines: tuple[Machine, Machine],
                                                             served: Remote) -> None:
     a, b = machines
-    ses = a.run("first task")["session"]
-    a.kx("session", "push", ses, expect=0)
-    b.kx("session", "pull", ses, expect=0, cwd=b.ws)
-    # Both machines go on from the same state.
-    a.kx("--resume", ses, "--task", "second task on a", "--json", expect=0)
-    b.kx("--resume", ses, "--task", "second task on b", "--json", expect=0, cwd=b.ws)
+    ses = both_went_on(a, b)
     a.kx("session", "push", ses, expect=0)
     remote_before, b_before = served.refs(), b.snapshot()
     # b last saw the remote before a's push: its compare-and-swap fails.
@@ -165,27 +160,16 @@ def test_diverged_and_stale_are_refused_with_nothing_changed(machines: tuple[Mac
     # Pulling shows the histories diverged: refused, saying what to do.
     err = b.kx.refused("session", "pull", ses, cwd=b.ws)
     assert "diverged" in err and f"kxen-agent session fork {ses}" in err, err
+    assert f"kxen-agent session delete {ses}" in err, err
     assert served.refs() == remote_before and b.snapshot() == b_before
-    # What to do, as the message says: fork the local one and push the fork.
+    # What to do, as the message says: fork the local one and push the fork...
     fork = b.kx("session", "fork", ses, "--json", expect=0).json()["id"]
     rep = b.json("session", "push", fork)["pushes"][0]
     assert rep["sessions"] == {fork: "created"}
-    # The fork's first push builds on what the remote already holds of the shared history.
+    # (its first push builds on what the remote already holds of the shared history)
     assert rep["newObjects"][fork] < len(b.log(fork))
     served.fsck_strict()
-
-
-@PATH_ONLY
-def test_a_deleted_local_session_takes_the_remote_s_on_pull(machines: tuple[Machine, Machine],
-                                                           served: Remote) -> None:
-    a, b = machines
-    ses = a.run("first task")["session"]
-    a.kx("session", "push", ses, expect=0)
-    b.kx("session", "pull", ses, expect=0, cwd=b.ws)
-    a.kx("--resume", ses, "--task", "more", "--json", expect=0)
-    b.kx("--resume", ses, "--task", "other", "--json", expect=0, cwd=b.ws)
-    a.kx("session", "push", ses, expect=0)
-    b.kx.refused("session", "pull", ses, cwd=b.ws)
+    # ...then take the remote's: a session deleted here comes back as the remote has it.
     b.kx("session", "delete", ses, expect=0)
     assert b.json("session", "pull", ses)["sessions"] == {ses: "restored"}
     assert b.log(ses) == a.log(ses)

@@ -28,7 +28,7 @@ from kxen_agent.session import SessionStore
 from kxen_agent.session.remote import pull_sessions, push_sessions
 from kxen_agent.store import Store
 from tests.helpers import KXEN_AGENT
-from tests.remote.conftest import Machine, Remote, make_machine
+from tests.remote.conftest import Machine, Remote, both_went_on, make_machine
 from tests.remote.test_push_pull import _append, _long_session
 
 pytestmark = pytest.mark.parametrize("transport", ["path"])
@@ -43,11 +43,7 @@ def _history(state: Path, ses: str) -> list[bytes]:
 def test_two_machines_push_at_once_exactly_one_wins(machines: tuple[Machine, Machine], served: Remote,
                                                     tmp_path: Path) -> None:
     a, b = machines
-    ses = a.run("first task")["session"]
-    a.kx("session", "push", ses, expect=0)
-    b.kx("session", "pull", ses, expect=0, cwd=b.ws)
-    a.kx("--resume", ses, "--task", "on a", "--json", expect=0)
-    b.kx("--resume", ses, "--task", "on b", "--json", expect=0, cwd=b.ws)
+    ses = both_went_on(a, b)
     logs = {"a": a.log(ses), "b": b.log(ses)}
     gate = tmp_path / "gate"
     gate.mkdir()
