@@ -159,7 +159,8 @@ def run_cmd(
         raise UsageError("run needs a task: --task TEXT or --task-file FILE")
     lock = load_agent_definition(agent or DEFAULT_AGENT)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel) as rl:
+    with cancellation(json_out) as cancel, remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel,
+                                                              workspace=workspace) as rl:
         res = make_runner(cancel, json_out, rl).start(workspace, text, lock)
     render_result(res, json_out)
 

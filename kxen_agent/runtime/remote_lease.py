@@ -60,6 +60,7 @@ from kxen_agent.session.remote import (
     session_ref,
 )
 from kxen_agent.session.sessions import NS, SessionStore
+from kxen_agent.session.workspace import inspect_workspace
 from kxen_agent.store import Store
 from kxen_agent.store.gitmap import lease_commit
 
@@ -391,9 +392,13 @@ def _local_run(store: Store, ses: str) -> str | None:
 
 @contextmanager
 def remote_lease_scope(enabled: bool, remote: str | None, *, ses: str | None, cancel: threading.Event,
-                       claim_now: bool = True,
+                       claim_now: bool = True, workspace: str | None = None,
                        on_event: Callable[[str], None] = lambda line: None) -> Iterator[RemoteLeaseScope | None]:
-    """``--remote-lease``: a :class:`RemoteLeaseScope` for the block (None when not asked for), released after it."""
+    """``--remote-lease``: a :class:`RemoteLeaseScope` for the block (None when not asked for), released after it.
+
+    ``workspace`` (``run``): the directory the new session will be bound to,
+    whose remote must resolve before anything is created.
+    """
     if not enabled:
         if remote is not None:
             from kxen_agent.errors import UsageError
@@ -401,6 +406,9 @@ def remote_lease_scope(enabled: bool, remote: str | None, *, ses: str | None, ca
             raise UsageError("--remote names the remote of --remote-lease; add --remote-lease")
         yield None
         return
+    if ses is None and workspace is not None:
+        # `run`: a remote that is not there is refused before the session is created.
+        resolve_remote(inspect_workspace(workspace).repo_root, remote, what=f"workspace {workspace}")
     scope = RemoteLeaseScope(remote, ses, cancel, on_event, claim_now=claim_now)
     try:
         yield scope

@@ -179,3 +179,22 @@ def test_a_plain_push_is_refused_while_another_machine_holds_the_lease(tmp_path:
         (tmp_path / "go").touch()
     holder.communicate(timeout=120)
     assert holder.returncode == 0
+
+
+def test_run_with_remote_lease_creates_the_session_there(tmp_path: Path, served: Remote) -> None:
+    a = make_machine(tmp_path, "a", served, env={"KXEN_AGENT_LEASE_TTL_S": TTL})
+    (tmp_path / "go").touch()
+    write_agent(a.agent.parent, _steps(tmp_path))
+    res = a.run("set up", "--remote-lease")
+    ses = res["session"]
+    row = _row(a, ses)
+    assert (row["runStatus"], row["run"], row["lease"], row["fence"]) == ("completed", res["run"], None, 1)
+    assert row["local"] == "same"
+    # Without a remote to hold the lease on, nothing is created.
+    bare = tmp_path / "no-origin"
+    bare.mkdir()
+    before = a.snapshot()
+    err = a.kx.refused("run", "--workspace", str(bare), "--task", "t", "--agent", str(a.agent), "--remote-lease",
+                       code=2)
+    assert "no remote 'origin'" in err, err
+    assert a.snapshot() == before
