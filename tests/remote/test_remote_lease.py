@@ -175,6 +175,14 @@ def test_a_plain_push_is_refused_while_another_machine_holds_the_lease(tmp_path:
         err = b.kx.refused("session", "push", ses, code=75, cwd=b.ws)
         assert "is busy on" in err and "remote lease is held by" in err, err
         assert served.refs()[ref] == before
+        # A live holder renews: past the expiry it had, the lease is still its own, further out.
+        first = _lease(b, ses)
+        assert first is not None
+        _wait_past(first["expiresNs"])
+        later = _lease(b, ses)
+        assert later is not None and not later["expired"] and later["expiresNs"] > first["expiresNs"]
+        assert (later["fence"], later["run"], later["sinceNs"]) == (first["fence"], first["run"], first["sinceNs"])
+        assert "is busy on" in b.kx.refused("session", "push", ses, code=75, cwd=b.ws)
     finally:
         (tmp_path / "go").touch()
     holder.communicate(timeout=120)
