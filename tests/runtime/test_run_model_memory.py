@@ -44,6 +44,18 @@ def calls(*names: str, usage: Usage | None = None) -> AssistantTurn:
                          tool_calls=tuple(ToolCall(None, n, "{}") for n in names))
 
 
+class Crash(BaseException):
+    """The process "dies" here: raised from the fault hook, caught by nothing in the runner."""
+
+
+def crash_at(point: str) -> Callable[[str], None]:
+    def hook(p: str) -> None:
+        if p == point:
+            raise Crash(p)
+
+    return hook
+
+
 class FakeModel:
     """Answers from ``steps`` in order (the last repeats); records what each call was given."""
 
@@ -232,12 +244,7 @@ def test_nothing_to_retry_says_what_to_do_instead(bench: Bench) -> None:
     with pytest.raises(UsageError, match="either --retry or --task"):
         bench.runner(FakeModel([final("x")])).resume(done.session, retry=True, task="t")
 
-    class Crash(BaseException):
-        pass
-
-    def crash(point: str) -> None:
-        if point == "tool:after-started":
-            raise Crash(point)
+    crash = crash_at("tool:after-started")
 
     with pytest.raises(Crash):
         bench.runner(FakeModel([AssistantTurn(None, (ToolCall(None, "shell", '{"command": "true"}'),), "m", "tool_calls"),
@@ -254,12 +261,7 @@ def test_nothing_to_retry_says_what_to_do_instead(bench: Bench) -> None:
 
 
 def test_overrides_are_recorded_kept_by_resume_and_not_by_the_next_run(bench: Bench) -> None:
-    class Crash(BaseException):
-        pass
-
-    def crash(point: str) -> None:
-        if point == "provider:after-response":
-            raise Crash(point)
+    crash = crash_at("provider:after-response")
 
     model = FakeModel([final("one")])
     with pytest.raises(Crash):
@@ -284,12 +286,7 @@ def test_overrides_are_recorded_kept_by_resume_and_not_by_the_next_run(bench: Be
 
 
 def test_an_unfinished_run_moved_elsewhere_can_be_pointed_at_a_new_endpoint(bench: Bench) -> None:
-    class Crash(BaseException):
-        pass
-
-    def crash(point: str) -> None:
-        if point == "provider:after-response":
-            raise Crash(point)
+    crash = crash_at("provider:after-response")
 
     with pytest.raises(Crash):
         bench.runner(FakeModel([final("x")]), fault=crash).start(str(bench.ws), "t", dict(LOCK))
@@ -360,12 +357,7 @@ def test_events_follow_the_run(bench: Bench) -> None:
 
 
 def test_a_run_state_written_before_the_new_keys_still_reads_and_resumes(bench: Bench) -> None:
-    class Crash(BaseException):
-        pass
-
-    def crash(point: str) -> None:
-        if point == "provider:after-response":
-            raise Crash(point)
+    crash = crash_at("provider:after-response")
 
     with pytest.raises(Crash):
         bench.runner(FakeModel([final("x")]), fault=crash).start(str(bench.ws), "t", dict(LOCK), model="gpt-new")
