@@ -155,13 +155,15 @@ def test_429_with_retry_after_is_waited_out_as_the_server_asks(okey: Cli, server
     server.reply_error(429, "rate limited", headers={"Retry-After": "1"})
     server.reply_error(429, "rate limited", headers={"retry-after-ms": "300", "Retry-After": "30"})
     server.reply_content("after waiting")
-    p = okey.run_json(workspace, "t", openai_agent(tmp_path, server), expect=0)
-    assert p.json()["result"] == "after waiting"
+    p = okey("run", "--workspace", str(workspace), "--task", "t", "--agent", str(openai_agent(tmp_path, server)),
+             expect=0)
+    assert "result: after waiting" in p.out
     times = [r.at for r in server.requests]
     assert len(times) == 3, "the SDK does not retry on its own: three requests, all the runner's"
     assert times[1] - times[0] >= 1.0, "Retry-After: 1 is honoured"
     assert 0.3 <= times[2] - times[1] < 20, "retry-after-ms is preferred to Retry-After"
-    assert "attempt 1 of at most 5, retrying in 1.0s" in p.err or p.err == "", p.err  # --json: no notes
+    assert "provider error (transient; attempt 1 of at most 5, retrying in 1.0s): model provider at" in p.err, p.err
+    assert "attempt 2 of at most 5, retrying in 0.3s" in p.err, p.err
 
 
 def test_a_server_that_keeps_failing_is_given_five_attempts_and_the_error_says_so(okey: Cli, server: FakeOpenAI,
