@@ -36,8 +36,8 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.schema import misplaced, put, read, text_blob
@@ -63,92 +63,16 @@ __all__ = [
     "sum_usage",
 ]
 
-TERMINAL = ("completed", "failed", "canceled")
-#: Tool output longer than this is kept in a blob object that the journal links.
-OUTPUT_BLOB_THRESHOLD = 1024
-#: Finish reasons that say the answer is not the model's whole answer (§14.5: such a turn fails the run).
-CUT_SHORT = {
-    "length": "was cut off at the model's output limit",
-    "content_filter": "was withheld by the provider's content filter",
-}
+from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry, RunError, RunResult, _usage_json,
+                      sum_usage)
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
 
 
-class RunError(KxenError):
-    """A run cannot be started, resumed or resolved as asked."""
-
-
-class NothingToRetry(RunError):
-    """``--retry`` found no failed or canceled run to retry (exit 2: the request, not the state, is wrong)."""
-
-    exit_code = 2
-
-
 def _stored_text(text: str, secrets: list[str]) -> str:
     """A text as a run stores (and reports) it: every occurrence of the agent's key replaced (§14)."""
     return redact(text, secrets)
-
-
-def _usage_json(usage: Usage) -> dict[str, int]:
-    d = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens}
-    if usage.cached_tokens is not None:
-        d["cachedTokens"] = usage.cached_tokens
-    return d
-
-
-def sum_usage(usages: Iterable[dict | None]) -> dict | None:
-    """The sum of §14.5 usage maps: run totals (with ``turns``) or one turn's (counting 1); None if all are None."""
-    total: dict | None = None
-    for u in usages:
-        if u is None:
-            continue
-        total = dict(total or {"inputTokens": 0, "outputTokens": 0, "turns": 0})
-        total["inputTokens"] += u["inputTokens"]
-        total["outputTokens"] += u["outputTokens"]
-        total["turns"] += u.get("turns", 1)
-        if "cachedTokens" in u:
-            total["cachedTokens"] = total.get("cachedTokens", 0) + u["cachedTokens"]
-    return total
-
-
-@dataclass
-class RunResult:
-    session: str
-    run: str
-    status: str
-    turn: int
-    model: str
-    result: str | None
-    error: str | None
-    unknown_ops: list[str] = field(default_factory=list)
-    settled: bool = False
-    requested_model: str | None = None
-    base_url: str | None = None
-    retry_of: str | None = None
-    usage: dict | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return {"completed": 0, "input_required": 3, "canceled": 130}.get(self.status, 1)
-
-    def to_json(self) -> dict:
-        return {
-            "session": self.session,
-            "run": self.run,
-            "status": self.status,
-            "turn": self.turn,
-            "model": self.model,
-            "result": self.result,
-            "error": self.error,
-            "unknownOps": self.unknown_ops,
-            "settled": self.settled,
-            "requestedModel": self.requested_model,
-            "baseUrl": self.base_url,
-            "retryOf": self.retry_of,
-            "usage": self.usage,
-        }
 
 
 @dataclass
