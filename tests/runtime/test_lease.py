@@ -108,6 +108,8 @@ class Bench:
     def env(self, **extra: str) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KXEN_AGENT_")}
         env["KXEN_AGENT_STATE_DIR"] = str(self.state)
+        env["XDG_CONFIG_HOME"] = str(self.tmp / "xdg-config")  # no default agent from this machine
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"  # the fake model servers are local
         env.update(extra)
         return env
 
