@@ -139,6 +139,10 @@ class _JsonStream:
             try:
                 v, end = self.dec.raw_decode(self.buf, self.pos)
                 if end < len(self.buf) or self.eof:  # a number at the end might go on
+                    if end - self.pos > limit:
+                        # Judged on the value, not on how much was read: the
+                        # same document is refused whatever the read sizes.
+                        raise self.bad(f"a JSON value longer than {limit} characters")
                     self.pos = end
                     return v
             except json.JSONDecodeError as e:
