@@ -191,7 +191,7 @@ def report(out: str) -> str:
             lines.append(f"| {t} | not run | | | | | | |")
             continue
         lines.append(f"| {t} | {s['executions']:,} ({s['mutated']:,}) | {s['chunks']} | {s['cov']} | {s['ft']} | "
-                     f"{s['corpus']} ({s['merged'] if s['merged'] is not None else '-'}) | {s["seconds"]:,} | "
+                     f"{s['corpus']} ({s['merged'] if s['merged'] is not None else '-'}) | {s['seconds']:,} | "
                      f"{len(s['crashes'])} |")
     return "\n".join(lines)
 
