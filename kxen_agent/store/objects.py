@@ -179,7 +179,8 @@ def decode_body(obj: RawObject) -> Any:
     if obj.kind == "blob":
         return obj.body
     try:
-        return codec.decode(obj.raw[obj.body_offset :], links_only=True)
+        # A view, not a slice: a body of up to 64 MiB is not copied to be read.
+        return codec.decode(memoryview(obj.raw)[obj.body_offset :], links_only=True)
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 
@@ -195,7 +196,7 @@ def decode_stored(obj: RawObject) -> Any:
     if obj.kind == "blob":
         return obj.body
     try:
-        return codec.decode_admitted(obj.raw[obj.body_offset :])
+        return codec.decode_admitted(memoryview(obj.raw)[obj.body_offset :])
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 

@@ -131,18 +131,47 @@ def test_vector_survives_the_loose_frame(vec: dict[str, str]) -> None:
 # ------------------------------------------------------------------ §13.2
 
 
+def _reject_bytes(rej: dict[str, str]) -> bytes:
+    """``bytes``, then ``then`` (``h×n``: byte ``h`` repeated ``n`` times) when the vector has it."""
+    raw = bytes.fromhex(rej["bytes"])
+    if "then" in rej:
+        unit, times = rej["then"].split("×")
+        raw += bytes.fromhex(unit) * int(times)
+    return raw
+
+
 def test_spec_has_reject_vectors() -> None:
     assert len(REJECTS) >= 10
     for r in REJECTS:
-        assert set(r) == {"reject", "bytes", "error"}, r["reject"]
+        assert set(r) - {"then"} == {"reject", "bytes", "error"}, r["reject"]
 
 
 @pytest.mark.parametrize("rej", REJECTS, ids=[r["reject"] for r in REJECTS])
 def test_reject_vector_is_refused(rej: dict[str, str]) -> None:
-    raw = bytes.fromhex(rej["bytes"])
+    raw = _reject_bytes(rej)
     with pytest.raises(CorruptObject) as info:
         decode_body(parse_object(raw, rej["reject"]))
     assert info.value.reason == rej["error"]
+
+
+def test_the_budget_vector_is_one_item_over_and_one_item_less_is_read() -> None:
+    """``cbor-over-budget`` breaks the budget and nothing else: one element fewer decodes."""
+    from kxen_agent.store import codec
+
+    (rej,) = [r for r in REJECTS if r["reject"] == "cbor-over-budget"]
+    body = parse_object(_reject_bytes(rej), "spec").body
+    assert body[:5] == b"\x9a" + (codec.MAX_BODY_ITEMS).to_bytes(4, "big")
+    under = b"\x9a" + (codec.MAX_BODY_ITEMS - 1).to_bytes(4, "big") + body[6:]
+    assert codec.decode(under) == [0] * (codec.MAX_BODY_ITEMS - 1)
+    assert codec.encode([0] * (codec.MAX_BODY_ITEMS - 1)) == under
+    with pytest.raises(codec.EncodeError, match="value of 524289 data items, more than the 524288"):
+        codec.encode([0] * codec.MAX_BODY_ITEMS)
+    # Maps are charged two items an entry: 262143 entries and the map itself fit.
+    keys = sorted((f"{i:05x}" for i in range(262143)), key=lambda k: (len(k), k))
+    value = {k: 0 for k in keys}
+    assert codec.decode(codec.encode(value)) == value
+    with pytest.raises(codec.EncodeError):
+        codec.encode({**value, "zzzzz": 0})
 
 
 # ------------------------------------------------------------------ §13.3

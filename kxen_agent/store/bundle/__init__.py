@@ -66,7 +66,7 @@ from .header import (
 from .import_ import BundleRefused, ImportResult, Transform, import_bundle
 from .json_form import JSON_FORMAT_NAME, write_json_bundle
 from .pack_form import write_pack_bundle
-from .verify import iter_bundle_objects, verify_bundle, verify_bundle_with_ref_targets
+from .verify import JudgeRefs, iter_bundle_objects, verify_bundle, verify_bundle_with_ref_targets
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -79,6 +79,7 @@ __all__ = [
     "EXPORT_KEEP_BUDGET",
     "ImportResult",
     "JSON_FORMAT_NAME",
+    "JudgeRefs",
     "KNOWN_CAPABILITIES",
     "MAX_HEADER_SIZE",
     "NoSuchGroup",

@@ -28,15 +28,18 @@ from ..fsio import FileIO
 from ..objects import CorruptObject, RawObject, parse_object
 from ..pack import MAX_RAW_SIZE
 from .closure import _Closure, _Item
+from .hashing_reader import stream_size
 from .header import (
     BUNDLE_VERSION,
     CAP_ZSTD_DICT,
     KNOWN_CAPABILITIES,
     MAX_HEADER_SIZE,
+    MIN_JSON_OBJECT_CHARS,
     BadBundle,
     BundleInfo,
     _check_refs,
     _Header,
+    check_header_fits,
 )
 
 __all__ = ["JSON_FORMAT_NAME", "write_json_bundle"]
@@ -255,6 +258,8 @@ class _JsonBundleReader:
             self._gen = self._scan(stream=True)
             next(self._gen)
         self.header = _json_header(self.fields, where)
+        # Characters <= bytes: the file's size bounds the characters it holds.
+        check_header_fits(self.header, where, stream_size(self.io, self.f), MIN_JSON_OBJECT_CHARS, None, "character")
         self.closure = _Closure(self.header, where)
 
     def _scan(self, *, stream: bool) -> Iterator[tuple]:

@@ -13,7 +13,7 @@ It must never write: verification leaves no file behind, not even a state dir.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 from ..fsio import OS_IO, FileIO
 from ..objects import ObjectId, RawObject, Schema
@@ -22,7 +22,7 @@ from .header import BUNDLE_MAGIC, BadBundle, BundleInfo, Progress, _set_total
 from .json_form import _JsonBundleReader
 from .pack_form import _PackBundleReader
 
-__all__ = ["iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
+__all__ = ["JudgeRefs", "iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
 
 
 def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _JsonBundleReader":
@@ -41,14 +41,22 @@ def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _Js
     raise BadBundle(where, f"not a kxen bundle (starts with {head!r})", 0)
 
 
+#: Called with a bundle's refs (group -> ref name -> id) once its header is
+#: read, before any object: a caller refuses there what the header shows.
+JudgeRefs = Callable[[Mapping[str, Mapping[str, bytes]]], None]
+
+
 @contextlib.contextmanager
-def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO) -> Iterator[Any]:
+def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO,
+             judge_refs: JudgeRefs | None = None) -> Iterator[Any]:
     try:
         f = io.open_read(path)
     except OSError as e:
         raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
     with f:
         r = _open_reader(path, f, io)
+        if judge_refs is not None:
+            judge_refs(r.header.refs)
         # A bundle is checked against the schema when every group it holds is
         # one the schema governs (a session bundle); one that mixes in other
         # groups is checked byte by byte only (and a session import refuses it).
@@ -75,13 +83,16 @@ def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema
 
 
 def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
-                                   io: FileIO = OS_IO) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
+                                   io: FileIO = OS_IO, judge_refs: JudgeRefs | None = None,
+                                   ) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
     """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
 
     So a caller can judge the refs (a session's binding) before it touches
     a state dir: an import refused then writes nothing, not even a state dir.
+    ``judge_refs`` is called with the header's refs before any object is
+    read: what the header shows is refused without reading the bundle.
     """
-    with _reading(path, schema, io) as r:
+    with _reading(path, schema, io, judge_refs) as r:
         _set_total(progress, r.header.objects)
         wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
         kept: dict[ObjectId, RawObject] = {}
