@@ -364,13 +364,18 @@ def hostile() -> dict[str, tuple[bytes, str]]:
     # As large, but not an object: refused only after decompressing (bounded by the limit).
     c["loose/largest-garbage.zst"] = (rle_frame(limit, limit, 0), "bad header")
     c["loose/window-2pow27.zst"] = (rle_frame(limit, limit, 0, window_log=27), "bad header")
-    # A 2 GiB window, but the declared 100-byte content bounds the buffer.
-    c["loose/window-2pow31.zst"] = (rle_frame(100, 100, 0, window_log=31), "bad header")
+    # A 2 GiB window: refused on the frame header, although the declared
+    # 100-byte content would bound a one-shot buffer (§5.1: at most 128 MiB).
+    c["loose/window-2pow31.zst"] = (rle_frame(100, 100, 0, window_log=31), "window of 2147483648 bytes, more than the limit 134217728")
+    # The same around a valid object: accepted before the window was judged.
+    hb_head = b"blob 5\x00"
+    c["loose/window-2pow31-valid-object.zst"] = (rle_frame(len(hb_head) + 5, 5, ord("a"), head=hb_head, window_log=31),
+                                                 "window of 2147483648 bytes, more than the limit 134217728")
     skippable = bytes.fromhex("502a4d18") + (4).to_bytes(4, "little") + b"skip"
     good = _frame(encode_object("blob", b"x").raw)
     c["loose/skippable-then-frame.zst"] = (skippable + good, "24 bytes follow the zstd frame")
     c["loose/frame-then-skippable.zst"] = (good + skippable, "follow the zstd frame")
-    c["loose/dictionary-id.zst"] = (ZSTD_MAGIC + bytes([0b1110_0001, 7]) + good[5:], "Dictionary mismatch")
+    c["loose/dictionary-id.zst"] = (ZSTD_MAGIC + bytes([0b1110_0001, 7]) + good[5:], "names dictionary 7; a loose object uses none")
     c["loose/checksum-flag-wrong.zst"] = (ZSTD_MAGIC + bytes([0b1110_0100]) + good[5:] + b"\x00\x00\x00\x00",
                                           "doesn't match checksum")
     c["loose/reserved-block-type.zst"] = (ZSTD_MAGIC + bytes([0b1110_0000]) + (5).to_bytes(8, "little")
@@ -437,6 +442,11 @@ def hostile() -> dict[str, tuple[bytes, str]]:
     pack_pair("dictionary-garbage", p, None, "dictionary")
     p = hb.pack_section([hb.stored_entry(o) for o in objs], count=2**63)
     pack_pair("end-count-2pow63", p, None, "end record counts 9223372036854775808")
+    big = hb.BIG.raw
+    big_head = big[: big.index(b"\x00") + 1]
+    wide = rle_frame(len(big), len(big) - len(big_head), big[-1], head=big_head, window_log=31)
+    p = hb.pack_section([hb.entry(hb.BIG.id, wide, method=1, raw_len=len(big))])
+    pack_pair("entry-window-2pow31", p, None, "window of 2147483648 bytes, more than the limit 134217728")
     return c
 
 

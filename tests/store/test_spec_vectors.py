@@ -371,3 +371,68 @@ def test_workspace_identity(vec: dict[str, str]) -> None:
         assert workspace._remote_hash(key) == expected_remote
     else:
         assert expected_remote is None
+
+
+# ------------------------------------------------------------------ §10.2: the FORMAT file
+
+FORMAT_FILES = _tagged("format-file")
+
+
+def test_spec_has_format_file_vectors() -> None:
+    assert {f["opens"] for f in FORMAT_FILES} >= {"1", "2", "refused"}
+    assert {f["format-file"] for f in FORMAT_FILES} >= {"leading-zero", "leading-zeros"}
+
+
+@pytest.mark.parametrize("vec", FORMAT_FILES, ids=[v["format-file"] for v in FORMAT_FILES])
+def test_format_file(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store, fsck
+    from kxen_agent.store.repo import StateDirError
+
+    assert set(vec) == {"format-file", "bytes", "opens"}
+    root = tmp_path / "state"
+    root.mkdir()
+    (root / "FORMAT").write_bytes(bytes.fromhex(vec["bytes"]))
+    if vec["opens"] == "refused":
+        with pytest.raises(StateDirError):
+            Store(str(root))
+        return
+    store = Store(str(root))
+    assert store.format_version == int(vec["opens"])
+    if store.format_version == 1:
+        assert fsck(store).clean
+
+
+# ------------------------------------------------------------------ §5.4, §12.3: frames refused on their header
+
+REJECT_FRAMES = _tagged("reject-frame")
+
+
+def test_spec_has_frame_vectors() -> None:
+    assert {v["reject-frame"] for v in REJECT_FRAMES} >= {"window-2pow31", "dictionary-id"}
+
+
+@pytest.mark.parametrize("vec", REJECT_FRAMES, ids=[v["reject-frame"] for v in REJECT_FRAMES])
+def test_frame_is_refused_as_a_loose_object_and_as_a_pack_entry(vec: dict[str, str]) -> None:
+    from kxen_agent.store.pack import Decompressor
+
+    assert set(vec) == {"reject-frame", "bytes", "error"}
+    frame = bytes.fromhex(vec["bytes"])
+    with pytest.raises(CorruptObject) as info:
+        decompress_loose(frame, "spec")
+    assert info.value.reason == vec["error"]
+    # The same frame as a method-1 pack entry (§12.3): the same rule.
+    import zstandard
+
+    size = zstandard.get_frame_parameters(frame).content_size
+    with pytest.raises(CorruptObject) as info:
+        Decompressor(None).decompress_raw(1, size, frame, "spec")
+    assert info.value.reason == vec["error"].replace("a loose object uses none", "a method-1 entry uses none")
+
+
+def test_the_window_vector_holds_a_valid_object_that_a_small_window_reads() -> None:
+    """Only the window is wrong: the same blocks under a single-segment header read back."""
+    (vec,) = [v for v in REJECT_FRAMES if v["reject-frame"] == "window-2pow31"]
+    frame = bytes.fromhex(vec["bytes"])
+    single = frame[:4] + bytes([0b1110_0000]) + frame[6:]  # single segment: no window descriptor
+    raw = decompress_loose(single, "spec")
+    assert parse_object(raw, "spec").body == b"aaaaa"
