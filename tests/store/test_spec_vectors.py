@@ -14,6 +14,7 @@ implementations.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -436,3 +437,68 @@ def test_the_window_vector_holds_a_valid_object_that_a_small_window_reads() -> N
     single = frame[:4] + bytes([0b1110_0000]) + frame[6:]  # single segment: no window descriptor
     raw = decompress_loose(single, "spec")
     assert parse_object(raw, "spec").body == b"aaaaa"
+
+
+# ------------------------------------------------------------------ §12.8: which form a file is
+
+BUNDLE_STARTS = _tagged("bundle-start")
+
+
+def test_spec_has_bundle_start_vectors() -> None:
+    assert {v["bundle-start"] for v in BUNDLE_STARTS} >= {"json-after-64-whitespace", "json-after-65-whitespace"}
+
+
+@pytest.mark.parametrize("vec", BUNDLE_STARTS, ids=[v["bundle-start"] for v in BUNDLE_STARTS])
+def test_bundle_start(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store.bundle import BadBundle, verify_bundle
+    from kxen_agent.store.bundle.json_form import _JsonBundleReader
+    from kxen_agent.store.bundle.pack_form import _PackBundleReader
+    from kxen_agent.store.bundle.verify import _open_reader
+    from kxen_agent.store.fsio import OS_IO
+
+    assert set(vec) == {"bundle-start", "bytes", "form"}
+    start = bytes.fromhex(vec["bytes"])
+    # The start of a valid bundle of each form, so that the form's reader gets past its first checks.
+    valid = {"pack": (HOSTILE / "valid.kxb").read_bytes(), "json": (HOSTILE / "valid.json").read_bytes()}
+    form = vec["form"]
+    if form in valid:
+        ws = len(start) - len(start.lstrip(b" \t\r\n"))
+        data = start[:ws] + valid[form]
+        path = tmp_path / "b"
+        path.write_bytes(data)
+        with open(path, "rb") as f:
+            reader = _open_reader(str(path), f, OS_IO)
+        assert isinstance(reader, _PackBundleReader if form == "pack" else _JsonBundleReader)
+        assert verify_bundle(str(path)).format == form
+    else:
+        path = tmp_path / "b"
+        path.write_bytes(start)
+        with pytest.raises(BadBundle) as info:
+            verify_bundle(str(path))
+        assert form == f"refused ({info.value.reason})"
+
+
+# ------------------------------------------------------------------ §11: fsck cases
+
+FSCK_CASES = _tagged("fsck-case")
+
+
+def test_spec_has_fsck_cases() -> None:
+    assert {v["fsck-case"] for v in FSCK_CASES} >= {"file-directly-in-refs", "index-without-pack"}
+
+
+@pytest.mark.parametrize("vec", FSCK_CASES, ids=[v["fsck-case"] for v in FSCK_CASES])
+def test_fsck_case(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store, fsck
+
+    assert set(vec) == {"fsck-case", "files", "stray", "problems"}
+    root = tmp_path / "state"
+    Store(str(root), namespaces=("sessions",)).ensure_initialized()
+    for rel in vec["files"].split():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    rep = fsck(Store(str(root), namespaces=("sessions",)))
+    want_stray = [] if vec["stray"] == "none" else vec["stray"].split()
+    assert sorted(os.path.relpath(p, root) for p in rep.stray_files) == sorted(want_stray)
+    want_problems = [] if vec["problems"] == "none" else vec["problems"].split()
+    assert [p.kind for p in rep.problems] == want_problems, [p.line() for p in rep.problems]

@@ -25,20 +25,29 @@ from .pack_form import _PackBundleReader
 __all__ = ["JudgeRefs", "iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
 
 
+#: Whitespace (SP, TAB, CR, LF) that may precede a JSON-form bundle's ``{``
+#: (``objects_spec.md`` §12.8): what an editor or a shell may add, and
+#: little enough that the form is known from the first bytes.
+MAX_JSON_LEADING_WHITESPACE = 64
+
+
 def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _JsonBundleReader":
     where = str(path)
-    head = f.read(len(BUNDLE_MAGIC))
+    head = f.read(MAX_JSON_LEADING_WHITESPACE + 1)
     f.seek(0)
-    if head == BUNDLE_MAGIC:
+    if head[: len(BUNDLE_MAGIC)] == BUNDLE_MAGIC:
         return _PackBundleReader(f, where, where, stream_size(io, f))
     if not head:
         raise BadBundle(where, "empty file")
     if BUNDLE_MAGIC.startswith(head):
         raise BadBundle(where, f"truncated: the file ends after {len(head)} bytes, inside the magic", 0)
     stripped = head.lstrip(b" \t\r\n")
-    if stripped[:1] == b"{" or (not stripped and head):
-        return _JsonBundleReader(f, where, where, io)
-    raise BadBundle(where, f"not a kxen bundle (starts with {head!r})", 0)
+    if stripped[:1] == b"{" or (not stripped and len(head) <= MAX_JSON_LEADING_WHITESPACE):
+        return _JsonBundleReader(f, where, where, io)  # (whitespace only: the JSON reader says what is missing)
+    if not stripped:
+        raise BadBundle(where, f"not a kxen bundle: more than {MAX_JSON_LEADING_WHITESPACE} bytes of whitespace "
+                        "before its first character", MAX_JSON_LEADING_WHITESPACE)
+    raise BadBundle(where, f"not a kxen bundle (starts with {head[: len(BUNDLE_MAGIC)]!r})", 0)
 
 
 #: Called with a bundle's refs (group -> ref name -> id) once its header is
