@@ -502,3 +502,55 @@ def test_fsck_case(vec: dict[str, str], tmp_path: Path) -> None:
     assert sorted(os.path.relpath(p, root) for p in rep.stray_files) == sorted(want_stray)
     want_problems = [] if vec["problems"] == "none" else vec["problems"].split()
     assert [p.kind for p in rep.problems] == want_problems, [p.line() for p in rep.problems]
+
+
+# ------------------------------------------------------------------ §12.7: the content digest
+
+CONTENT_DIGESTS = _tagged("content-digest")
+
+
+@pytest.mark.parametrize("vec", CONTENT_DIGESTS, ids=[v["content-digest"] for v in CONTENT_DIGESTS])
+def test_content_digest_is_the_same_for_both_forms_and_names_the_import(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store
+    from kxen_agent.store.bundle import import_bundle, verify_bundle
+
+    assert set(vec) == {"content-digest", "digest", "reason"}
+    names = vec["content-digest"].split()
+    assert len(names) == 2
+    for name in names:
+        info = verify_bundle(str(HOSTILE / name))
+        assert info.content_digest == vec["digest"], name
+        store = Store(str(tmp_path / name))
+        import_bundle(store, str(HOSTILE / name))
+        for group in info.refs:
+            assert {e.reason for e in store.refs.reflog(group)} == {vec["reason"]}
+    # The definition, computed here without the bundle package.
+    data = (HOSTILE / names[0]).read_bytes()
+    header = cbor2.loads(data[16:16 + int.from_bytes(data[12:16], "big")])
+    header["capabilities"] = []
+    h = blake3.blake3(b"kxen-bundle-json 1\n" + cbor2.dumps(header, canonical=True))
+    import json
+
+    for o in json.loads((HOSTILE / names[1]).read_text())["objects"]:
+        h.update(bytes.fromhex(o["id"]))
+    assert h.hexdigest() == vec["digest"]
+
+
+def test_a_dictionary_does_not_change_the_content_digest(tmp_path: Path) -> None:
+    """The pack form with zstd-dict and the JSON form of one export: one content digest."""
+    from kxen_agent.store import RefUpdate, Store
+    from kxen_agent.store.bundle import export_bundle, verify_bundle
+
+    store = Store(str(tmp_path / "s"))
+    prev = None
+    for i in range(128):  # enough alike, enough of them: the pack trains a dictionary
+        text = "".join(f"step {i}.{j}: module m{(i * j) % 17} built, {(i + j) % 13} warnings, see line {i * 31 + j}; "
+                       for j in range(17))
+        prev = store.put("message", {"text": text, **({"parent": prev} if prev else {})})
+    store.refs.transaction("ses/many", [RefUpdate("head", None, prev)], reason="t")
+    pack = export_bundle(store, ["ses/many"], str(tmp_path / "b.kxb"), fmt="pack")
+    js = export_bundle(store, ["ses/many"], str(tmp_path / "b.json"), fmt="json")
+    assert pack.capabilities == ("zstd-dict",) and js.capabilities == ()
+    assert pack.digest != js.digest
+    assert pack.content_digest == js.content_digest == js.digest
+    assert verify_bundle(str(tmp_path / "b.kxb")).content_digest == pack.content_digest

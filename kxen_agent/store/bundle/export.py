@@ -272,7 +272,11 @@ def export_bundle(
     except BaseException:
         sink.abort()
         raise
-    return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds)
+    content = hdr.content_digest()
+    for oid in order:
+        content.update(oid)
+    return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds,
+                      content.hexdigest())
 
 
 def _objects(store: Store, order: list[ObjectId], progress: Progress | None,

@@ -32,6 +32,7 @@ __all__ = sorted(
         "BadBundle",
         "BundleInfo",
         "CAP_ZSTD_DICT",
+        "CONTENT_DIGEST_PREFIX",
         "KNOWN_CAPABILITIES",
         "MAX_HEADER_SIZE",
         "PREFIX_SIZE",
@@ -43,6 +44,8 @@ __all__ = sorted(
     ]
 )
 
+#: What the content digest hashes first (§12.7, the JSON form's ``digest``, §12.8).
+CONTENT_DIGEST_PREFIX = b"kxen-bundle-json 1\n"
 BUNDLE_MAGIC = b"KXBUNDLE"
 BUNDLE_VERSION = 1
 #: Capabilities a version-1 reader understands; any other is refused.
@@ -83,6 +86,10 @@ class BundleInfo:
     file_bytes: int
     digest: str  # the trailer (pack form) or the digest (JSON form), hex
     kinds: Mapping[str, int] = field(default_factory=dict)
+    #: What the bundle holds, whatever its form (§12.7): the refs, the counts
+    #: and the object ids in order; the same bundle exported in the two forms
+    #: has the same one (the JSON form's ``digest``). Imports name it.
+    content_digest: str = ""
 
     def to_json(self) -> dict:
         return {
@@ -96,6 +103,7 @@ class BundleInfo:
             "packBytes": self.pack_bytes,
             "fileBytes": self.file_bytes,
             "digest": self.digest,
+            "contentDigest": self.content_digest,
             "kinds": dict(sorted(self.kinds.items())),
         }
 
@@ -133,6 +141,17 @@ class _Header:
             {"capabilities": list(self.capabilities), "objects": self.objects, "refs": self.refs, "size": self.size},
             links_only=True,
         )
+
+    def content_digest(self) -> Any:
+        """The running BLAKE3 of the content digest (§12.7), before the ids: feed it each object's id in order.
+
+        The header map with ``capabilities`` empty: ``zstd-dict`` says how a
+        pack section is compressed, not what the bundle holds, so the two
+        forms of one bundle get one digest (the JSON form's ``digest``).
+        """
+        import blake3
+
+        return blake3.blake3(CONTENT_DIGEST_PREFIX + _Header((), self.refs, self.objects, self.size).cbor())
 
 
 def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -> dict[str, dict[str, bytes]]:

@@ -156,7 +156,8 @@ class _PackBundleReader:
         self.closure.finish(None)
         c = self.closure
         self.info = BundleInfo(self.path, "pack", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
-                               c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds))
+                               c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds),
+                               c.content.hexdigest())
 
 
 def write_pack_bundle(hdr: _Header, objects: Iterable[RawObject], dictionary: bytes | None,
