@@ -200,9 +200,17 @@ def test_reflog_lines_are_byte_exact() -> None:
         line = format_reflog_line(entry)
         assert line.hex() == e["bytes"]
         (back,) = parse_reflog(line, "spec")
-        assert back == ReflogEntry(
-            entry.old, entry.new, entry.time_ns, entry.fence, entry.name, " ".join(entry.reason.split())
-        )
+        # §7.1, written out here: whitespace collapsed, then controls and surrogates as U+FFFD.
+        printable = re.sub("[\x00-\x1f\x7f-\x9f\ud800-\udfff]", "\ufffd", " ".join(entry.reason.split()))
+        assert back == ReflogEntry(entry.old, entry.new, entry.time_ns, entry.fence, entry.name, printable)
+
+
+def test_a_reader_accepts_control_characters_written_before_the_rule() -> None:
+    """§7.1: writers replace them, readers still take a line that holds them (older reflogs)."""
+    (e,) = [r for r in REFLOG_LINES if r["group"] == "session/s-0002"]
+    line = bytes.fromhex(e["bytes"]).replace("\ufffd".encode(), b"\x1b", 1)
+    (back,) = parse_reflog(line, "spec")
+    assert "\x1b" in back.reason
 
 
 def test_ref_file_is_byte_exact_and_counts_its_reflog() -> None:
@@ -234,7 +242,7 @@ def test_text_renderings_match_the_hex() -> None:
         assert bytes.fromhex(e["bytes"]).decode("ascii") in ref_text
     log_text = [b for b in blocks if "<TAB>" in b]
     assert log_text
-    whole = b"".join(bytes.fromhex(r["bytes"]) for r in REFLOG_LINES)
+    whole = b"".join(bytes.fromhex(r["bytes"]) for r in REFLOG_LINES if r["group"] == "session/s-0001")
     assert log_text[0].replace("<TAB>", "\t").encode("utf-8") == whole
 
 
@@ -554,3 +562,27 @@ def test_a_dictionary_does_not_change_the_content_digest(tmp_path: Path) -> None
     assert pack.digest != js.digest
     assert pack.content_digest == js.content_digest == js.digest
     assert verify_bundle(str(tmp_path / "b.kxb")).content_digest == pack.content_digest
+
+
+# ------------------------------------------------------------------ §3.1: the header's grammar and regex
+
+
+def test_the_header_regex_of_the_spec_is_its_grammar_and_the_readers_rule() -> None:
+    from kxen_agent.store.objects import MAX_OBJECT_SIZE
+
+    text = SPEC.read_text(encoding="utf-8")
+    (pattern,) = re.findall(r"`\^(\(blob\|message[^`]*)`", text)
+    rx = re.compile(pattern.encode().replace(b"\\x00", b"\x00"))
+    for digits in ["0", "7", "00", "07", "10", "67108864", "67108865", "99999999", "999999999", "1" + "0" * 19]:
+        n = int(digits)
+        header = b"blob " + digits.encode() + b"\x00"
+        legal = rx.fullmatch(header) is not None and n <= MAX_OBJECT_SIZE
+        # The grammar: "0" / %x31-39 *7DIGIT, and the limit.
+        assert legal == (re.fullmatch(r"0|[1-9][0-9]{0,7}", digits) is not None and n <= MAX_OBJECT_SIZE)
+        body = b"a" * n if n <= MAX_OBJECT_SIZE else b"a"
+        try:
+            parse_object(header + body, "spec")
+            accepted = True
+        except CorruptObject:
+            accepted = False
+        assert accepted == legal, digits
