@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate
@@ -40,7 +41,8 @@ from kxen_agent.store.protocols import Repository
 from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import AssistantTurn, ProviderError, make_provider
-from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+from .redact import credential_env_values, redact
+from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [
     "RunError",
@@ -339,9 +341,11 @@ class Runner:
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:
+        """The values every persisted text is redacted of (§14.11): the API key, and every
+        credential-looking variable's of this process, whatever the agent's ``env_keep``."""
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
-        return [val] if val else []
+        return ([val] if val else []) + credential_env_values(os.environ)
 
 
 def _refusal(call: dict, allowed: set[str]) -> ToolOutcome | None:
@@ -628,6 +632,7 @@ class _RunCtx:
                 cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
                 cancel=self.r.cancel,
                 secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+                env_keep=env_keep_of(self.agent),
             )
             self.r.on_event(f"{op}: {name} {call['arguments']}")
             # A holder paused past its expiry between Started and here must not
