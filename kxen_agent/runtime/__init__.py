@@ -26,7 +26,7 @@ from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signal
 from .faults import FaultSpecError
 from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
 from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
-from .redact import Hit, find_secrets, redact
+from .redaction import Hit, find_secrets, redact
 from .runner import TERMINAL, RunError, Runner, RunResult
 from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 

@@ -41,7 +41,7 @@ from kxen_agent.store.protocols import Repository
 from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import AssistantTurn, ProviderError, make_provider
-from .redact import credential_env_values, redact
+from .redaction import credential_env_values, redact
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [

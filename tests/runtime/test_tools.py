@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.errors import UsageError
-from kxen_agent.runtime.redact import redact
+from kxen_agent.runtime.redaction import redact
 from kxen_agent.runtime.tools import (
     TOOLS,
     Tool,

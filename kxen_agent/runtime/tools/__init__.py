@@ -6,7 +6,7 @@ The tool set is ``shell``, ``read_file``, ``write_file``, ``edit_file`` and
 - :mod:`.protocol`: the contract every tool meets (:class:`Tool`,
   :class:`ToolContext`, :class:`ToolOutcome`, :class:`ToolOutcomeUnknown`)
   and the checking of a call's arguments (what is secret, and how it is
-  redacted, is :mod:`kxen_agent.runtime.redact`'s);
+  redacted, is :mod:`kxen_agent.runtime.redaction`'s);
 - :mod:`.files`: the file tools and the confinement of their paths to the
   workspace;
 - :mod:`.shell`: the ``shell`` tool and the supervision of its process group

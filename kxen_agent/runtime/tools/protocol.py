@@ -2,7 +2,7 @@
 
 This module owns what every tool shares: the :class:`Tool` protocol, the
 :class:`ToolContext` a call runs under (which secrets to hide from the
-tool's environment and output: the rules are :mod:`kxen_agent.runtime.redact`'s),
+tool's environment and output: the rules are :mod:`kxen_agent.runtime.redaction`'s),
 the :class:`ToolOutcome` it reports, the :class:`ToolOutcomeUnknown`
 verdict, and the checking of a call's arguments against the tool's flat
 JSON schema.
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..redact import credential_env_values, redact, tool_environment
+from ..redaction import credential_env_values, redact, tool_environment
 
 __all__ = [
     "BadArguments",
@@ -84,7 +84,7 @@ class ToolContext:
         return named + credential_env_values(os.environ)
 
     def environment(self) -> dict[str, str]:
-        """The environment a tool's process gets (:func:`~kxen_agent.runtime.redact.tool_environment`)."""
+        """The environment a tool's process gets (:func:`~kxen_agent.runtime.redaction.tool_environment`)."""
         return tool_environment(os.environ, self.env_keep, self.secret_env_names)
 
 

@@ -127,25 +127,35 @@ class Hit:
 def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
     """What :func:`redact` would replace in ``text``, by rule, in order of position.
 
-    A private key block already redacted and user-info already ``***`` are
-    no hits: a bundle of redacted runs scans clean.
+    The rules are tried in :func:`redact`'s order and what one finds is
+    masked from the next (a GitHub token that is also a variable's value is
+    one hit, as it is one replacement). A private key block already
+    redacted and user-info already ``***`` are no hits: a bundle of
+    redacted runs scans clean.
     """
     hits: list[Hit] = []
+    work = text
+
+    def found(rule: str, what: str, start: int, length: int) -> None:
+        nonlocal work
+        hits.append(Hit(rule, what, start, length))
+        work = work[:start] + "\0" * length + work[start + length:]  # offsets kept for the next rules
+
     for secret in _secrets(secrets):
-        start = text.find(secret)
+        start = work.find(secret)
         while start >= 0:
-            hits.append(Hit("secret-value", "the value of a credential-looking environment variable", start,
-                            len(secret)))
-            start = text.find(secret, start + len(secret))
-    for m in _PRIVATE_KEY.finditer(text):
+            found("secret-value", "the value of a credential-looking environment variable", start, len(secret))
+            start = work.find(secret, start + len(secret))
+    for m in list(_PRIVATE_KEY.finditer(work)):
         if m[0] != f"-----BEGIN {m[1]}PRIVATE KEY-----{REDACTED}-----END {m[1]}PRIVATE KEY-----":
-            hits.append(Hit("private-key", "a private key block", m.start(), len(m[0])))
-    for m in _USERINFO.finditer(text):
+            found("private-key", "a private key block", m.start(), len(m[0]))
+    for m in list(_USERINFO.finditer(work)):
         if m[2] != USERINFO_REDACTED:
-            hits.append(Hit("url-userinfo", "a URL with user-info (user:password@)", m.start(2), len(m[2])))
+            found("url-userinfo", "a URL with user-info (user:password@)", m.start(2), len(m[2]))
     for rule, what, rx in TOKEN_RULES:
-        hits += [Hit(rule, what, m.start(), len(m[0])) for m in rx.finditer(text)]
-    return sorted(hits, key=lambda h: (h.start, h.rule))
+        for m in list(rx.finditer(work)):
+            found(rule, what, m.start(), len(m[0]))
+    return sorted(hits, key=lambda h: h.start)
 
 
 def tool_environment(environ: Mapping[str, str], keep: tuple[str, ...] | None,
