@@ -48,6 +48,7 @@ __all__ = [
     "find_secrets",
     "is_credential_name",
     "redact",
+    "scan_value",
     "tool_environment",
 ]
 
@@ -156,6 +157,32 @@ def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
         for m in list(rx.finditer(work)):
             found(rule, what, m.start(), len(m[0]))
     return sorted(hits, key=lambda h: h.start)
+
+
+def scan_value(value: object, secrets: Iterable[str] = ()) -> list[tuple[str, Hit]]:
+    """Every hit in a decoded object's value, with where in the value: ``(path, hit)``.
+
+    A blob's value (bytes) is read as UTF-8, invalid bytes replaced, its
+    path ``blob``; in a structured value each text string is scanned, keys
+    included (path ``key`` or ``toolCalls[0].arguments``; a key itself is
+    ``<key name>``). Links (32-byte strings) are ids, not text.
+    """
+    found: list[tuple[str, Hit]] = []
+    values = list(secrets)
+    if isinstance(value, (bytes, bytearray)):
+        return [("blob", h) for h in find_secrets(bytes(value).decode("utf-8", "replace"), values)]
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if type(v) is str:
+            found += [(path or "(text)", h) for h in find_secrets(v, values)]
+        elif type(v) is dict:
+            for k, x in reversed(list(v.items())):
+                found += [(f"{path + '.' if path else ''}<key>", h) for h in find_secrets(k, values)]
+                stack.append((f"{path + '.' if path else ''}{k}", x))
+        elif type(v) is list:
+            stack += [(f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v)))]
+    return found
 
 
 def tool_environment(environ: Mapping[str, str], keep: tuple[str, ...] | None,

@@ -19,19 +19,31 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from kxen_agent.errors import UsageError
 from kxen_agent.store import Store
-from kxen_agent.store.bundle import (BundleInfo, ImportResult, export_bundle, import_bundle,
+from kxen_agent.store.bundle import (BundleInfo, ImportResult, bundle_objects, export_bundle, import_bundle,
                                      verify_bundle_with_ref_targets)
-from kxen_agent.store.objects import decode_stored
+from kxen_agent.store.objects import RawObject, decode_stored
 
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
 from .sessions import NS, SessionStore
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
-__all__ = ["ImportedSessions", "export_sessions", "import_sessions"]
+__all__ = ["ImportedSessions", "export_sessions", "import_sessions", "session_objects"]
+
+
+def session_objects(store: Store, ses_ids: list[str]) -> Iterator[RawObject]:
+    """Every object an export of these sessions writes, in bundle order (to look at them before writing)."""
+    sessions = SessionStore(store)
+    if not ses_ids:
+        raise UsageError("name at least one session to export")
+    groups = []
+    for ses in dict.fromkeys(ses_ids):
+        sessions.get(ses)  # UnknownSession names the state dir and points at import
+        groups.append(sessions.group(ses))
+    return bundle_objects(store, groups)
 
 
 def export_sessions(store: Store, ses_ids: list[str], out: str, *, fmt: str | None = None,

@@ -47,7 +47,7 @@ entry parser, decompressor and :class:`~kxen_agent.store.pack.PackStream`):
 
 from __future__ import annotations
 
-from .export import EXPORT_KEEP_BUDGET, BundleWriteError, NoSuchGroup, export_bundle
+from .export import EXPORT_KEEP_BUDGET, BundleWriteError, NoSuchGroup, bundle_objects, export_bundle
 from .header import (
     BUNDLE_MAGIC,
     BUNDLE_VERSION,
@@ -88,6 +88,7 @@ __all__ = [
     "PREFIX_SIZE",
     "Progress",
     "Transform",
+    "bundle_objects",
     "encode_bundle_head",
     "export_bundle",
     "format_for_path",

@@ -75,16 +75,19 @@ def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO,
 
 
 def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
-                  io: FileIO = OS_IO) -> BundleInfo:
+                  io: FileIO = OS_IO, on_object: Callable[[RawObject], None] | None = None) -> BundleInfo:
     """Check a bundle completely without a state dir; its refs, object count and sizes.
 
     Raises :class:`BadBundle` naming the first problem. With ``schema``,
     every object's shape and the kind each link and ref names are checked too.
-    ``io`` opens the file.
+    ``io`` opens the file. ``on_object`` sees each object once it is verified
+    (the caller's look at its contents, in the same pass).
     """
     with _reading(path, schema, io) as r:
         _set_total(progress, r.header.objects)
-        for _item in r:
+        for item in r:
+            if on_object is not None:
+                on_object(item.obj)
             if progress:
                 progress(1)
         assert r.info is not None
