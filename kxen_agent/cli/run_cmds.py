@@ -176,6 +176,7 @@ def show_cmd(
     runner = Runner(Store.open(namespaces=(NS,)))
     info = runner.sessions.get(ses)
     oid, st = runner.run_state(info, run)
+    status = runner.shown_status(ses, st)  # "interrupted": running, but no live process holds the lease
     ops = runner.ops(st)
     journal = []
     for op, e in ops.items():
@@ -188,7 +189,7 @@ def show_cmd(
             "note": e.get("note"),
         })
     doc = {
-        "session": ses, "run": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
+        "session": ses, "run": run, "index": st["index"], "status": status, "settled": st.get("settled", False),
         "model": st["model"], "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "state": oid.hex(), "journal": journal,
     }
@@ -196,7 +197,7 @@ def show_cmd(
         emit_json(doc)
         return
     # Stored text goes through t()/out_text(): an imported run's values are someone else's bytes.
-    out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(st['status'])}{'' if st.get('settled') else ' (not settled)'}")
+    out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(status)}{'' if st.get('settled') else ' (not settled)'}")
     out(f"model: {t(st['model'])}   turns: {st['turn']}")
     out_text("task", st["task"])
     if st.get("result") is not None:

@@ -27,7 +27,8 @@ def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
     runs = []
     for run, oid in info.runs.items():
         st = runner.read_run(info, run, oid)
-        runs.append({"id": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
+        runs.append({"id": run, "index": st["index"], "status": runner.shown_status(info.id, st),
+                     "settled": st.get("settled", False),
                      "turn": st["turn"], "model": st["model"], "task": st["task"]})
     runs.sort(key=lambda r: r["index"])
     return runs

@@ -190,6 +190,16 @@ class Runner:
             return text_blob(self.store, e["outputBlob"])
         return e.get("output")
 
+    def shown_status(self, ses: str, st: dict) -> str:
+        """The status to show of run state ``st``: ``interrupted`` for an unsettled run (``running``,
+        or ``completed`` before its final message) whose session's lease no live process holds —
+        its process died (a crash, a kill, a full disk) and ``--resume`` finishes it — else the
+        stored status (``input_required`` waits for ``run resolve``, not for a process)."""
+        if (not st.get("settled") and st["status"] != "input_required"
+                and not Lease.held(self.store, ses, backend=self.leases)):
+            return "interrupted"
+        return st["status"]
+
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
         unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
         return RunResult(info.id, run, st["status"], st["turn"], st["model"], st.get("result"), st.get("error"),
