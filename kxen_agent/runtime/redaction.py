@@ -64,8 +64,13 @@ MIN_KEY_SECRET = 4
 #: it holds KEY, SECRET, TOKEN, PASSWORD, PASSWD or CREDENTIAL, or ends in _PAT.
 CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|_PAT$", re.IGNORECASE)
 
-_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@]+)@")
+# Every repetition that may fail after it is bounded: a text of 16 MiB (a task)
+# is redacted in linear time. With ``*`` and ``+`` here, a run of letters made
+# each start position scan to its end (20,000 letters took a second, 16 MiB
+# would have taken days).
+_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,64})PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)",
+                          re.DOTALL)
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,31}://)([^\s/?#@]{1,256})@")
 
 #: (rule, what it looks like, pattern): the token formats, each redacted whole.
 TOKEN_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (

@@ -73,3 +73,15 @@ def test_a_token_that_is_also_a_variables_value_is_one_hit() -> None:
     tok = "ghp_" + "a" * 36
     assert [h.rule for h in rd.find_secrets(f"x {tok} y", [tok])] == ["secret-value"]
     assert rd.redact(f"x {tok} y", [tok]) == "x [REDACTED] y"
+
+
+def test_a_long_text_without_any_secret_is_redacted_as_it_is() -> None:
+    """Letters, schemes that never finish, headers that never end: 1 MiB each, nothing to replace.
+
+    (No timing asserted: with an unbounded repetition these took hours, see §14.11.)
+    """
+    for text in ("a" * (1 << 20), "https://" + "b" * (1 << 20), "-----BEGIN " + "A" * (1 << 20),
+                 ("ab1+" * (1 << 18)) + "://"):
+        assert rd.redact(text) == text
+        assert rd.find_secrets(text) == []
+    assert rd.redact("x" * (1 << 20) + " https://u:p@h") == "x" * (1 << 20) + " https://***@h"
