@@ -141,6 +141,8 @@ class Cli:
             base.pop(k, None)
         base["NO_PROXY"] = base["no_proxy"] = "127.0.0.1,localhost"
         base["KXEN_AGENT_STATE_DIR"] = str(state_dir)
+        # No default agent from the machine running the tests: a test that wants one sets it up here.
+        base["XDG_CONFIG_HOME"] = str(state_dir.parent / "xdg-config")
         base.update(env or {})
         self.env = base
         self.spawned: list[subprocess.Popen[str]] = []

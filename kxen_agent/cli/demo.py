@@ -1,6 +1,7 @@
 """``kxen-agent demo``: the README's main job, offline, printing each command.
 
 It creates a scratch Git workspace, runs the bundled scripted agent there
+(named with ``--agent``: the one way besides this command to run it)
 (real shell and file tool calls), shows the session, forks it with a Git
 worktree, exports it, imports it on a "fresh runner" (a new state dir and a
 fresh clone), resumes it there, and checks both stores with fsck. Every step
@@ -21,6 +22,7 @@ import typer
 from kxen_agent.errors import KxenError
 
 from ._render import out
+from .run_cmds import DEMO_AGENT
 
 
 class DemoFailed(KxenError):
@@ -65,7 +67,9 @@ def run_demo(base: str | None) -> None:
             raise DemoFailed(f"`{shlex.join(cmd)}` exited {p.returncode}, expected {expect}: {p.stderr.strip()[-300:]}")
         return p.stdout
 
-    res = json.loads(kx(state_a, "run", "--workspace", ws, "--task", "Review the project and leave notes.", "--json"))
+    # The scripted agent is named explicitly: `run` never picks it on its own.
+    res = json.loads(kx(state_a, "run", "--workspace", ws, "--task", "Review the project and leave notes.",
+                        "--agent", DEMO_AGENT, "--json"))
     ses = res["session"]
     kx(state_a, "session", "show", ses)
     kx(state_a, "session", "log", ses)

@@ -60,6 +60,11 @@ def root(
     workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="With --resume: the workspace path to check (or rebind)."),
     rebind_workspace: bool = typer.Option(False, "--rebind-workspace", help="Re-point the binding to --workspace if its identity checks out."),
     json_out: bool = typer.Option(False, "--json", help="Print the run result as JSON."),
+    retry: bool = typer.Option(False, "--retry", help="With --resume: a new run that re-attempts the last failed or canceled run's task."),
+    model: Optional[str] = typer.Option(None, "--model", help="With --resume: the model for this run (default: the run's recorded one, or the agent's)."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="With --resume: the endpoint for this run (openai provider)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="With --resume: no live output or progress, only the result."),
+    events: bool = typer.Option(False, "--events", help="With --resume: JSON Lines events on stdout (not with --json)."),
 ) -> None:
     """A coding agent whose sessions are durable, forkable and portable."""
     if ctx.invoked_subcommand is not None:
@@ -67,11 +72,13 @@ def root(
             raise UsageError("--resume takes no subcommand")
         return
     if resume is None:
-        if any([task, task_file, workspace, rebind_workspace]):
-            raise UsageError("--task/--workspace at the top level need --resume SES (or use `kxen-agent run`)")
+        if any([task, task_file, workspace, rebind_workspace, retry, model, base_url, quiet, events]):
+            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events at the top level need "
+                             "--resume SES (or use `kxen-agent run`)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out)
+    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out, retry=retry, model=model,
+               base_url=base_url, quiet=quiet, events=events)
 
 
 def open_store() -> Store:

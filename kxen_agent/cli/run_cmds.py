@@ -1,16 +1,24 @@
-"""``kxen-agent run``, ``--resume`` and ``run show/resolve``: render the runtime."""
+"""``kxen-agent run``, ``--resume`` and ``run show/resolve``: render the runtime.
+
+Which agent a new session gets is decided here (``--agent``, else the
+configured default: ``KXEN_AGENT_AGENT``, else
+``$XDG_CONFIG_HOME/kxen-agent/agent.toml``; never the bundled demo agent
+silently). What a run shows while it works is :mod:`._live`'s.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Optional
 
 import typer
 
-from kxen_agent.errors import UsageError
+from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.runtime.cancel import cancel_on_signals
 from kxen_agent.runtime.lease import lease_ttl_s
 from kxen_agent.runtime.runner import Runner, RunResult
@@ -19,9 +27,13 @@ from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
+from ._live import View, cancel_note, make_view
 from ._render import emit_json, err, out, out_text, term_text as t
 
-DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
+#: The bundled scripted agent: `kxen-agent demo` runs it; `run` only with an explicit --agent naming it.
+DEMO_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
+#: Names the default agent definition for `run` without --agent.
+AGENT_ENV = "KXEN_AGENT_AGENT"
 
 run_app = typer.Typer(help="Run a task in a new session; show or resolve runs.", no_args_is_help=False)
 
@@ -89,27 +101,70 @@ def _read_task_file(path: str) -> str:
         raise UsageError(f"task file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
-def cancellation(json_out: bool) -> AbstractContextManager[threading.Event]:
+def default_agent() -> str:
+    """The agent definition `run` uses without --agent: ``KXEN_AGENT_AGENT``, else the XDG config file.
+
+    Refuses (one line naming both, and ``kxen-agent demo``) when neither is
+    set up: a run on real work never falls back to the scripted demo agent.
+    """
+    named = os.environ.get(AGENT_ENV)
+    if named:
+        if not os.path.exists(named):
+            raise UsageError(f"{AGENT_ENV}={named} names no file; point it at an agent definition (TOML) or unset it")
+        return named
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    path = os.path.join(config, "kxen-agent", "agent.toml")
+    if os.path.exists(path):
+        return path
+    raise UsageError(f"no agent: give --agent FILE, or set up a default agent in {AGENT_ENV} or {path}; "
+                     "`kxen-agent demo` runs the bundled demo agent offline")
+
+
+def cancellation(view: View, activity: Callable[[], object] = lambda: None) -> AbstractContextManager[threading.Event]:
     """SIGINT/SIGTERM set the yielded event: the runner cancels cooperatively.
 
     :func:`~kxen_agent.runtime.cancel.cancel_on_signals` does the signal
-    work; the CLI adds only the notes on stderr (none with ``--json``): one
-    for the first signal, one saying a second changes nothing, then silence.
+    work; the CLI adds only the notes (through ``view``: none with
+    ``--json``): one for the first signal, saying what will be waited for
+    (``activity()``: the run's :class:`~kxen_agent.runtime.events.Activity`),
+    one for the second saying what is still waited for, then silence.
     """
+    first_at = [0.0]
 
     def note(sig: signal.Signals, seen: int) -> None:
         if seen == 1:
-            err(f"kxen-agent: {sig.name}: canceling the run cooperatively; a running tool gets its "
-                "cancellation window to stop, then its outcome is journaled...")
-        elif seen == 2:
-            err(f"kxen-agent: {sig.name} again: still canceling — the journal is being written and "
-                "will not be skipped; the process ends on its own within the tool's cancellation window")
+            first_at[0] = time.monotonic()
+        text = cancel_note(sig.name, seen, activity(), first_at[0])  # type: ignore[arg-type]
+        if text is not None:
+            view.signal_note(text)
 
-    return cancel_on_signals(on_signal=None if json_out else note)
+    return cancel_on_signals(on_signal=note)
 
 
-def render_result(res: RunResult, json_out: bool) -> None:
-    if json_out:
+def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool, quiet: bool) -> None:
+    """Run ``call`` with a runner wired to the signals and the view these flags choose, then render its result."""
+    if events and json_out:
+        raise UsageError("--events and --json both write stdout; give one (--events ends with a run_finished "
+                         "event carrying the --json result document)")
+    view = make_view(json_out=json_out, events=events, quiet=quiet)
+    runners: list[Runner] = []
+    with cancellation(view, lambda: runners[0].activity if runners else None) as cancel:
+        runner = Runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=view.note, listener=view.event,
+                        stream=view.wants_text)
+        runners.append(runner)
+        try:
+            res = call(runner)
+        except KxenError as e:
+            view.failed(e)
+            raise
+    view.finished(res)
+    render_result(res, json_out, events=events)
+
+
+def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> None:
+    if events:
+        pass  # the run_finished event carried the result document
+    elif json_out:
         emit_json(res.to_json())
     else:
         out(f"session {res.session} run {res.run}: {t(res.status)} after {res.turn} turn(s) (model {t(res.model)})")
@@ -126,21 +181,18 @@ def render_result(res: RunResult, json_out: bool) -> None:
     raise typer.Exit(res.exit_code)
 
 
-def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
-    def note(line: str) -> None:  # progress notes name paths and stored values
-        err(f"kxen-agent: {t(line, quote=False)}")
-
-    return Runner(Store.open(namespaces=(NS,)), cancel=cancel, on_event=(lambda line: None) if json_out else note)
-
-
 @run_app.callback(invoke_without_command=True)
 def run_cmd(
     ctx: typer.Context,
     workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="The workspace directory to bind the new session to."),
     task: Optional[str] = typer.Option(None, "--task", help="The task text."),
     task_file: Optional[str] = typer.Option(None, "--task-file", help="A file holding the task."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="Agent definition (TOML); default: the bundled demo agent."),
+    agent: Optional[str] = typer.Option(None, "--agent", help=f"Agent definition (TOML); default: ${AGENT_ENV}, else $XDG_CONFIG_HOME/kxen-agent/agent.toml."),
     json_out: bool = typer.Option(False, "--json", help="Print {session, run, status, ...} as JSON."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model for this run (default: the agent's)."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="The endpoint for this run (openai provider; default: the agent's)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Show no live output or progress, only the result."),
+    events: bool = typer.Option(False, "--events", help="Write JSON Lines events to stdout as the run goes (not with --json)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state."""
     if ctx.invoked_subcommand is not None:
@@ -150,20 +202,22 @@ def run_cmd(
     text = read_task(task, task_file)
     if text is None:
         raise UsageError("run needs a task: --task TEXT or --task-file FILE")
-    lock = load_agent_definition(agent or DEFAULT_AGENT)
+    lock = load_agent_definition(agent or default_agent())
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    with cancellation(json_out) as cancel:
-        res = make_runner(cancel, json_out).start(workspace, text, lock)
-    render_result(res, json_out)
+    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url),
+            json_out=json_out, events=events, quiet=quiet)
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
-               rebind: bool, json_out: bool) -> None:
+               rebind: bool, json_out: bool, *, retry: bool = False, model: Optional[str] = None,
+               base_url: Optional[str] = None, quiet: bool = False, events: bool = False) -> None:
     text = read_task(task, task_file)
+    if retry and text is not None:
+        raise UsageError("--retry re-attempts the last run's task; give either --retry or --task/--task-file")
     lease_ttl_s()
-    with cancellation(json_out) as cancel:
-        res = make_runner(cancel, json_out).resume(ses, task=text, workspace=workspace, rebind=rebind)
-    render_result(res, json_out)
+    execute(lambda runner: runner.resume(ses, task=text, workspace=workspace, rebind=rebind, retry=retry,
+                                         model=model, base_url=base_url),
+            json_out=json_out, events=events, quiet=quiet)
 
 
 @run_app.command("show")
@@ -188,17 +242,26 @@ def show_cmd(
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
         })
+    endpoint = runner.endpoint_of(info, st)
     doc = {
         "session": ses, "run": run, "index": st["index"], "status": status, "settled": st.get("settled", False),
-        "model": st["model"], "turn": st["turn"], "task": st["task"], "result": st.get("result"),
-        "error": st.get("error"), "state": oid.hex(), "journal": journal,
+        "model": st["model"], "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
+        "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
+        "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
+        "state": oid.hex(), "journal": journal,
     }
     if json_out:
         emit_json(doc)
         return
     # Stored text goes through t()/out_text(): an imported run's values are someone else's bytes.
     out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(status)}{'' if st.get('settled') else ' (not settled)'}")
-    out(f"model: {t(st['model'])}   turns: {st['turn']}")
+    if st.get("retryOf"):
+        out(f"retry of: {t(st['retryOf'])}")
+    out(f"model: {t(endpoint.model)}" + (f" (answered as {t(st['model'])})" if st["model"] != endpoint.model else "")
+        + f"   endpoint: {t(endpoint.base_url or '-')}   turns: {st['turn']}")
+    out(f"usage: {usage_line(st.get('usage'))}")
+    for tu in doc["turnUsage"]:
+        out(f"  turn {tu['turn']}: {usage_line(tu)}")
     out_text("task", st["task"])
     if st.get("result") is not None:
         out_text("result", st["result"])
@@ -213,6 +276,15 @@ def show_cmd(
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
         elif j["state"] == "OutcomeUnknown":
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
+
+
+def usage_line(usage: dict | None) -> str:
+    """``1234 input tokens (1000 cached), 56 output tokens`` for a §14.5 usage map; says when none was reported."""
+    if usage is None:
+        return "not reported by the provider"
+    cached = f" ({usage['cachedTokens']} cached)" if "cachedTokens" in usage else ""
+    turns = f" over {usage['turns']} turn{'' if usage['turns'] == 1 else 's'}" if "turns" in usage else ""
+    return f"{usage['inputTokens']} input tokens{cached}, {usage['outputTokens']} output tokens{turns}"
 
 
 @run_app.command("resolve")

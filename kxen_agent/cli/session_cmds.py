@@ -9,10 +9,11 @@ from typing import Optional
 import typer
 
 from kxen_agent.errors import KxenError
-from kxen_agent.runtime.runner import Runner
+from kxen_agent.runtime.runner import Runner, sum_usage
 from kxen_agent.session.sessions import NS, SessionInfo, SessionStore
 from kxen_agent.store import Store
 
+from .run_cmds import usage_line
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t
 
 # Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
@@ -29,7 +30,7 @@ def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
         st = runner.read_run(info, run, oid)
         runs.append({"id": run, "index": st["index"], "status": runner.shown_status(info.id, st),
                      "settled": st.get("settled", False),
-                     "turn": st["turn"], "model": st["model"], "task": st["task"]})
+                     "turn": st["turn"], "model": st["model"], "task": st["task"], "usage": st.get("usage")})
     runs.sort(key=lambda r: r["index"])
     return runs
 
@@ -84,6 +85,7 @@ def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
                   "model": agent.get("model"), "tools": agent.get("tools"), "policy": agent.get("policy"),
                   "apiKeyEnv": agent.get("api_key_env")}
     d["runs"] = _runs_json(runner, info)
+    d["usage"] = sum_usage(r["usage"] for r in d["runs"])
     if json_out:
         emit_json(d)
         return
@@ -105,6 +107,7 @@ def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
     a = d["agent"]
     out(f"  agent lock:   {a['lock']} ({t(str(a['name']))}, {t(str(a['provider']))}/{t(str(a['model']))})")
     out(f"  messages:     {d['messages']} (head {t(d['head'] or '-')})")
+    out(f"  usage:        {usage_line(d['usage'])}")
     out("  runs:")
     for r in d["runs"]:
         out(f"    {t(r['id'])}  #{r['index']} {t(r['status'])}{'' if r['settled'] else ' (not settled)'}  "

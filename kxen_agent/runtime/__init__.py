@@ -7,7 +7,11 @@ downwards. What an embedding program needs is re-exported here:
 - :mod:`.runner`: :class:`Runner` runs a task in a Session to a terminal
   state, with the durable tool journal and recovery; :class:`RunResult`.
 - :mod:`.lease`: :class:`Lease`, at most one active run per Session.
-- :mod:`.providers`: the :class:`Provider` seam to a language model.
+- :mod:`.providers`: the :class:`Provider` seam to a language model
+  (cancellable, streamed on request), and the model and endpoint of a run.
+- :mod:`.retry`: the one retry policy of model calls.
+- :mod:`.events`: what a run reports while it works (live output,
+  ``--events``) and what it is waiting for.
 - :mod:`.tools`: the tools a run calls (:data:`TOOLS`) and their contract.
 - :mod:`.redact`: what is taken out of every text a run persists
   (:func:`redact`), the scan for what was not (:func:`find_secrets`), and

@@ -19,6 +19,9 @@ from kxen_agent.errors import UsageError
 __all__ = ["FaultSpecError", "POINTS", "check_spec", "fault"]
 
 POINTS = (
+    # Reached only when the answer streams (live output on a terminal, or
+    # --events): the first piece of text has been shown, the rest has not come.
+    "provider:mid-stream",
     "provider:after-response",
     "tool:after-started",
     "tool:after-effect",

@@ -20,6 +20,15 @@ Recovery is a pure function of (Session history, journal): a call that is
 without side effects, simply runs again), the run waits in
 ``input_required``, and only :meth:`Runner.resolve` moves it on. A call
 whose outcome is known is never run again.
+
+Model calls go through one retry policy (:mod:`.retry`) and are abandoned
+the moment the run's cancel event is set; an answer that was cut off
+(``finish_reason`` ``length``), withheld (``content_filter``) or holds
+nothing usable fails the run instead of completing it. Each run records the
+model and endpoint it calls and the tokens each turn cost (§14.5). Every
+text a run stores passes through :func:`_stored_text` (the redaction of
+§14.11: the agent's key, the runner's credential-looking variables, token
+formats, URL user-info, private keys), in this one place.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
@@ -38,58 +47,35 @@ from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.protocols import Repository
 
+from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
+                     TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
-from .providers import AssistantTurn, ProviderError, make_provider
+from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
+                        model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
+from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [
+    "NothingToRetry",
     "RunError",
     "RunResult",
     "Runner",
     "TERMINAL",
+    "sum_usage",
 ]
 
-TERMINAL = ("completed", "failed", "canceled")
-#: Tool output longer than this is kept in a blob object that the journal links.
-OUTPUT_BLOB_THRESHOLD = 1024
-#: Provider calls retried on transient errors (after the SDK's own retries).
-PROVIDER_ATTEMPTS = 3
+from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry, RunError, RunResult, _usage_json,
+                      sum_usage)
+
+#: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
+ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
 
 
-class RunError(KxenError):
-    """A run cannot be started, resumed or resolved as asked."""
-
-
-@dataclass
-class RunResult:
-    session: str
-    run: str
-    status: str
-    turn: int
-    model: str
-    result: str | None
-    error: str | None
-    unknown_ops: list[str] = field(default_factory=list)
-    settled: bool = False
-
-    @property
-    def exit_code(self) -> int:
-        return {"completed": 0, "input_required": 3, "canceled": 130}.get(self.status, 1)
-
-    def to_json(self) -> dict:
-        return {
-            "session": self.session,
-            "run": self.run,
-            "status": self.status,
-            "turn": self.turn,
-            "model": self.model,
-            "result": self.result,
-            "error": self.error,
-            "unknownOps": self.unknown_ops,
-            "settled": self.settled,
-        }
+def _stored_text(text: str, secrets: list[str]) -> str:
+    """A text as a run stores (and reports) it: redacted (§14.11, :mod:`.redaction`)."""
+    return redact(text, secrets)
 
 
 @dataclass
@@ -117,18 +103,37 @@ class Runner:
     :func:`~kxen_agent.runtime.faults.fault`, kills the process where
     ``KXEN_AGENT_FAULT`` says. A hook that raises stops the run there, with
     what is durable left as a crash would leave it.
+
+    ``on_event`` gets progress notes in words; ``listener`` gets the
+    structured :data:`~kxen_agent.runtime.events.RunEvent` records, with the
+    model's text piece by piece when ``stream`` is true (the provider then
+    streams its answer). :attr:`activity` says what the run waits for now.
+    ``retry_policy`` governs model calls; ``providers`` makes a run's
+    provider (default :func:`~kxen_agent.runtime.providers.make_provider`;
+    tests pass fakes).
     """
 
     def __init__(self, store: Repository, *, cancel: threading.Event | None = None,
                  on_event: Callable[[str], None] | None = None, leases: LeaseBackend | None = None,
-                 fault: Callable[[str], None] | None = None) -> None:
+                 fault: Callable[[str], None] | None = None, listener: Listener | None = None,
+                 stream: bool = False, retry_policy: RetryPolicy | None = None,
+                 providers: ProviderFactory | None = None) -> None:
         self.store = store
         self.sessions = SessionStore(store)
         self.cancel = cancel or threading.Event()
         self.on_event = on_event or (lambda line: None)
+        self.listener = listener or (lambda event: None)
+        self.stream = stream
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.providers: ProviderFactory = providers or make_provider
         self.leases = leases if leases is not None else lease_backend(store)
         self.fault = fault
+        #: What the run is doing now (read from other threads: a signal's note).
+        self.activity = Activity("step")
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
+
+    def emit(self, event: RunEvent) -> None:
+        self.listener(event)
 
     def _lease(self, ses: str, *, run: str | None = None, purpose: str = "run") -> Lease:
         return Lease.acquire(self.store, ses, run=run, purpose=purpose, backend=self.leases)
@@ -202,31 +207,69 @@ class Runner:
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
         unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
+        ep = self.endpoint_of(info, st)
         return RunResult(info.id, run, st["status"], st["turn"], st["model"], st.get("result"), st.get("error"),
-                         unknown, st.get("settled", False))
+                         unknown, st.get("settled", False), ep.model, ep.base_url, st.get("retryOf"), st.get("usage"))
+
+    def endpoint_of(self, info: SessionInfo, st: dict) -> ModelEndpoint:
+        """The model and endpoint run state ``st`` uses (recorded, or the lock's for runs from before §14.5 had them)."""
+        return model_endpoint(self.sessions.agent(info), recorded=st)
+
+    def turn_usage(self, st: dict) -> list[dict]:
+        """The usage of each turn of the run, oldest first, from its chain of states (§14.5 ``turnUsage``)."""
+        seen: dict[int, dict] = {}
+        cur: dict | None = st
+        while cur is not None:
+            tu = cur.get("turnUsage")
+            if tu is not None and tu["turn"] not in seen:
+                seen[tu["turn"]] = tu
+            prev = cur.get("previous")
+            cur = read(self.store, prev, "run") if prev is not None else None
+        return [seen[t] for t in sorted(seen)]
 
     # ================================================================ entry points
 
-    def start(self, workspace_path: str, task: str, agent_lock: dict) -> RunResult:
-        """Create a Session bound to ``workspace_path`` and run its first task."""
+    def start(self, workspace_path: str, task: str, agent_lock: dict, *, model: str | None = None,
+              base_url: str | None = None) -> RunResult:
+        """Create a Session bound to ``workspace_path`` and run its first task.
+
+        ``model`` / ``base_url`` override the lock's for this run (recorded in it).
+        """
         from kxen_agent.session.workspace import inspect_workspace
 
         check_fault_spec()  # a misspelt fault point is refused before anything is written
         lease_ttl_s()  # so is a bad KXEN_AGENT_LEASE_TTL_S (the lease is taken after the session exists)
-        ws = inspect_workspace(workspace_path)
         self._check_tools(agent_lock)
-        make_provider(agent_lock)  # and a lock no provider can be made from
+        endpoint = model_endpoint(agent_lock, model=model, base_url=base_url)
+        self.providers(agent_lock, endpoint).close()  # and a lock no provider can be made from
+        require_sdk(agent_lock)  # and a provider whose SDK is missing: before a session exists
+        ws = inspect_workspace(workspace_path)
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
         run = new_id("run")
         with self._lease(info.id, run=run) as lease:
-            return self._new_run(info.id, run, task, lease)
+            return self._new_run(info.id, run, task, lease, endpoint)
 
     def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
-               rebind: bool = False) -> RunResult:
-        """Continue the unfinished run of ``ses``, or start a new one with ``task``."""
+               rebind: bool = False, retry: bool = False, model: str | None = None,
+               base_url: str | None = None) -> RunResult:
+        """Continue the unfinished run of ``ses``, start a new one with ``task``, or retry the last one.
+
+        ``retry``: a new run re-attempting the task of the latest run, which
+        must be ``failed`` or ``canceled`` (else :class:`NothingToRetry`),
+        from the current history, without a second copy of its task message.
+        ``model`` / ``base_url`` override the model and endpoint: of the new
+        run, or of the unfinished run resumed (which otherwise keeps those it
+        recorded); a new run without them uses the lock's.
+        """
         check_fault_spec()
+        if retry and task is not None:
+            raise UsageError("--retry re-attempts the last run's task; give either --retry or --task, not both")
         info = self.sessions.get(ses)
+        lock = self.sessions.agent(info)
+        if model is not None or base_url is not None:
+            model_endpoint(lock, model=model, base_url=base_url)  # a bad override changes nothing
+        require_sdk(lock)
         if rebind:
             if workspace is None:
                 raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
@@ -235,7 +278,7 @@ class Runner:
             self.on_event(f"session {ses} bound to {info.workspace.root}")
         else:
             self.sessions.check_workspace(info, workspace, rebind=False)
-        new_run = new_id("run") if task is not None else None
+        new_run = new_id("run") if task is not None or retry else None
         snapshot = self.latest_run(info)  # names the run in the lease record; decided below
         with self._lease(ses, run=new_run or (snapshot[0] if snapshot else None)) as lease:
             # Decide under the lease, never from the snapshot: another process
@@ -243,6 +286,11 @@ class Runner:
             # must not both start one; a busy session is LeaseBusy, not "still running").
             info = self.sessions.get(ses)
             latest = self.latest_run(info)
+            if retry:
+                assert new_run is not None
+                retried = self._retryable(ses, latest)
+                endpoint = model_endpoint(lock, model=model, base_url=base_url)
+                return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0])
             if new_run is not None:
                 assert task is not None
                 if latest is not None:
@@ -257,7 +305,8 @@ class Runner:
                             f"run {run} of session {ses} is still {st['status']}; finish it first with "
                             f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
                         )
-                return self._new_run(ses, new_run, task, lease)
+                endpoint = model_endpoint(lock, model=model, base_url=base_url)
+                return self._new_run(ses, new_run, task, lease, endpoint)
             if latest is None:
                 raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
             run, oid, st = latest
@@ -265,13 +314,44 @@ class Runner:
                 raise RunError(
                     f"nothing to resume: run {run} of session {ses} is {st['status']}; "
                     f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
+                    f"{'' if st['status'] == 'completed' else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
                 )
-            return self._loop(ses, run, lease)
+            override = None
+            if model is not None or base_url is not None:
+                override = model_endpoint(lock, model=model, base_url=base_url, recorded=st)
+            return self._loop(ses, run, lease, override=override)
+
+    def _retryable(self, ses: str, latest: tuple[str, bytes, dict] | None) -> tuple[str, bytes, dict]:
+        """The latest run if ``--retry`` may re-attempt it; :class:`NothingToRetry` saying what to do if not."""
+        if latest is None:
+            raise NothingToRetry(f"nothing to retry: session {ses} has no run; give a task with "
+                                 f"`kxen-agent --resume {ses} --task TEXT`")
+        run, _, st = latest
+        status = st["status"]
+        if status in ("failed", "canceled") and st.get("settled"):
+            return latest
+        if status == "completed" and st.get("settled"):
+            raise NothingToRetry(f"nothing to retry: run {run} of session {ses} completed; give the next task with "
+                                 f"`kxen-agent --resume {ses} --task TEXT`")
+        if status in TERMINAL:
+            raise NothingToRetry(f"nothing to retry yet: run {run} of session {ses} is {status} but its settlement "
+                                 f"was interrupted; finish it with `kxen-agent --resume {ses}` (no model or tool is "
+                                 "called)")
+        raise NothingToRetry(f"nothing to retry: run {run} of session {ses} is unfinished ({status}); continue it with "
+                             f"`kxen-agent --resume {ses}`"
+                             + (f" after `kxen-agent run resolve` of its UNKNOWN operation(s) (`kxen-agent run show "
+                                f"{ses} {run}` lists them)" if status == "input_required" else ""))
 
     # ================================================================ a new run
 
-    def _new_run(self, ses: str, run: str, task: str, lease: Lease) -> RunResult:
-        """Start run ``run`` of ``ses`` with ``task`` (the caller holds the lease) and run it."""
+    def _new_run(self, ses: str, run: str, task: str, lease: Lease, endpoint: ModelEndpoint, *,
+                 retry_of: str | None = None) -> RunResult:
+        """Start run ``run`` of ``ses`` with ``task`` (the caller holds the lease) and run it.
+
+        With ``retry_of`` the task is that run's (already stored, so already
+        redacted) and no task message is added: the new run takes the
+        history as it is.
+        """
         info = self.sessions.get(ses)
         agent = self.sessions.agent(info)
         secrets = self._secrets(agent)
@@ -281,35 +361,54 @@ class Runner:
         # committed: a lock no provider can be made from, or a head message
         # that does not read, must refuse the task, not leave a run `running`
         # that every resume fails on.
-        make_provider(agent)
+        self.providers(agent, endpoint).close()
         if info.head is not None:
             self.sessions.read_message(info.head)
         now = time.time_ns()
+        stored_task = task if retry_of is not None else _stored_text(task, secrets)
         with self.store.writing():
-            head = self.sessions.append_messages(info.head, [{"role": "user", "content": redact(task, secrets), "run": run}])
+            if retry_of is None:
+                head = self.sessions.append_messages(info.head, [{"role": "user", "content": stored_task, "run": run}])
+            else:
+                assert info.head is not None  # the retried run's task message at least
+                head = info.head
             st = {
-                "id": run, "session": ses, "index": index, "task": redact(task, secrets),
-                "model": agent.get("model") or agent["provider"], "agent": info.agent_oid,
+                "id": run, "session": ses, "index": index, "task": stored_task,
+                "model": endpoint.model, "agent": info.agent_oid,
                 "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
                 "startHead": head, "startedNs": now, "updatedNs": now,
+                "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
             }
+            if retry_of is not None:
+                st["retryOf"] = retry_of
             oid = put(self.store, "run", st)
-            self.store.refs.transaction(
-                info.group,
-                [RefUpdate("head", info.head, head), RefUpdate(f"runs/{run}", None, oid)],
-                reason=f"run {run}: start", fence=lease.fence,
-            )
-        self.on_event(f"run {run} started in session {ses}")
-        return self._loop(ses, run, lease)
+            updates = [RefUpdate(f"runs/{run}", None, oid)]
+            if head != info.head:
+                updates.insert(0, RefUpdate("head", info.head, head))
+            self.store.refs.transaction(info.group, updates, reason=f"run {run}: start", fence=lease.fence)
+        self.on_event(f"run {run} started in session {ses}" + (f", retrying run {retry_of}" if retry_of else ""))
+        return self._loop(ses, run, lease, new=True)
 
     # ================================================================ the loop
 
-    def _loop(self, ses: str, run: str, lease: Lease) -> RunResult:
+    def _loop(self, ses: str, run: str, lease: Lease, *, new: bool = False,
+              override: ModelEndpoint | None = None) -> RunResult:
         ctx = _RunCtx(self, ses, run, lease)
         try:
+            if override is not None and ctx.st["status"] not in TERMINAL and override != ctx.endpoint:
+                ctx.update({"requestedModel": override.model, "baseUrl": override.base_url},
+                           reason=f"run {run}: model {override.model} at {override.base_url or '-'} from now on")
+                ctx.endpoint = override
+                self.on_event(f"run {run} now uses model {override.model}"
+                              + (f" at {override.base_url}" if override.base_url else ""))
+            self.emit(RunStarted(ses, run, ctx.st["index"], ctx.endpoint.model, ctx.endpoint.base_url,
+                                 ctx.st.get("retryOf"), not new))
             ctx.loop()
         except _Stop:
             pass
+        finally:
+            ctx.close()
+            self.activity = Activity("step")
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)
         return self.result_of(info, run, oid, st)
@@ -336,7 +435,7 @@ class Runner:
             ctx = _RunCtx(self, ses, run, lease)
             ctx.journal_write(
                 [dict(e, state="OutcomeKnown", source="human", isError=bool(is_error))],
-                outputs=[redact(output, secrets)],
+                outputs=[_stored_text(output, secrets)],
                 reason=f"run {run}: {op} resolved by a human",
             )
             return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
@@ -356,6 +455,12 @@ class Runner:
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
         return ([val] if val else []) + credential_env_values(os.environ)
+
+
+def _summary(text: str, limit: int = 160) -> str:
+    """The first non-blank line of a tool's output, cut to ``limit`` characters (for live output)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _refusal(call: dict, allowed: set[str]) -> ToolOutcome | None:
@@ -387,9 +492,27 @@ class _RunCtx:
         self.agent = self.sessions.agent(self.info)
         self.secrets = Runner._secrets(self.agent)
         self.oid, self.st = runner.run_state(self.info, run)
+        self.endpoint = runner.endpoint_of(self.info, self.st)
+        self._provider: Provider | None = None
         # Looked up now, not at import: tests replace the module's ``fault``.
         # Called straight from the loop's methods (a hook may look at its caller's frame).
         self.fault = runner.fault if runner.fault is not None else fault
+
+    def stored(self, text: str) -> str:
+        """``text`` as the run stores it (see :func:`_stored_text`)."""
+        return _stored_text(text, self.secrets)
+
+    @property
+    def provider(self) -> Provider:
+        # One provider (one connection pool) for the whole pass, made when first needed.
+        if self._provider is None:
+            self._provider = self.r.providers(self.agent, self.endpoint)
+        return self._provider
+
+    def close(self) -> None:
+        if self._provider is not None:
+            self._provider.close()
+            self._provider = None
 
     # ---------------------------------------------------------------- writes
 
@@ -476,28 +599,61 @@ class _RunCtx:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
         history = [m.to_provider() for m in self.sessions.history(self.info.head)]
         messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
-        provider = make_provider(self.agent)
         specs = tool_specs(self.agent.get("tools", []))
-        turn: AssistantTurn | None = None
-        for attempt in range(PROVIDER_ATTEMPTS):
+        number = self.st["turn"] + 1
+        where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"
+
+        def attempt(n: int) -> AssistantTurn:
+            self.r.emit(TurnStarted(self.ses, self.run, number, n))
+            self.r.activity = Activity("model", endpoint=where)
+            first = True
+
+            def on_text(piece: str) -> None:
+                nonlocal first
+                self.r.emit(TextDelta(self.ses, self.run, number, self.stored(piece)))
+                if first:
+                    first = False
+                    self.fault("provider:mid-stream")
+
             try:
-                turn = provider.complete(messages, specs)
-                break
-            except ProviderError as e:
-                msg = redact(str(e), self.secrets)
-                if not e.transient or attempt == PROVIDER_ATTEMPTS - 1 or self.r.cancel.is_set():
-                    self.end("failed", error=f"provider error: {msg}")
-                self.r.on_event(f"provider error (transient, retrying): {msg}")
-                # Ctrl-C during the back-off cancels now, not after it.
-                if self.r.cancel.wait(min(2 ** attempt, 8)):
-                    self.end("canceled", error=f"canceled by the user while retrying the model provider ({msg})")
-        assert turn is not None
+                return self.provider.complete(messages, specs, cancel=self.r.cancel,
+                                              on_text=on_text if self.r.stream else None)
+            finally:
+                self.r.activity = Activity("step")
+
+        def on_retry(note: RetryNote) -> None:
+            self.r.activity = Activity("retry-wait", endpoint=where)
+            self.r.emit(ProviderRetry(self.ses, self.run, number, note.attempt, note.max_attempts,
+                                      round(note.wait_s, 3), self.stored(str(note.error))))
+
+        try:
+            turn = call_with_retries(attempt, policy=self.r.retry_policy, cancel=self.r.cancel, on_retry=on_retry)
+        except ProviderCanceled:
+            # Whatever the request was doing (sending, streaming, failing,
+            # waiting to be retried): the user's Ctrl-C decides.
+            self.end("canceled", error=f"canceled by the user during the model call to {where}; the request was "
+                                       "aborted and nothing of its answer was recorded")
+        except ProviderGaveUp as e:
+            self.end("failed", error=self.stored(f"provider error: {e}; `kxen-agent --resume {self.ses} --retry` "
+                                                 "tries the task again"))
+        finally:
+            self.r.activity = Activity("step")
         self.fault("provider:after-response")
+        usage = _usage_json(turn.usage) if turn.usage is not None else None
+        counted = {"usage": sum_usage([self.st.get("usage"), usage]),
+                   "turnUsage": None if usage is None else {"turn": number, **usage}}
+        if counted["usage"] is None:
+            del counted["usage"]
         if self.r.cancel.is_set() and not turn.tool_calls:
             # A final answer that arrives after Ctrl-C does not complete the
             # run (tool calls are recorded, and reported "not run", below).
-            self.end("canceled", error="canceled by the user while the model was answering; its answer was not recorded")
-        content = redact(turn.content, self.secrets) if turn.content is not None else None
+            self.end("canceled", error="canceled by the user while the model was answering; its answer was not recorded",
+                     changes=counted)
+        unusable = self.unusable(turn, number)
+        if unusable is not None:
+            self.end("failed", error=unusable, changes=counted)
+        content = self.stored(turn.content) if turn.content is not None else None
+        finished = TurnFinished(self.ses, self.run, number, turn.finish_reason, tuple(c.name for c in turn.tool_calls), usage)
         if turn.tool_calls:
             calls = []
             seen: set[str] = set()
@@ -507,29 +663,54 @@ class _RunCtx:
                 # within a turn, so those calls get a unique id of ours.
                 cid = c.id
                 if not cid or cid in seen:
-                    cid = f"call_{self.st['turn'] + 1}_{n}"
+                    cid = f"call_{number}_{n}"
                     while cid in seen:
                         cid += "_"
                 seen.add(cid)
-                calls.append({"id": cid, "name": c.name, "arguments": redact(c.arguments, self.secrets)})
+                calls.append({"id": cid, "name": c.name, "arguments": self.stored(c.arguments)})
             # Messages and the ref that names them inside one writing()
             # block: gc cannot prune the new objects before the head moves.
             with self.store.writing():
                 new_head = self.sessions.append_messages(
                     self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
                 )
-                self.update({"turn": self.st["turn"] + 1, "model": turn.model},
-                            reason=f"run {self.run}: turn {self.st['turn'] + 1} asks for {len(calls)} tool call(s)",
+                self.update({"turn": number, "model": turn.model, **counted},
+                            reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
                             head=(self.info.head, new_head))
-            self.r.on_event(f"turn {self.st['turn']}: {', '.join(c['name'] for c in calls)}")
+            self.r.emit(finished)
             return
         # Final answer, settled in two phases (result, message, settled).
-        self.update({"turn": self.st["turn"] + 1, "model": turn.model, "status": "completed",
-                     "result": content or "", "settled": False},
+        self.update({"turn": number, "model": turn.model, "status": "completed",
+                     "result": content or "", "settled": False, **counted},
                     reason=f"run {self.run}: result saved")
+        self.r.emit(finished)
         self.fault("run:after-result")
         self.finish_settlement()
         raise _Stop
+
+    def unusable(self, turn: AssistantTurn, number: int) -> str | None:
+        """Why ``turn`` can neither complete the run nor go on with it, or None.
+
+        A cut-off or withheld answer is not the model's answer, and an answer
+        with no text and nothing to run says nothing: each fails the run
+        (nothing of it is recorded) rather than complete it with a fragment
+        or an empty result.
+        """
+        if turn.finish_reason in CUT_SHORT:
+            hint = (f"raise the model's output-token limit on the server (or ask for less), then "
+                    f"`kxen-agent --resume {self.ses} --retry`" if turn.finish_reason == "length" else
+                    f"rephrase the task and give it with `kxen-agent --resume {self.ses} --task TEXT`")
+            return (f"the model's answer on turn {number} {CUT_SHORT[turn.finish_reason]} (finish_reason "
+                    f"'{turn.finish_reason}'); nothing of it was recorded; {hint}")
+        if turn.tool_calls or (turn.content or "").strip():
+            return None
+        dropped = ""
+        if turn.dropped_calls:
+            kinds = ", ".join(sorted({repr(k) for k in turn.dropped_calls}))
+            dropped = (f" (it asked for {len(turn.dropped_calls)} tool call(s) of type {kinds}, which are not "
+                       "function calls)")
+        return (f"the model's answer on turn {number} had no text and no tool call kxen-agent can run{dropped}; "
+                f"nothing of it was recorded; `kxen-agent --resume {self.ses} --retry` asks again")
 
     def finish_settlement(self) -> None:
         """Write the final message (idempotently) if the run completed, then mark settled."""
@@ -550,8 +731,9 @@ class _RunCtx:
         self.update({"settled": True}, reason=f"run {self.run}: settled")
         self.r.on_event(f"run {self.run} {self.st['status']}")
 
-    def end(self, status: str, *, error: str | None = None) -> None:
-        self.update({"status": status, "error": error, "settled": True}, reason=f"run {self.run}: {status}")
+    def end(self, status: str, *, error: str | None = None, changes: dict | None = None) -> None:
+        self.update({"status": status, "error": error, "settled": True, **(changes or {})},
+                    reason=f"run {self.run}: {status}")
         self.r.on_event(f"run {self.run} {status}" + (f": {error}" if error else ""))
         raise _Stop
 
@@ -630,6 +812,7 @@ class _RunCtx:
                 "sideEffects": bool(tool.side_effects) if tool else False}
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
+        self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))
         refused = _refusal(call, allowed)
         if refused is not None:
             outcome = refused
@@ -644,26 +827,34 @@ class _RunCtx:
                 secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
                 env_keep=env_keep_of(self.agent),
             )
-            self.r.on_event(f"{op}: {name} {call['arguments']}")
             # A holder paused past its expiry between Started and here must not
             # run the effect: the new holder may already have called it UNKNOWN
             # and a human resolved it as not run.
             if tool.side_effects:
                 self.lease.check()
+            self.r.activity = Activity("tool", tool=name, op=op, window_s=ctx.cancel_window_s)
             try:
                 outcome = tool.run(args, ctx)
             except ToolOutcomeUnknown as ex:
+                self.r.activity = Activity("step")
                 self.fault("tool:after-effect")
+                note = self.stored(ex.message)
                 self.journal_write(
-                    [dict(base, state="OutcomeUnknown", source="cancel", note=redact(ex.message, self.secrets))],
-                    outputs=[redact(ex.output, self.secrets) if ex.output else None],
+                    [dict(base, state="OutcomeUnknown", source="cancel", note=note)],
+                    outputs=[self.stored(ex.output) if ex.output else None],
                     reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
                     changes={"status": "input_required"},
                 )
+                self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeUnknown", None,
+                                         _summary(note), 0))
                 self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
                 raise _Stop
+            finally:
+                self.r.activity = Activity("step")
         self.fault("tool:after-effect")
+        output = self.stored(outcome.output)
         self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
-                           outputs=[redact(outcome.output, self.secrets)],
-                           reason=f"run {self.run}: {op} outcome known")
+                           outputs=[output], reason=f"run {self.run}: {op} outcome known")
+        self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeKnown", outcome.is_error,
+                                 _summary(output), len(output.splitlines())))
         self.fault("tool:after-outcome")

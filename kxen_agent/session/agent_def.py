@@ -61,6 +61,7 @@ __all__ = [
     "PROVIDERS",
     "AgentDefinitionError",
     "LOCK_VERSION",
+    "base_url_problem",
     "canonical_steps_json",
     "default_agent_definition",
     "env_keep_of",
@@ -368,6 +369,24 @@ def _tools(source: str, doc: dict[str, Any]) -> list[str]:
     return seen
 
 
+def base_url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a provider's base URL (§14.2), or None.
+
+    The rule of the definition's ``base_url``, shared with a run's
+    ``--base-url``: an http:// or https:// URL without user-info.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as e:  # "http://[::1" (unclosed IPv6 bracket), "http://h:99999"
+        return f"not a valid URL ({e}); expected e.g. http://127.0.0.1:8000/v1"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return "expected an http:// or https:// URL"
+    if "@" in parts.netloc:
+        return "must not contain credentials (user:key@); use api_key_env for the key"
+    return None
+
+
 def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, Any]:
     """The lock body of the definition ``text``; ``source`` names it in errors.
 
@@ -410,19 +429,9 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
     if model is not None and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
         raise AgentDefinitionError(source, "model", "must be one line without control characters")
     base_url = _string(source, doc, "base_url")
-    if base_url is not None:
-        try:
-            parts = urllib.parse.urlsplit(base_url)
-            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-        except ValueError as e:  # "http://[::1" (unclosed IPv6 bracket), "http://h:99999"
-            raise AgentDefinitionError(source, "base_url", f"not a valid URL ({e}); expected e.g. "
-                                       "http://127.0.0.1:8000/v1") from None
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise AgentDefinitionError(source, "base_url", "expected an http:// or https:// URL")
-        if "@" in parts.netloc:
-            raise AgentDefinitionError(
-                source, "base_url", "must not contain credentials (user:key@); use api_key_env for the key"
-            )
+    problem = None if base_url is None else base_url_problem(base_url)
+    if problem is not None:
+        raise AgentDefinitionError(source, "base_url", problem)
     api_key_env = _string(source, doc, "api_key_env")
     if api_key_env is not None and not _ENV_NAME.fullmatch(api_key_env):
         raise AgentDefinitionError(

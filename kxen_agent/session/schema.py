@@ -284,7 +284,26 @@ def _run(v: Any) -> Links:
     f.int("updatedNs")
     f.link("previous", "run", optional=True)
     f.link("journal", "journal", optional=True)
+    # Optional: states written before these keys existed lack them (§14.5).
+    f.text("requestedModel", optional=True)
+    f.text("baseUrl", null=True, optional=True)
+    f.text("retryOf", optional=True, match=RUN_RE)
+    if "usage" in f.d:
+        _usage(f.d["usage"], "usage", ("turns",))
+    if f.d.get("turnUsage") is not None:
+        _usage(f.d["turnUsage"], "turnUsage", ("turn",))
     return f.links
+
+
+def _usage(value: Any, key: str, counts: tuple[str, ...]) -> None:
+    """A run's token counts (§14.5 ``usage``, ``turnUsage``): ints, ``cachedTokens`` optional."""
+    u = _Fields(value, f"key {key!r}")
+    try:
+        for name in ("inputTokens", "outputTokens", *counts):
+            u.int(name)
+        u.int("cachedTokens", optional=True)
+    except SchemaViolation as e:
+        raise SchemaViolation(f"{key}: {e}") from None
 
 
 def _journal(v: Any) -> Links:

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kxen_agent.runtime.retry import RetryPolicy
+from kxen_agent.runtime.runner import Runner
+from kxen_agent.session.agent_def import load_agent_definition
+from kxen_agent.session.sessions import SessionStore
+from kxen_agent.store.memory import MemoryStore
 from tests.helpers import Cli, read_lines, tool_result_counts, write_agent
 
 from .fake_openai import FakeOpenAI
@@ -18,31 +23,7 @@ KEY_ENV = "KXEN_TEST_OPENAI_KEY"
 KEY = "sk-openai-test-5f0c1d2e3a4b"
 
 
-class SequencedOpenAI(FakeOpenAI):
-    """A FakeOpenAI that answers with its queued behaviours in order; the
-    last one repeats. ``reply_*`` and ``drop_connection`` queue."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._queue: list = []
-
-    def _set(self, behaviour) -> None:
-        with self._lock:
-            self._queue.append(behaviour)
-
-    def _current(self):
-        with self._lock:
-            if len(self._queue) > 1:
-                return self._queue.pop(0)
-            return self._queue[0] if self._queue else self._behaviour
-
-    def clear(self) -> None:
-        """Forget the queued behaviours (the next ``reply_*`` is what it answers)."""
-        with self._lock:
-            self._queue.clear()
-
-    def chat_requests(self) -> list[dict]:
-        return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+SequencedOpenAI = FakeOpenAI  # every FakeOpenAI answers with its queued replies in order
 
 
 @pytest.fixture
@@ -138,18 +119,25 @@ def test_dropped_connection_is_retried(okey: Cli, server: SequencedOpenAI, works
     assert [(m["role"], m["content"]) for m in log] == [("user", "hello"), ("assistant", "answer after a hiccup")]
 
 
-def test_connection_always_dropped_fails_without_losing_history(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+def test_connection_always_dropped_fails_after_five_attempts_without_losing_history(
+        server: SequencedOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process (the retry policy's backoff shortened, not its counts): five attempts, then failed, history kept."""
+    monkeypatch.setenv(KEY_ENV, KEY)
     server.reply_tool_calls([("call_r", "read_file", json.dumps({"path": "README.md"}))])
     server.drop_connection()
-    agent = openai_agent(tmp_path, server)
-    p = okey.run_json(workspace, "read the readme", agent, expect=1)
-    res = p.json()
-    assert res["status"] == "failed"
-    assert "cannot reach model provider" in res["error"] and server.base_url in res["error"]
-    assert len(server.chat_requests()) > 2, "a dropped connection is transient: retried"
-    log = okey.log(res["session"])
-    assert [m["role"] for m in log] == ["user", "assistant", "tool"]
-    assert log[2]["content"] == "# test workspace\n"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("# test workspace\n")
+    lock = load_agent_definition(str(openai_agent(tmp_path, server)))
+    store = MemoryStore("dropped")
+    res = Runner(store, retry_policy=RetryPolicy(backoff_base_s=0.01)).start(str(ws), "read the readme", lock)
+    assert res.status == "failed"
+    assert "cannot reach model provider" in res.error and server.base_url in res.error, res.error
+    assert "gave up after 5 attempts" in res.error and f"--resume {res.session} --retry" in res.error, res.error
+    assert len(server.chat_requests()) == 1 + 5, "the first turn, then five attempts at the second"
+    log = SessionStore(store).history(SessionStore(store).get(res.session).head)
+    assert [m.role for m in log] == ["user", "assistant", "tool"]
+    assert log[2].content == "# test workspace\n"
 
 
 def test_tool_not_in_the_agent_is_refused_not_run(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from kxen_agent.store.memory import MemoryStore
 from kxen_agent.store.objects import a_kind, links_of
 
 FINAL = "all done"
-KNOWN_POINTS = ("provider:after-response", "tool:after-outcome", "tool:after-turn",
+KNOWN_POINTS = ("provider:mid-stream", "provider:after-response", "tool:after-outcome", "tool:after-turn",
                 "run:after-result", "run:after-final-message")
 UNKNOWN_POINTS = ("tool:after-started", "tool:after-effect")
 assert set(KNOWN_POINTS + UNKNOWN_POINTS) == set(POINTS)
@@ -73,6 +73,9 @@ class Bench:
         self.events: list[str] = []
 
     def runner(self, fault: Callable[[str], None] = no_fault, **kw) -> Runner:
+        # Streamed, as on a terminal: the answer's text comes in pieces, so
+        # the loop passes every fault point, provider:mid-stream included.
+        kw.setdefault("stream", True)
         return Runner(self.store, fault=fault, on_event=self.events.append, **kw)
 
     @property
@@ -246,6 +249,7 @@ def test_crash_at_each_point_then_resume(bench: Bench, point: str) -> None:
     # What is durable right after the crash is the seed's for that point.
     st = bench.state(ses, run)
     expected = {
+        "provider:mid-stream": [],
         "provider:after-response": [],
         "tool:after-started": ["Started"],
         "tool:after-effect": ["Started"],
@@ -266,7 +270,8 @@ def test_crash_at_each_point_then_resume(bench: Bench, point: str) -> None:
     tools = 1 if point in ("tool:after-turn", "run:after-result", "run:after-final-message") else 0
     assert len([m for m in crashed if m.role == "tool"]) == tools
     assert len([m for m in crashed if m.content == FINAL]) == (1 if point == "run:after-final-message" else 0)
-    assert bench.effect_lines() == ([] if point in ("provider:after-response", "tool:after-started") else ["MARK"])
+    assert bench.effect_lines() == ([] if point in ("provider:mid-stream", "provider:after-response",
+                                                    "tool:after-started") else ["MARK"])
 
     res = bench.runner().resume(ses)
     verdict = None

@@ -183,12 +183,13 @@ def test_bad_agent_definition_is_refused_before_anything_is_written(cli: Cli, st
     assert not state_dir.exists()
 
 
-def test_usage_errors_exit_2_and_write_nothing(cli: Cli, state_dir: Path, workspace: Path) -> None:
-    p = cli("run", "--workspace", str(workspace), "--json", expect=2)
+def test_usage_errors_exit_2_and_write_nothing(cli: Cli, state_dir: Path, workspace: Path, tmp_path: Path) -> None:
+    agent = str(write_agent(tmp_path / "agent", [{"content": FINAL}]))
+    p = cli("run", "--workspace", str(workspace), "--agent", agent, "--json", expect=2)
     assert "--task" in p.err, str(p)
-    p = cli("run", "--task", "t", expect=2)
+    p = cli("run", "--task", "t", "--agent", agent, expect=2)
     assert "--workspace" in p.err, str(p)
-    p = cli("run", "--workspace", str(workspace / "missing"), "--task", "t", expect=2)
+    p = cli("run", "--workspace", str(workspace / "missing"), "--task", "t", "--agent", agent, expect=2)
     assert str(workspace / "missing") in p.err, str(p)
     assert not state_dir.exists()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 KXEN_AGENT = str(Path(sys.executable).with_name("kxen-agent"))
+DEMO_AGENT = str(Path(__file__).resolve().parents[2] / "kxen_agent" / "examples" / "demo-agent" / "agent.toml")
 TIMEOUT_S = 60
 REMOTE = "https://builder:s3cr3t-t0ken@example.com/org/repo.git"
 GIT_ID = ["-c", "user.name=Kxen Test", "-c", "user.email=kxen-test@example.invalid"]
@@ -48,6 +49,8 @@ class Kx:
             "GIT_CONFIG_GLOBAL": str(gitconfig),
             "GIT_CONFIG_NOSYSTEM": "1",
             "LC_ALL": "C",
+            # `run` without --agent: the default agent is configured to be the bundled demo one.
+            "KXEN_AGENT_AGENT": DEMO_AGENT,
         })
 
     def run(self, *args: str, code: int | None = 0, env: dict | None = None) -> subprocess.CompletedProcess:

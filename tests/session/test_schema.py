@@ -37,7 +37,8 @@ MAY_DROP = {
     "agent": {"version"},  # without it, a version-1 lock (§14.2): valid, read as it always was
     "session": {"previous"},
     "message": {"run", "toolCalls", "toolCallId"},
-    "run": {"previous", "journal"},
+    # requestedModel ... turnUsage: runs written before §14.5 had them lack them, and still read.
+    "run": {"previous", "journal", "requestedModel", "baseUrl", "retryOf", "usage", "turnUsage"},
     "journal": {"output", "outputBlob", "note", "previous"},
 }
 

@@ -1,0 +1,47 @@
+"""Model providers: the one seam between a run and a language model.
+
+Split by concept:
+
+- :mod:`.base`: the :class:`Provider` protocol, the records that cross it
+  (:class:`AssistantTurn`, :class:`ToolCall`, :class:`Usage`,
+  :class:`ModelEndpoint`) and its errors (:class:`ProviderError`,
+  :class:`ProviderCanceled`);
+- :mod:`.script`: :class:`ScriptProvider`, a deterministic offline model;
+- :mod:`.openai_compat`: :class:`OpenAIProvider`, any Chat Completions
+  endpoint, cancellable mid-request and streamed on request;
+- :mod:`.bridge`: the event loop that makes a request abandonable;
+- :mod:`.factory`: :func:`make_provider`, the run's :func:`model_endpoint`,
+  and :func:`require_sdk` with the install command that fits.
+
+No provider retries, stores anything or decides about a run: a provider
+returns one turn or raises, and the runtime decides. Internal tool calls
+are flat ``{"id", "name", "arguments"}``; only the OpenAI provider knows
+OpenAI's nested form.
+"""
+
+from __future__ import annotations
+
+from .base import AssistantTurn, ModelEndpoint, OnText, Provider, ProviderCanceled, ProviderError, ToolCall, Usage
+from .factory import ProviderUnavailable, install_command, make_provider, model_endpoint, require_sdk
+from .openai_compat import DEFAULT_BASE_URL, OpenAIProvider
+from .script import SCRIPT_FINISHED, ScriptProvider
+
+__all__ = [
+    "AssistantTurn",
+    "DEFAULT_BASE_URL",
+    "ModelEndpoint",
+    "OnText",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderCanceled",
+    "ProviderError",
+    "ProviderUnavailable",
+    "SCRIPT_FINISHED",
+    "ScriptProvider",
+    "ToolCall",
+    "Usage",
+    "install_command",
+    "make_provider",
+    "model_endpoint",
+    "require_sdk",
+]

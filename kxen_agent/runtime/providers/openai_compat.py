@@ -1,0 +1,347 @@
+"""The OpenAI-compatible provider: any Chat Completions endpoint with tool calling.
+
+This module owns talking to such an endpoint through the official SDK
+(OpenAI, vLLM, Ollama, llama.cpp server): converting messages, asking for
+an answer (streamed when someone watches it), reading the answer, its
+finish reason and usage, and mapping every failure to a
+:class:`~.base.ProviderError` with a ``transient`` verdict and the server's
+``Retry-After``.
+
+It must never log, store or print an API key: the key is read from the
+environment variable the agent names, at call time, and scrubbed from
+every error message. It never reads ``OPENAI_API_KEY`` or
+``OPENAI_BASE_URL`` (the SDK's defaults): a key goes only to the endpoint
+the agent, or the run's ``--base-url``, names. It never retries — the SDK's
+retries are off and the runtime's retry policy decides — and it returns
+within a poll interval of the run's cancel event, closing the connection
+(the request runs as an asyncio task on :class:`~.bridge.LoopThread`).
+
+``openai`` is imported lazily so everything else works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .base import AssistantTurn, OnText, ProviderCanceled, ProviderError, ToolCall, Usage, one_line
+from .bridge import Canceled, LoopThread
+
+__all__ = ["DEFAULT_BASE_URL", "OpenAIProvider"]
+
+#: Where a lock without ``base_url`` sends its requests (the SDK's default,
+#: named here so it is recorded, and so ``OPENAI_BASE_URL`` never redirects a key).
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_ROLES = ("system", "user", "assistant", "tool")
+# HTTP statuses worth retrying later: the same set the OpenAI SDK retries.
+_TRANSIENT_STATUSES = frozenset({408, 409, 429})
+
+
+def _to_openai(message: Mapping[str, Any], index: int) -> dict[str, Any]:
+    role = message.get("role")
+    if role not in _ROLES:
+        raise ProviderError(
+            f"message {index} has role {role!r}; expected one of {', '.join(_ROLES)}", transient=False
+        )
+    out: dict[str, Any] = {"role": role, "content": message.get("content")}
+    if role == "assistant" and message.get("tool_calls"):
+        out["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in message["tool_calls"]
+        ]
+    if role == "tool":
+        out["tool_call_id"] = message.get("tool_call_id")
+    return out
+
+
+def retry_after_s(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """The delay a response asks for: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date).
+
+    None when neither is there or readable; never negative.
+    """
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) / scale
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        return max(value, 0.0)
+    raw = headers.get("retry-after")
+    if raw:
+        try:
+            when = email.utils.parsedate_to_datetime(raw).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        return max(when - (time.time() if now is None else now), 0.0)
+    return None
+
+
+def _usage(raw: Any) -> Usage | None:
+    if raw is None:
+        return None
+    prompt = getattr(raw, "prompt_tokens", None)
+    completion = getattr(raw, "completion_tokens", None)
+    if not (type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0):
+        return None  # a server that reports nonsense reports nothing
+    details = getattr(raw, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return Usage(prompt, completion, cached if type(cached) is int and cached >= 0 else None)
+
+
+class _Streamed:
+    """A streamed answer put back together from its chunks."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.model: str | None = None
+
+    def add(self, chunk: Any) -> str | None:
+        """Take one chunk; the text it adds, if any."""
+        self.model = getattr(chunk, "model", None) or self.model
+        usage = _usage(getattr(chunk, "usage", None))
+        if usage is not None:
+            self.usage = usage
+        piece = None
+        for choice in getattr(chunk, "choices", None) or ():
+            if getattr(choice, "index", 0) != 0:
+                continue
+            delta = getattr(choice, "delta", None)
+            text = getattr(delta, "content", None)
+            if isinstance(text, str) and text:
+                self.text.append(text)
+                piece = text
+            for tc in getattr(delta, "tool_calls", None) or ():
+                index = getattr(tc, "index", None)
+                slot = self.calls.setdefault(index if isinstance(index, int) else len(self.calls),
+                                             {"id": None, "type": None, "name": None, "arguments": []})
+                if getattr(tc, "id", None) is not None:
+                    slot["id"] = tc.id
+                if getattr(tc, "type", None) is not None:
+                    slot["type"] = tc.type
+                fn = getattr(tc, "function", None)
+                name = getattr(fn, "name", None)
+                if isinstance(name, str) and name and not slot["name"]:
+                    slot["name"] = name  # sent once, in the call's first chunk
+                args = getattr(fn, "arguments", None)
+                if isinstance(args, str):
+                    slot["arguments"].append(args)
+            reason = getattr(choice, "finish_reason", None)
+            if reason is not None:
+                self.finish_reason = reason
+        return piece
+
+
+class OpenAIProvider:
+    """Any OpenAI-compatible Chat Completions endpoint.
+
+    The API key is read from ``api_key_env`` on every call (never stored in a
+    lock or a session); with ``api_key_env=None`` a placeholder key is sent,
+    for local servers that need none. ``timeout_s`` bounds connecting and
+    each wait for data (with streaming: for the next piece of the answer).
+    """
+
+    def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120) -> None:
+        self.base_url = base_url or DEFAULT_BASE_URL
+        self.model = model
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self._loop = LoopThread("kxen-provider")
+        self._client: Any = None  # created and used on the loop's thread only
+        self._client_key: str | None = None
+
+    # ------------------------------------------------------------ the call
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+                 cancel: threading.Event | None = None, on_text: OnText | None = None) -> AssistantTurn:
+        key = self._api_key()
+        openai = _sdk()
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_to_openai(m, i) for i, m in enumerate(messages)],
+        }
+        if tools:
+            request["tools"] = tools
+        if on_text is not None:
+            request["stream"] = True
+            # The usage of a streamed answer comes in a last chunk, only when asked for.
+            request["stream_options"] = {"include_usage": True}
+
+        def make(emit: Callable[[str], None]) -> Any:
+            return self._request(openai, key, request, emit if on_text is not None else None)
+
+        try:
+            return self._loop.call(make, cancel=cancel, on_text=on_text)
+        except Canceled:
+            raise ProviderCanceled(f"the request to the model provider at {self.base_url} was aborted "
+                                   "(its connection closed) because the run was canceled") from None
+
+    async def _request(self, openai: Any, key: str, request: dict[str, Any],
+                       emit: Callable[[str], None] | None) -> AssistantTurn:
+        if self._client is None or self._client_key != key:
+            # A changed key (rotated in the environment) gets a fresh client.
+            if self._client is not None:
+                await self._client.close()
+            self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s,
+                                              max_retries=0)  # one retry policy: the runtime's
+            self._client_key = key
+        try:
+            response = await self._client.chat.completions.create(**request)
+        except openai.OpenAIError as e:
+            raise self._map_error(openai, e, key) from None
+        if emit is None:
+            return self._parse(response, key)
+        streamed = _Streamed()
+        try:
+            async for chunk in response:
+                piece = streamed.add(chunk)
+                if piece:
+                    emit(piece)
+        except asyncio.CancelledError:
+            raise
+        except openai.APIStatusError as e:  # an error event in the stream
+            raise self._map_error(openai, e, key) from None
+        except Exception as e:  # noqa: BLE001 - the transport's, raw or wrapped by the SDK (versions differ)
+            cause = e.__cause__ if isinstance(e, openai.APIConnectionError) and e.__cause__ is not None else e
+            raise self._scrub(ProviderError(
+                f"the connection to the model provider at {self.base_url} broke in the middle of the streamed "
+                f"answer ({one_line(f'{type(cause).__name__}: {cause}')})", transient=True), key) from None
+        finally:
+            await response.close()
+        if streamed.finish_reason is None:
+            # A stream that ends without saying why was cut short: the answer is incomplete.
+            raise ProviderError(f"the streamed answer from the model provider at {self.base_url} ended before "
+                                "it was complete (no finish_reason)", transient=True)
+        calls = [(c["id"], c["type"] or "function", c["name"], "".join(c["arguments"]))
+                 for _, c in sorted(streamed.calls.items())]
+        return self._turn("".join(streamed.text) if streamed.text else None, calls, streamed.finish_reason,
+                          streamed.usage, streamed.model, key)
+
+    def close(self) -> None:
+        """Close the HTTP client and stop the loop thread."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            self._loop.run(client.close)
+        self._loop.close()
+
+    # ------------------------------------------------------------ keys and errors
+
+    def _api_key(self) -> str:
+        if self.api_key_env is None:
+            return "not-needed"
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ProviderError(
+                f"environment variable {self.api_key_env} is not set or empty; export the API key for "
+                f"{self.base_url} in it",
+                transient=False,
+            )
+        return key
+
+    def _map_error(self, openai: Any, exc: Exception, key: str) -> ProviderError:
+        where = self.base_url
+        if isinstance(exc, openai.APITimeoutError):
+            err = ProviderError(f"model provider at {where} timed out after {self.timeout_s:g}s", transient=True)
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            detail = one_line(f"{type(cause).__name__}: {cause}")
+            err = ProviderError(f"cannot reach model provider at {where} ({detail}); check the URL", transient=True)
+        elif isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            body = exc.body
+            detail = body.get("message") if isinstance(body, Mapping) else None
+            detail = one_line(str(detail if detail is not None else exc.message))
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            transient = status in _TRANSIENT_STATUSES or status >= 500
+            # The server may say outright whether a retry can help (OpenAI does).
+            should = (headers.get("x-should-retry") or "").strip().lower() if headers is not None else ""
+            if should in ("true", "false"):
+                transient = should == "true"
+            if transient:
+                hint = "the server may accept it later"
+            elif status == 401 or status == 403:
+                hint = f"check the API key in {self.api_key_env}" if self.api_key_env else "the server wants an API key; set api_key_env"
+            elif status == 404:
+                hint = f"check the model name '{self.model}' and the base URL"
+            else:
+                hint = "the request was rejected; check the model and the base URL"
+            err = ProviderError(f"model provider at {where} returned HTTP {status}: {detail}; {hint}",
+                                transient=transient, status=status, retry_after=retry_after_s(headers))
+        else:
+            err = ProviderError(f"model provider at {where} failed: {one_line(str(exc))}; check the base URL and model",
+                                transient=False)
+        return self._scrub(err, key)
+
+    def _scrub(self, err: ProviderError, key: str) -> ProviderError:
+        # A server may echo the key back in an error body; it never reaches a terminal or a log.
+        text = str(err)
+        if len(key) >= 4 and key in text:
+            return ProviderError(text.replace(key, "[REDACTED]"), transient=err.transient, status=err.status,
+                                 retry_after=err.retry_after)
+        return err
+
+    # ------------------------------------------------------------ answers
+
+    def _parse(self, response: Any, key: str) -> AssistantTurn:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise self._scrub(
+                ProviderError(f"model provider at {self.base_url} returned no choices; check the model", transient=False),
+                key,
+            )
+        choice = choices[0]
+        message = choice.message
+        calls = [(c.id, getattr(c, "type", None) or "function", getattr(getattr(c, "function", None), "name", None),
+                  getattr(getattr(c, "function", None), "arguments", None))
+                 for c in (message.tool_calls or ())]
+        return self._turn(message.content, calls, getattr(choice, "finish_reason", None),
+                          _usage(getattr(response, "usage", None)), getattr(response, "model", None), key)
+
+    def _turn(self, content: Any, calls: list[tuple[Any, Any, Any, Any]], finish_reason: Any,
+              usage: Usage | None, model: Any, key: str) -> AssistantTurn:
+        """The turn from an answer's parts (streamed or not), refusing what nothing could use."""
+        if content is not None and not isinstance(content, str):
+            raise self._scrub(ProviderError(f"model provider at {self.base_url} returned non-text content",
+                                            transient=False), key)
+        usable: list[ToolCall] = []
+        dropped: list[str] = []
+        for cid, kind, name, arguments in calls:
+            if kind != "function":
+                # Only function calls exist in our protocol; other kinds are not ours to run.
+                dropped.append(str(kind))
+                continue
+            if not (isinstance(name, str) and name and isinstance(arguments or "", str)):
+                # Nothing could run it or pair a result with it: the answer is unusable, not the run.
+                raise self._scrub(ProviderError(
+                    f"model provider at {self.base_url} returned a tool call without a function name or with "
+                    "non-text arguments; check the model's tool-calling support", transient=False), key)
+            # A missing or non-text id is replaced by the runner's own (§14.1).
+            usable.append(ToolCall(id=cid if isinstance(cid, str) else None, name=name, arguments=arguments or "{}"))
+        return AssistantTurn(content=content, tool_calls=tuple(usable),
+                             model=model if isinstance(model, str) and model else self.model,
+                             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+                             usage=usage, dropped_calls=tuple(dropped))
+
+
+def _sdk() -> Any:
+    try:
+        import openai  # lazy: the package is an optional extra
+    except ImportError:
+        from .factory import missing_sdk_error
+
+        raise missing_sdk_error() from None
+    return openai
