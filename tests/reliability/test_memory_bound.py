@@ -80,14 +80,37 @@ def json_bundle(obj: RawObject, refs: dict) -> bytes:
     return HB.json_bundle(refs, [obj])
 
 
+#: Put first on the CLI's PYTHONPATH: at exit the process writes its own peak
+#: resident set (VmHWM). Not ru_maxrss from wait4: Linux carries the parent's
+#: resident set at fork into the child's ru_maxrss across exec, so a child of
+#: a test process that built a 64 MiB input would be charged for it.
+_HWM_HOOK = """
+import atexit, os
+
+def _write_hwm():
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["KXEN_TEST_HWM_FILE"], "w") as out:
+        out.write(kb)
+
+if os.environ.get("KXEN_TEST_HWM_FILE"):
+    atexit.register(_write_hwm)
+"""
+
+
 def measured(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str, int]:
     """(exit status, stdout, stderr, peak RSS in KiB) of one ``kxen-agent`` process."""
+    hook = cwd / "hwm-hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(_HWM_HOOK)
+    hwm = cwd / "hwm.txt"
+    hwm.unlink(missing_ok=True)
+    env = dict(env, PYTHONPATH=f"{hook}{os.pathsep}{env.get('PYTHONPATH', ROOT)}", KXEN_TEST_HWM_FILE=str(hwm))
     with open(cwd / "out.txt", "wb") as out, open(cwd / "err.txt", "wb") as err:
-        p = subprocess.Popen([sys.executable, "-m", "kxen_agent", *args], env=env, cwd=cwd, stdout=out, stderr=err)
-        _pid, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait again
-    return (p.returncode, (cwd / "out.txt").read_text("utf-8", "replace"),
-            (cwd / "err.txt").read_text("utf-8", "replace"), usage.ru_maxrss)
+        code = subprocess.run([sys.executable, "-m", "kxen_agent", *args], env=env, cwd=cwd, stdout=out,
+                              stderr=err).returncode
+    return (code, (cwd / "out.txt").read_text("utf-8", "replace"), (cwd / "err.txt").read_text("utf-8", "replace"),
+            int(hwm.read_text()))
 
 
 @pytest.fixture

@@ -85,3 +85,26 @@ def test_a_long_text_without_any_secret_is_redacted_as_it_is() -> None:
         assert rd.redact(text) == text
         assert rd.find_secrets(text) == []
     assert rd.redact("x" * (1 << 20) + " https://u:p@h") == "x" * (1 << 20) + " https://***@h"
+
+
+def test_the_user_info_search_finds_what_the_pattern_finds() -> None:
+    """``_userinfo`` tries the pattern only near each ``://``: the same matches as ``finditer``."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = "ab:/@ .-+h1s"
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        text = text.replace("h1s", "https://", rng.randint(0, 2))
+        want = [(m.start(), m.end(), m.groups()) for m in rd._USERINFO.finditer(text)]
+        assert [(m.start(), m.end(), m.groups()) for m in rd._userinfo(text)] == want, text
+    long_scheme = "x" * 40 + "://user@host"  # the scheme is the last 32 letters before ://
+    assert rd.redact(long_scheme) == "x" * 40 + "://***@host" == rd._USERINFO.sub(r"\1***@", long_scheme)
+
+
+def test_anchors_hold_every_match() -> None:
+    """A rule is skipped when its literals are missing: every match must hold one."""
+    for rule, _what, rx in rd.TOKEN_RULES:
+        for vec in VECTORS:
+            for m in rx.finditer(ast.literal_eval(vec["text"])):
+                assert any(a in m[0] for a in rd._ANCHORS[rule]), (rule, m[0])
