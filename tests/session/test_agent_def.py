@@ -319,3 +319,24 @@ def test_loading_writes_nothing(tmp_path: Path) -> None:
     after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     assert sorted(after) == sorted(before)
     assert after["steps.json"] == before["steps.json"][0]
+
+
+def test_env_keep(tmp_path: Path) -> None:
+    """[policy] env_keep (§14.2): variable names or * patterns, each once; never the provider key's variable."""
+    body = load_agent_definition(write(tmp_path, BASIC + '[policy]\nenv_keep = ["GITHUB_TOKEN", "AWS_*"]\n'))
+    assert body["version"] == 2 and body["policy"]["env_keep"] == ["GITHUB_TOKEN", "AWS_*"]
+    for value, why in (('"GITHUB_TOKEN"', "expected an array"), ('["A B"]', "is not a variable name"),
+                       ('["X", "X"]', "listed twice"), ("[1]", "expected variable names")):
+        with pytest.raises(AgentDefinitionError, match=rf"key 'policy.env_keep': .*{why}"):
+            load_agent_definition(write(tmp_path, BASIC + f"[policy]\nenv_keep = {value}\n"))
+    with pytest.raises(AgentDefinitionError, match="keeps OPENAI_API_KEY, the provider key's variable"):
+        load_agent_definition(write(tmp_path, BASIC + 'api_key_env = "OPENAI_API_KEY"\n[policy]\nenv_keep = ["OPENAI_*"]\n'))
+
+
+def test_env_keep_of_a_version_1_lock_is_none() -> None:
+    from kxen_agent.session.agent_def import env_keep_of
+
+    lock = default_agent_definition([{"content": "hi"}])
+    assert env_keep_of(lock) == ()
+    old = {k: v for k, v in lock.items() if k != "version"}
+    assert env_keep_of(old) is None
