@@ -3,6 +3,7 @@
     .venv/bin/python fuzz/make_corpus.py            # both
     .venv/bin/python fuzz/make_corpus.py --seeds    # fuzz/corpus/<target>/ only
     .venv/bin/python fuzz/make_corpus.py --hostile  # fuzz/hostile/ only (deterministic)
+    .venv/bin/python fuzz/make_corpus.py --derived  # fuzz/corpus/{schema,json}/ from the committed seeds
 
 Seeds (``fuzz/corpus/<target>/``) are made from *real* objects: a state dir
 filled by the library itself — runs of a script agent with tool calls
@@ -237,8 +238,42 @@ def _index_of(pack: bytes) -> bytes:
     return encode_index([e[0] for e in es], [e[1] for e in es], [e[2] for e in es], pack[-32:])
 
 
-def write_seeds() -> dict[str, int]:
-    made = seeds()
+def derived_seeds(made: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
+    """The ``schema`` and ``json`` seeds, made from the other targets' seeds.
+
+    ``schema``: each object body of the ``cbor`` seeds, behind the byte that
+    names its kind (``targets.schema_input``). ``json``: each JSON-form
+    bundle of the ``bundle`` seeds and the hand-made JSON bundles of
+    ``tests/store/hostile/``, behind a byte choosing the read size (0: one
+    character at a time; 1: 257; 255: 65 281).
+    """
+    t = _load_targets()
+    out: dict[str, dict[str, bytes]] = {}
+    for name, body in sorted(made.get("cbor", {}).items()):
+        if name.startswith("body-"):
+            kind = name.split("-")[1]
+            _put("schema", f"body-{kind}", t.schema_input(kind, body), out)
+    hostile_dir = os.path.dirname(_BUNDLE_CORPUS)
+    jsons = [(n, b) for n, b in sorted(made.get("bundle", {}).items()) if b.lstrip()[:1] == b"{"]
+    jsons += [(f, open(os.path.join(hostile_dir, f), "rb").read())
+              for f in sorted(os.listdir(hostile_dir)) if f.endswith(".json") and f != "MANIFEST.json"]
+    for i, (name, data) in enumerate(jsons):
+        if len(data) <= 16 << 10:
+            _put("json", name.rsplit("-", 1)[0].removesuffix(".json"), bytes([(0, 1, 255)[i % 3]]) + data, out)
+    return out
+
+
+def _read_corpus(target: str) -> dict[str, bytes]:
+    d = os.path.join(CORPUS, target)
+    return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))} if os.path.isdir(d) else {}
+
+
+def write_seeds(*, derived_only: bool = False) -> dict[str, int]:
+    if derived_only:  # from the committed seeds: the other targets' seeds stay as they are
+        made = derived_seeds({t: _read_corpus(t) for t in ("cbor", "bundle")})
+    else:
+        made = seeds()
+        made.update(derived_seeds(made))
     sizes = {}
     for target, files in made.items():
         d = os.path.join(CORPUS, target)
@@ -329,13 +364,18 @@ def hostile() -> dict[str, tuple[bytes, str]]:
     # As large, but not an object: refused only after decompressing (bounded by the limit).
     c["loose/largest-garbage.zst"] = (rle_frame(limit, limit, 0), "bad header")
     c["loose/window-2pow27.zst"] = (rle_frame(limit, limit, 0, window_log=27), "bad header")
-    # A 2 GiB window, but the declared 100-byte content bounds the buffer.
-    c["loose/window-2pow31.zst"] = (rle_frame(100, 100, 0, window_log=31), "bad header")
+    # A 2 GiB window: refused on the frame header, although the declared
+    # 100-byte content would bound a one-shot buffer (§5.1: at most 128 MiB).
+    c["loose/window-2pow31.zst"] = (rle_frame(100, 100, 0, window_log=31), "window of 2147483648 bytes, more than the limit 134217728")
+    # The same around a valid object: accepted before the window was judged.
+    hb_head = b"blob 5\x00"
+    c["loose/window-2pow31-valid-object.zst"] = (rle_frame(len(hb_head) + 5, 5, ord("a"), head=hb_head, window_log=31),
+                                                 "window of 2147483648 bytes, more than the limit 134217728")
     skippable = bytes.fromhex("502a4d18") + (4).to_bytes(4, "little") + b"skip"
     good = _frame(encode_object("blob", b"x").raw)
     c["loose/skippable-then-frame.zst"] = (skippable + good, "24 bytes follow the zstd frame")
     c["loose/frame-then-skippable.zst"] = (good + skippable, "follow the zstd frame")
-    c["loose/dictionary-id.zst"] = (ZSTD_MAGIC + bytes([0b1110_0001, 7]) + good[5:], "Dictionary mismatch")
+    c["loose/dictionary-id.zst"] = (ZSTD_MAGIC + bytes([0b1110_0001, 7]) + good[5:], "names dictionary 7; a loose object uses none")
     c["loose/checksum-flag-wrong.zst"] = (ZSTD_MAGIC + bytes([0b1110_0100]) + good[5:] + b"\x00\x00\x00\x00",
                                           "doesn't match checksum")
     c["loose/reserved-block-type.zst"] = (ZSTD_MAGIC + bytes([0b1110_0000]) + (5).to_bytes(8, "little")
@@ -402,6 +442,11 @@ def hostile() -> dict[str, tuple[bytes, str]]:
     pack_pair("dictionary-garbage", p, None, "dictionary")
     p = hb.pack_section([hb.stored_entry(o) for o in objs], count=2**63)
     pack_pair("end-count-2pow63", p, None, "end record counts 9223372036854775808")
+    big = hb.BIG.raw
+    big_head = big[: big.index(b"\x00") + 1]
+    wide = rle_frame(len(big), len(big) - len(big_head), big[-1], head=big_head, window_log=31)
+    p = hb.pack_section([hb.entry(hb.BIG.id, wide, method=1, raw_len=len(big))])
+    pack_pair("entry-window-2pow31", p, None, "window of 2147483648 bytes, more than the limit 134217728")
     return c
 
 
@@ -422,8 +467,13 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", action="store_true")
     ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--derived", action="store_true",
+                    help="only the schema and json seeds, from the committed cbor and bundle seeds")
     a = ap.parse_args(argv)
-    both = not (a.seeds or a.hostile)
+    both = not (a.seeds or a.hostile or a.derived)
+    if a.derived:
+        for target, n in sorted(write_seeds(derived_only=True).items()):
+            print(f"corpus/{target}: {n} bytes")
     if a.seeds or both:
         for target, n in sorted(write_seeds().items()):
             print(f"corpus/{target}: {n} bytes")

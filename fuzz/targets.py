@@ -32,6 +32,21 @@ a broken invariant, raised as ``AssertionError``:
     imports completely and fsck is clean. A pack-form input runs a second
     time with its checksums recomputed.
 
+``schema``
+    The session layer's object shapes (``session/schema.py``, spec §14.10):
+    the first byte picks the kind, the rest is the CBOR body. A body that
+    decodes is judged: the check either raises ``SchemaViolation`` or
+    returns well-formed (32-byte link, kind) pairs; a message's fast path
+    and its slow, rule-naming path must agree; an accepted value must read
+    as the readers read it (a message as a ``Message`` for the provider).
+``json``
+    The JSON bundle's incremental tokenizer (``bundle/json_form.py``,
+    :class:`_JsonStream`), fed in chunks of 1 to 64 KiB characters chosen by
+    the input: read as a document of members (as a bundle is read), it must
+    give exactly what ``json.loads`` with the same rules gives for the
+    whole text (the same members and values, or a refusal), whatever the
+    chunk size, and refuse only with ``BadBundle``.
+
 Run under atheris (``python fuzz/targets.py TARGET [libFuzzer flags] DIRS``,
 see ``fuzz/README.md``); the test suite calls the functions directly
 (``tests/fuzz``). Scratch files go to a private directory under
@@ -42,6 +57,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -67,6 +83,7 @@ with _instrumenting:
     from kxen_agent.store.loose import LooseObjects
     from kxen_agent.store.objects import (
         CorruptObject,
+        SchemaViolation,
         compress_loose,
         decode_body,
         decompress_loose,
@@ -89,6 +106,9 @@ with _instrumenting:
         scan_entries,
     )
     from kxen_agent.store.repo import Store
+    from kxen_agent.session import schema as session_schema
+    from kxen_agent.store.bundle.header import BadBundle
+    from kxen_agent.store.bundle.json_form import _JsonStream
 
 __all__ = [
     "TARGETS",
@@ -101,7 +121,9 @@ __all__ = [
     "fuzz_bundle",
     "fuzz_cbor",
     "fuzz_loose",
+    "fuzz_json",
     "fuzz_pack",
+    "fuzz_schema",
     "join_pack_input",
     "rebuild_index",
     "split_pack_input",
@@ -163,6 +185,82 @@ def _scratch():
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+class _ReusedStateDir:
+    """One state dir per process, put back to its first state after every input.
+
+    Making a state dir (its 256 fan-out directories and the rest of the
+    skeleton) and removing it again cost ~15 ms, most of what the ``pack``
+    and ``bundle`` targets spent per input (profiled: 60 % and 70 %), which
+    made the long runs of ``fuzz/long.py`` take days. The dir is made once;
+    :meth:`reset` removes every file and directory the input added (the
+    store's own lock files aside, which never hold state) and checks that
+    the skeleton is still whole, so each input still starts from a fresh
+    state dir.
+
+    ``version`` 1 makes a state dir of format version 1 holding only
+    ``objects/pack/`` (no skeleton: fsck has 256 fewer directories to list);
+    a reader accepts it as it is (``objects_spec.md`` §10.2), but the first
+    write upgrades it, so only read-only checks may use one.
+    """
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self._root: str | None = None
+        self._skeleton: set[str] = set()
+
+    @property
+    def root(self) -> str:
+        if self._root is None:
+            self._root = os.path.join(tempfile.mkdtemp(dir=_root()), "state")
+            if self.version == 1:
+                os.makedirs(os.path.join(self._root, "objects", "pack"))
+                with open(os.path.join(self._root, "FORMAT"), "wb") as f:
+                    f.write(b"kxen-agent-state 1\n")
+            else:
+                Store(self._root, io=_IO).ensure_initialized()
+            self._skeleton = self._dirs()
+        return self._root
+
+    def _dirs(self) -> set[str]:
+        return set(_tree(self.root)[0])
+
+    def reset(self) -> None:
+        root = self.root
+        locks = os.path.join(root, "locks") + os.sep
+        dirs, files = _tree(root)
+        for path in files:
+            if path == os.path.join(root, "FORMAT"):
+                continue
+            if path.startswith(locks) and path.endswith((".lock", ".lease")):
+                continue  # empty lock files: no state, and the store's lock objects keep their paths
+            os.unlink(path)
+        for path in reversed(dirs):  # deepest first
+            if path not in self._skeleton and not os.listdir(path):
+                os.rmdir(path)
+        assert set(dirs) >= self._skeleton, "an input removed a skeleton directory"
+
+
+def _tree(root: str) -> tuple[list[str], list[str]]:
+    """(directories, other files) under ``root``, parents before children.
+
+    ``os.scandir`` and the entries' cached types: ``os.walk`` would stat
+    each entry again, which over a state dir's ~270 directories cost more
+    than the input it checks.
+    """
+    dirs, files = [root], []
+    i = 0
+    while i < len(dirs):
+        with os.scandir(dirs[i]) as it:
+            for e in it:
+                (dirs if e.is_dir(follow_symlinks=False) else files).append(e.path)
+        i += 1
+    return dirs, files
+
+
+_PACK_STATE = _ReusedStateDir(version=1)
+_BUNDLE_STATE = _ReusedStateDir(version=2)
 
 
 # ================================================================== cbor
@@ -332,17 +430,19 @@ def _scan(pack: bytes) -> None:
         assert start <= a < b <= limit, (a, b)
 
 
-def _fsck_with_pack(pack: bytes, idx: bytes, d: str) -> None:
+def _fsck_with_pack(pack: bytes, idx: bytes) -> None:
     """Install the pack in a state dir and run fsck: it must report, never raise."""
-    store = Store(os.path.join(d, "state"), io=_IO)
-    store.ensure_initialized()
-    _IO.makedirs(store.pack_dir)
-    base = os.path.join(store.pack_dir, "pack-" + (pack[-TRAILER_SIZE:].hex() if len(pack) >= TRAILER_SIZE else "0"))
-    for ext, data in ((".pack", pack), (".idx", idx)):
-        with open(base + ext, "wb") as f:
-            f.write(data)
-    rep = fsck(Store(store.root, io=_IO))
-    assert rep.packed <= len(idx) // 32
+    root = _PACK_STATE.root
+    try:
+        store = Store(root, io=_IO)
+        base = os.path.join(store.pack_dir, "pack-" + (pack[-TRAILER_SIZE:].hex() if len(pack) >= TRAILER_SIZE else "0"))
+        for ext, data in ((".pack", pack), (".idx", idx)):
+            with open(base + ext, "wb") as f:
+                f.write(data)
+        rep = fsck(store)
+        assert rep.packed <= len(idx) // 32
+    finally:
+        _PACK_STATE.reset()
 
 
 def check_pack(pack: bytes, idx: bytes) -> bool:
@@ -388,8 +488,8 @@ def check_pack(pack: bytes, idx: bytes) -> bool:
                     assert oid in reader.with_prefix(oid.hex()[:5])
         finally:
             reader.close()
-        _fsck_with_pack(pack, idx, d)
-        return verified
+    _fsck_with_pack(pack, idx)
+    return verified
 
 
 def fuzz_pack(data: bytes) -> None:
@@ -426,21 +526,22 @@ def _written(state_dir: str) -> list[str]:
     """Object, ref, reflog and pack files under ``state_dir`` (what an import must not leave behind)."""
     out = []
     for sub in ("objects", "refs", "logs"):
-        for dirpath, _dirs, files in os.walk(os.path.join(state_dir, sub)):
-            out += [os.path.join(dirpath, f) for f in files]
+        if os.path.isdir(os.path.join(state_dir, sub)):
+            out += _tree(os.path.join(state_dir, sub))[1]
     return sorted(out)
 
 
-def check_bundle_file(path: str, state_dir: str) -> str:
+def check_bundle_file(path: str, state_dir: str, *, empty: bool = False) -> str:
     """Verify the bundle at ``path``, then import it into ``state_dir``; return
     ``"imported"`` or the refusal's reason. Checks that the two agree, that a
-    refusal wrote nothing and that an import is complete and fsck-clean."""
+    refusal wrote nothing and that an import is complete and fsck-clean.
+    ``empty``: the caller knows ``state_dir`` holds no object, ref or reflog."""
     try:
         info = verify_bundle(path)
         refused: KxenError | None = None
     except KxenError as e:
         info, refused = None, e
-    before = _written(state_dir)
+    before = [] if empty else _written(state_dir)
     store = Store(state_dir, io=_IO)
     try:
         res = import_bundle(store, path)
@@ -461,11 +562,14 @@ def check_bundle_file(path: str, state_dir: str) -> str:
 
 
 def _check_bundle_bytes(data: bytes) -> str:
-    with _scratch() as d:
-        path = os.path.join(d, "in.kxb")
+    root = _BUNDLE_STATE.root
+    path = os.path.join(os.path.dirname(root), "in.kxb")
+    try:
         with open(path, "wb") as f:
             f.write(data)
-        return check_bundle_file(path, os.path.join(d, "state"))
+        return check_bundle_file(path, root, empty=True)
+    finally:
+        _BUNDLE_STATE.reset()
 
 
 def fuzz_bundle(data: bytes) -> None:
@@ -475,6 +579,173 @@ def fuzz_bundle(data: bytes) -> None:
         _check_bundle_bytes(fixed)
 
 
+# ================================================================== schema
+
+#: The kinds the session schema judges, chosen by an input's first byte.
+_SCHEMA_KINDS = ("message", "run", "journal", "session", "agent")
+_KINDS_OR_BLOB = frozenset(_SCHEMA_KINDS) | {"blob"}
+
+
+def schema_input(kind: str, body: bytes) -> bytes:
+    """The ``schema`` target's input for a ``kind`` object of CBOR ``body``."""
+    return bytes([_SCHEMA_KINDS.index(kind)]) + body
+
+
+def fuzz_schema(data: bytes) -> None:
+    if not data:
+        return
+    kind = _SCHEMA_KINDS[data[0] % len(_SCHEMA_KINDS)]
+    try:
+        value = codec.decode(data[1:], links_only=True)
+    except codec.DecodeError:
+        return
+    try:
+        links = session_schema.check(kind, value)
+    except SchemaViolation as e:
+        assert str(e) and "\n" not in str(e), f"a schema refusal is not one line: {e!r}"
+        if kind == "message":
+            _message_paths_agree(value, None)
+        return
+    assert type(links) is list
+    for link, want in links:
+        assert type(link) is bytes and len(link) == 32, f"schema returned a link that is not an id: {link!r}"
+        assert want in _KINDS_OR_BLOB, f"schema asks for a link to kind {want!r}"
+    if kind == "message":
+        _message_paths_agree(value, links)
+        _read_as_message(value)
+    elif kind in ("run", "session"):
+        # The readers compare these ids against the refs that name them.
+        ref = f"runs/{value['id']}" if kind == "run" else "meta"
+        ses = value["session"] if kind == "run" else value["id"]
+        assert session_schema.misplaced(ses, ref, value) is None
+
+
+def _message_paths_agree(value: object, links: list | None) -> None:
+    """The fast path of the message check must say what the slow, rule-naming one says."""
+    try:
+        slow = session_schema._message_slow(value)
+    except SchemaViolation:
+        assert links is None, "the message fast path accepted what the slow path refuses"
+        return
+    assert links is not None, "the message slow path accepts what the fast path refused"
+    assert sorted(slow) == sorted(links), f"the two message paths ask for other links: {links} vs {slow}"
+
+
+def _read_as_message(value: dict) -> None:
+    from kxen_agent.session.sessions import Message
+
+    m = Message(oid=b"\0" * 32, seq=value["seq"], role=value["role"],
+                content=value.get("content") if "contentBlob" not in value else "",
+                run=value.get("run"), tool_calls=value.get("toolCalls", []),
+                tool_call_id=value.get("toolCallId"), parent=value.get("parent"))
+    d = m.to_provider()
+    assert d["role"] in ("user", "assistant", "tool")
+    for c in d.get("tool_calls", []):
+        assert all(type(c[k]) is str for k in ("id", "name", "arguments"))
+    m.to_json()
+
+
+# ================================================================== json
+
+_JSON_LIMIT = 1 << 16  # characters per member value: small, so that the limit is reached too
+
+
+class _Chunked:
+    """A binary stream that returns at most ``size`` bytes per read."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data = data
+        self.size = size
+        self.pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size if n < 0 else min(n, self.size)
+        out = self.data[self.pos : self.pos + n]
+        self.pos += len(out)
+        return out
+
+
+def json_members(data: bytes, chunk: int) -> tuple[str, object]:
+    """Read ``data`` as a bundle's top level is read: ``{``, then members, then the end.
+
+    Returns ("ok", [(key, value)...]) or ("bad", reason).
+    """
+    js = _JsonStream(_Chunked(data, chunk), "fuzz")  # type: ignore[arg-type]
+    js.CHUNK = chunk
+    members: list[tuple[object, object]] = []
+    try:
+        js.expect("{")
+        if js.peek() == "}":
+            js.pos += 1
+        else:
+            while True:
+                at = js.offset
+                key = js.value(_JSON_LIMIT)
+                # As the bundle reader reads its members: text keys, each once.
+                if type(key) is not str:
+                    raise js.bad("object keys must be strings", at)
+                if any(k == key for k, _v in members):
+                    raise js.bad(f"duplicate JSON key {key!r}", at)
+                js.expect(":")
+                members.append((key, js.value(_JSON_LIMIT)))
+                c = js.peek()
+                if c not in (",", "}"):
+                    raise js.bad(f"expected ',' or '}}', found {c!r}")
+                js.pos += 1
+                if c == "}":
+                    break
+        if not js.at_eof():
+            raise js.bad("trailing garbage")
+    except BadBundle as e:
+        assert e.offset is None or 0 <= e.offset <= len(data), f"offset {e.offset} outside the input"
+        return "bad", e.reason
+    return "ok", members
+
+
+def _json_reference(data: bytes) -> tuple[str, object]:
+    """What ``json`` says of the whole text, with the tokenizer's rules (no floats, no NaN, no duplicates)."""
+    from kxen_agent.store.bundle import json_form
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bad", "not UTF-8"
+    pairs: list = []
+
+    def top(p: list) -> dict:
+        pairs.append(p)
+        return json_form._no_dup_pairs(p)
+
+    dec = json.JSONDecoder(object_pairs_hook=top, parse_float=json_form._no_float,
+                           parse_constant=json_form._no_constant)
+    try:
+        ws = len(text) - len(text.lstrip(" \t\n\r"))
+        value, end = dec.raw_decode(text, ws)
+    except (ValueError, RecursionError, json_form._Reject) as e:
+        return "bad", str(e)
+    if text[end:].strip(" \t\n\r") or type(value) is not dict:
+        return "bad", "not one object"
+    return "ok", list(pairs[-1])
+
+
+def fuzz_json(data: bytes) -> None:
+    chunk = 1 + (data[0] if data else 0) * 256 if data[:1] else 1 << 16
+    body = data[1:]
+    got = json_members(body, chunk)
+    whole = json_members(body, 1 << 20)
+    # Which of two faults is named may differ (text is decoded ahead of the
+    # parse: a bad UTF-8 byte further on can be met first), what is read may not.
+    assert got == whole or got[0] == whole[0] == "bad", (
+        f"the tokenizer reads differently in chunks of {chunk}: {got!r} vs {whole!r}")
+    ref = _json_reference(body)
+    if got[0] == "ok":
+        assert ref[0] == "ok", f"the tokenizer accepted what json refuses ({ref[1]})"
+        assert got[1] == ref[1], f"the tokenizer read {got[1]!r}, json {ref[1]!r}"
+    elif ref[0] == "ok":
+        # Refusing what json accepts is right only for the limit on a member's length.
+        assert "longer than" in str(got[1]), f"the tokenizer refused JSON that json accepts: {got[1]}"
+
+
 # ================================================================== entry point
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
@@ -482,6 +753,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "loose": fuzz_loose,
     "pack": fuzz_pack,
     "bundle": fuzz_bundle,
+    "schema": fuzz_schema,
+    "json": fuzz_json,
 }
 
 

@@ -107,7 +107,10 @@ def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON r
         for d in rep.dangling:
             out(f"dangling object {d}")
         for f in rep.stray_files:
-            out(f"stray file {term_text(f)} (left by an interrupted write; gc removes it)")
+            # Temp files (an interrupted write's; gc removes those under objects/) and names no
+            # writer makes (objects_spec.md §11 steps 1, 6, 7): nothing reads either.
+            out(f"stray file {term_text(f)} (nothing reads it: the temp file of an interrupted or running "
+                "write, or a name no writer makes)")
         status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
         out(
             f"fsck {term_text(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "

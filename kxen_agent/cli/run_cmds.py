@@ -246,6 +246,7 @@ def show_cmd(
     runner = Runner(Store.open(namespaces=(NS,)))
     info = runner.sessions.get(ses)
     oid, st = runner.run_state(info, run)
+    status = runner.shown_status(ses, st)  # "interrupted": running, but no live process holds the lease
     ops = runner.ops(st)
     journal = []
     for op, e in ops.items():
@@ -259,7 +260,7 @@ def show_cmd(
         })
     endpoint = runner.endpoint_of(info, st)
     doc = {
-        "session": ses, "run": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
+        "session": ses, "run": run, "index": st["index"], "status": status, "settled": st.get("settled", False),
         "model": st["model"], "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
         "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
@@ -269,7 +270,7 @@ def show_cmd(
         emit_json(doc)
         return
     # Stored text goes through t()/out_text(): an imported run's values are someone else's bytes.
-    out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(st['status'])}{'' if st.get('settled') else ' (not settled)'}")
+    out(f"run {t(run)} (session {t(ses)}, #{st['index']}): {t(status)}{'' if st.get('settled') else ' (not settled)'}")
     if st.get("retryOf"):
         out(f"retry of: {t(st['retryOf'])}")
     out(f"model: {t(endpoint.model)}" + (f" (answered as {t(st['model'])})" if st["model"] != endpoint.model else "")

@@ -28,7 +28,8 @@ def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
     runs = []
     for run, oid in info.runs.items():
         st = runner.read_run(info, run, oid)
-        runs.append({"id": run, "index": st["index"], "status": st["status"], "settled": st.get("settled", False),
+        runs.append({"id": run, "index": st["index"], "status": runner.shown_status(info.id, st),
+                     "settled": st.get("settled", False),
                      "turn": st["turn"], "model": st["model"], "task": st["task"], "usage": st.get("usage")})
     runs.sort(key=lambda r: r["index"])
     return runs
@@ -207,13 +208,29 @@ def export_cmd(
     output: str = typer.Option(..., "--output", "-o", help="Bundle file; a .json name writes the JSON form."),
     fmt: Optional[str] = typer.Option(None, "--format", help="pack or json (default: by the file name)."),
     json_out: bool = typer.Option(False, "--json"),
+    scan: bool = typer.Option(False, "--scan", help="Look for text that looks like a credential first; "
+                              "refuse to write if there is any."),
+    allow_secrets: bool = typer.Option(False, "--allow-secrets", help="With --scan: warn, then write anyway."),
 ) -> None:
     """Write a self-contained, credential-free bundle of the sessions."""
-    from kxen_agent.session.transfer import export_sessions
+    from kxen_agent.errors import UsageError
+    from kxen_agent.session.transfer import export_sessions, session_objects
 
     from ._render import Progress
+    from .secret_scan import SecretScan
 
+    if allow_secrets and not scan:
+        raise UsageError("--allow-secrets goes with --scan (it writes a bundle the scan found credentials in)")
     store = Store.open(namespaces=(NS,))
+    if scan:
+        found = SecretScan()
+        for obj in session_objects(store, sessions):
+            found(obj)
+        found.warn(f"export to {t(output)}")
+        if found.hits and not allow_secrets:
+            raise KxenError(f"refusing to write {t(output)}: the sessions hold {len(found.hits)} text(s) that look "
+                            "like credentials (listed above); nothing was written — remove them, or give "
+                            "--allow-secrets to write the bundle anyway")
     prog = Progress("export", enabled=not json_out)
     info = export_sessions(store, sessions, output, fmt=fmt, progress=prog)
     prog.done()

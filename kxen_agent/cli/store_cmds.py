@@ -65,10 +65,20 @@ def bundle_verify_cmd(
     file: str = typer.Argument(..., metavar="FILE", help="A bundle (pack or JSON form)."),
     json_out: bool = typer.Option(False, "--json", help="Print what the bundle holds as JSON."),
 ) -> None:
-    """Check a bundle completely (no state dir needed): header, every object's hash and shape, the closure."""
+    """Check a bundle completely (no state dir needed): header, every object's hash and shape, the closure.
+
+    Also warns, one line per hit on stderr, of text that looks like a
+    credential (the exit status does not change).
+    """
+    from .secret_scan import SecretScan
+
     prog = Progress("verify", enabled=not json_out)
-    info = verify_bundle(file, progress=prog, schema=SESSION_SCHEMA)
-    prog.done()
+    scan = SecretScan()
+    try:
+        info = verify_bundle(file, progress=prog, schema=SESSION_SCHEMA, on_object=scan)
+    finally:
+        prog.done()
+        scan.warn(f"bundle {t(file)}")
     if json_out:
         emit_json(info.to_json())
         return

@@ -13,6 +13,9 @@ downwards. What an embedding program needs is re-exported here:
 - :mod:`.events`: what a run reports while it works (live output,
   ``--events``) and what it is waiting for.
 - :mod:`.tools`: the tools a run calls (:data:`TOOLS`) and their contract.
+- :mod:`.redact`: what is taken out of every text a run persists
+  (:func:`redact`), the scan for what was not (:func:`find_secrets`), and
+  the tools' environment without credentials.
 - :mod:`.cancel`: :func:`cancel_on_signals`, SIGINT/SIGTERM as the event
   the runner cancels on.
 - :mod:`.faults`: crash points for tests (``KXEN_AGENT_FAULT``).
@@ -27,14 +30,16 @@ from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signal
 from .faults import FaultSpecError
 from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
 from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
+from .redaction import Hit, find_secrets, redact
 from .runner import TERMINAL, RunError, Runner, RunResult
-from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [
     "AssistantTurn",
     "CANCEL_SIGNALS",
     "CancelSetupError",
     "FaultSpecError",
+    "Hit",
     "Lease",
     "LeaseBusy",
     "LeaseLost",
@@ -54,6 +59,7 @@ __all__ = [
     "ToolOutcome",
     "ToolOutcomeUnknown",
     "cancel_on_signals",
+    "find_secrets",
     "lease_ttl_s",
     "make_provider",
     "redact",

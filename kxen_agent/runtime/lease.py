@@ -503,6 +503,20 @@ class Lease:
             return None
         return rec
 
+    @staticmethod
+    def held(store: Repository, ses: str, *, backend: LeaseBackend | None = None, now_ns: int | None = None) -> bool:
+        """Whether a live process holds the lease of ``ses`` now, as a reader sees it.
+
+        Judged from the holder record and the group's fence with the takeover
+        rule, taking no lock (a reader never does, and probing the lease lock
+        could make a starting run fail as busy): a holder that died on this
+        host is seen at once, one on another host at its expiry.
+        """
+        holder = Lease.holder(store, ses, backend=backend)
+        fence = store.refs.read(f"sessions/{ses}").fence
+        now = time.time_ns() if now_ns is None else now_ns
+        return blocking_reason(holder, fence, have_fcntl=False, now_ns=now) is not None
+
     # ---------------------------------------------------------------- acquire
 
     @classmethod

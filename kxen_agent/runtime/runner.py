@@ -26,8 +26,9 @@ the moment the run's cancel event is set; an answer that was cut off
 (``finish_reason`` ``length``), withheld (``content_filter``) or holds
 nothing usable fails the run instead of completing it. Each run records the
 model and endpoint it calls and the tokens each turn cost (§14.5). Every
-text a run stores passes through :func:`_stored_text` (the redaction of the
-agent's key), in this one place.
+text a run stores passes through :func:`_stored_text` (the redaction of
+§14.11: the agent's key, the runner's credential-looking variables, token
+formats, URL user-info, private keys), in this one place.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate
@@ -51,8 +53,9 @@ from .faults import check_spec as check_fault_spec, fault
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
+from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
-from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [
     "NothingToRetry",
@@ -71,7 +74,7 @@ ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
 
 
 def _stored_text(text: str, secrets: list[str]) -> str:
-    """A text as a run stores (and reports) it: every occurrence of the agent's key replaced (§14)."""
+    """A text as a run stores (and reports) it: redacted (§14.11, :mod:`.redaction`)."""
     return redact(text, secrets)
 
 
@@ -191,6 +194,16 @@ class Runner:
         if "outputBlob" in e:
             return text_blob(self.store, e["outputBlob"])
         return e.get("output")
+
+    def shown_status(self, ses: str, st: dict) -> str:
+        """The status to show of run state ``st``: ``interrupted`` for an unsettled run (``running``,
+        or ``completed`` before its final message) whose session's lease no live process holds —
+        its process died (a crash, a kill, a full disk) and ``--resume`` finishes it — else the
+        stored status (``input_required`` waits for ``run resolve``, not for a process)."""
+        if (not st.get("settled") and st["status"] != "input_required"
+                and not Lease.held(self.store, ses, backend=self.leases)):
+            return "interrupted"
+        return st["status"]
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
         unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
@@ -437,9 +450,11 @@ class Runner:
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:
+        """The values every persisted text is redacted of (§14.11): the API key, and every
+        credential-looking variable's of this process, whatever the agent's ``env_keep``."""
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
-        return [val] if val else []
+        return ([val] if val else []) + credential_env_values(os.environ)
 
 
 def _summary(text: str, limit: int = 160) -> str:
@@ -810,6 +825,7 @@ class _RunCtx:
                 cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
                 cancel=self.r.cancel,
                 secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+                env_keep=env_keep_of(self.agent),
             )
             # A holder paused past its expiry between Started and here must not
             # run the effect: the new holder may already have called it UNKNOWN

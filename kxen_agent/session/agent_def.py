@@ -21,6 +21,13 @@ Format (paths relative to the definition file)::
     max_turns = 20                       # 1 .. 1_000_000
     tool_timeout_s = 120                 # > 0 .. 86400, int or float, ms precision
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
+    env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
+
+The lock is format version :data:`LOCK_VERSION` (2, ``objects_spec.md``
+§14.2): it records ``version`` and ``policy.env_keep``. A lock without
+``version`` is version 1, written before the shell tool dropped
+credential-looking variables: it keeps its meaning (:func:`env_keep_of`
+says None: the shell keeps every variable but the API key's).
 
 Limitations: seconds must be whole milliseconds (``0.0005`` is refused, not
 rounded) so the stored value is exactly what was written. A definition file
@@ -53,9 +60,11 @@ __all__ = [
     "MAX_STEPS_BYTES",
     "PROVIDERS",
     "AgentDefinitionError",
+    "LOCK_VERSION",
     "base_url_problem",
     "canonical_steps_json",
     "default_agent_definition",
+    "env_keep_of",
     "load_agent_definition",
     "parse_agent_definition",
     "validate_script_steps",
@@ -82,7 +91,13 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = tuple(_POLICY_DEFAULTS)
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep")
+
+#: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``.
+LOCK_VERSION = 2
+#: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
+_ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
+_ENV_KEEP_MAX = 256
 
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # Keys that look like an inline secret get a pointed message instead of "unknown key".
@@ -300,10 +315,38 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
         raise AgentDefinitionError(
             source, "policy.max_turns", f"{turns} is out of range (must be {_MAX_TURNS_RANGE[0]} to {_MAX_TURNS_RANGE[1]})"
         )
-    policy = {"max_turns": turns}
+    policy: dict[str, Any] = {"max_turns": turns}
     for toml_key, lock_key, low, high, exclusive in _POLICY_SECONDS:
         policy[lock_key] = _seconds_to_ms(source, f"policy.{toml_key}", values[toml_key], low, high, exclusive)
+    policy["env_keep"] = _env_keep(source, table.get("env_keep", []))
     return policy
+
+
+def _env_keep(source: str, keep: Any) -> list[str]:
+    """``[policy] env_keep``: the credential-looking variables the shell tool keeps (names, ``*`` globs)."""
+    key = "policy.env_keep"
+    if not isinstance(keep, list):
+        raise AgentDefinitionError(source, key, f"expected an array of variable names, got {_type_name(keep)}")
+    if len(keep) > _ENV_KEEP_MAX:
+        raise AgentDefinitionError(source, key, f"{len(keep)} entries, more than {_ENV_KEEP_MAX}; use a * pattern")
+    out: list[str] = []
+    for name in keep:
+        if not isinstance(name, str):
+            raise AgentDefinitionError(source, key, f"expected variable names (strings), got {_type_name(name)}")
+        if not _ENV_KEEP.fullmatch(name):
+            raise AgentDefinitionError(source, key, f"{name!r} is not a variable name (A-Z, a-z, 0-9, _; * for any "
+                                       "characters), e.g. \"GITHUB_TOKEN\" or \"AWS_*\"")
+        if name in out:
+            raise AgentDefinitionError(source, key, f"{name!r} is listed twice; list each once")
+        out.append(name)
+    return out
+
+
+def env_keep_of(lock: dict[str, Any]) -> tuple[str, ...] | None:
+    """The credential-looking variables the shell keeps for this lock; None for a version-1 lock (it keeps all)."""
+    if lock.get("version", 1) < 2:
+        return None
+    return tuple(lock["policy"]["env_keep"])
 
 
 def _tools(source: str, doc: dict[str, Any]) -> list[str]:
@@ -398,6 +441,13 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
     system = _string(source, doc, "system", non_empty=False)
     tools = _tools(source, doc)
     policy = _policy(source, doc)
+    if api_key_env is not None:
+        import fnmatch
+
+        kept = [k for k in policy["env_keep"] if fnmatch.fnmatchcase(api_key_env, k)]
+        if kept:
+            raise AgentDefinitionError(source, "policy.env_keep", f"{kept[0]!r} keeps {api_key_env}, the provider "
+                                       "key's variable, which is never given to tools; remove it")
 
     script_text: str | None = None
     script = _string(source, doc, "script")
@@ -421,6 +471,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
     lock = {
+        "version": LOCK_VERSION,
         "name": name,
         "provider": provider,
         "model": model,
@@ -485,6 +536,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
     except (TypeError, ValueError) as e:
         raise AgentDefinitionError("<embedded steps>", "script", f"steps are not JSON-serializable: {e}") from None
     return {
+        "version": LOCK_VERSION,
         "name": name,
         "provider": "script",
         "model": "script",
@@ -496,6 +548,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
             "max_turns": _POLICY_DEFAULTS["max_turns"],
             "tool_timeout_ms": _POLICY_DEFAULTS["tool_timeout_s"] * 1000,
             "cancel_window_ms": _POLICY_DEFAULTS["cancel_window_s"] * 1000,
+            "env_keep": [],
         },
         "script": script,
     }

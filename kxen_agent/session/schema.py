@@ -129,7 +129,7 @@ def _names(values: tuple) -> str:
 # ---------------------------------------------------------------- kinds
 
 def _agent(v: Any) -> Links:
-    from .agent_def import KNOWN_TOOLS, AgentDefinitionError, canonical_steps_json, validate_script_steps
+    from .agent_def import KNOWN_TOOLS, LOCK_VERSION, AgentDefinitionError, canonical_steps_json, validate_script_steps
 
     f = _Fields(v, "an agent lock")
     f.text("name")
@@ -148,10 +148,20 @@ def _agent(v: Any) -> Links:
             raise SchemaViolation(f"key 'tools' holds {t!r}, not one of {', '.join(KNOWN_TOOLS)}")
     if len(set(tools)) != len(tools):
         raise SchemaViolation("key 'tools' names a tool twice")
+    # §14.2: no version is version 1 (before env_keep); a newer one means keys we cannot read right.
+    version = f.int("version", low=1, optional=True) or 1
+    if version > LOCK_VERSION:
+        raise SchemaViolation(f"agent lock version {version} is newer than this kxen-agent reads ({LOCK_VERSION}); "
+                              "upgrade kxen-agent")
     p = _Fields(f.d.get("policy"), "key 'policy'")
     p.int("max_turns", low=1)
     p.int("tool_timeout_ms", low=1)
     p.int("cancel_window_ms")
+    if version >= 2:
+        keep = p.d.get("env_keep")
+        if type(keep) is not list or any(type(k) is not str for k in keep):
+            raise SchemaViolation(f"key 'policy.env_keep' must be an array of text in a version-{version} lock, "
+                                  f"not {_type_name(keep)}")
     script = f.text("script", null=True)
     if provider == "script":
         if script is None:

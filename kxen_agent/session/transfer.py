@@ -19,19 +19,31 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from kxen_agent.errors import UsageError
 from kxen_agent.store import Store
-from kxen_agent.store.bundle import (BundleInfo, ImportResult, export_bundle, import_bundle,
+from kxen_agent.store.bundle import (BundleInfo, ImportResult, bundle_objects, export_bundle, import_bundle,
                                      verify_bundle_with_ref_targets)
-from kxen_agent.store.objects import decode_stored
+from kxen_agent.store.objects import RawObject, decode_stored
 
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
 from .sessions import NS, SessionStore
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
-__all__ = ["ImportedSessions", "export_sessions", "import_sessions"]
+__all__ = ["ImportedSessions", "export_sessions", "import_sessions", "session_objects"]
+
+
+def session_objects(store: Store, ses_ids: list[str]) -> Iterator[RawObject]:
+    """Every object an export of these sessions writes, in bundle order (to look at them before writing)."""
+    sessions = SessionStore(store)
+    if not ses_ids:
+        raise UsageError("name at least one session to export")
+    groups = []
+    for ses in dict.fromkeys(ses_ids):
+        sessions.get(ses)  # UnknownSession names the state dir and points at import
+        groups.append(sessions.group(ses))
+    return bundle_objects(store, groups)
 
 
 def export_sessions(store: Store, ses_ids: list[str], out: str, *, fmt: str | None = None,
@@ -79,28 +91,35 @@ def import_sessions(store: Store, path: str, workspace: str, *,
     """
     default = inspect_workspace(workspace)
     chosen = {ses: inspect_workspace(d) for ses, d in (workspaces or {}).items()}
+
+    def judge_refs(refs: Mapping[str, Mapping[str, bytes]]) -> None:
+        # What the header shows is judged before any object is read: a bundle
+        # that is not a set of sessions is refused without reading the rest.
+        for group in refs:
+            ns, _, ses = group.partition("/")
+            if ns != NS or not SES_RE.fullmatch(ses):
+                raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
+        unknown = sorted(set(chosen) - {g.partition("/")[2] for g in refs})
+        if unknown:
+            raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
+                             f"{', '.join(sorted(g.partition('/')[2] for g in refs))}); nothing imported")
+        for group, names in refs.items():
+            ses = group.partition("/")[2]
+            if "meta" not in names:
+                raise UsageError(f"bundle {path}: session {ses} has no metadata ref; nothing imported")
+            for name in names:
+                if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
+                    raise UsageError(f"bundle {path}: session {ses} has ref {name!r}, which no session has "
+                                     "(meta, head, runs/<run>); nothing imported")
+
     # Every object's shape and link kinds are checked with the bytes (§14),
     # so what lands here is what the readers can read.
-    info, targets = verify_bundle_with_ref_targets(path, schema=SESSION_SCHEMA)
-    # Every group first: the schema judged the objects only if all are sessions.
-    for group in info.refs:
-        ns, _, ses = group.partition("/")
-        if ns != NS or not SES_RE.fullmatch(ses):
-            raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
-    unknown = sorted(set(chosen) - {g.partition("/")[2] for g in info.refs})
-    if unknown:
-        raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
-                         f"{', '.join(sorted(g.partition('/')[2] for g in info.refs))}); nothing imported")
+    info, targets = verify_bundle_with_ref_targets(path, schema=SESSION_SCHEMA, judge_refs=judge_refs)
     for group in info.refs:
         ses = group.partition("/")[2]
         refs = info.refs[group]
-        if "meta" not in refs:
-            raise UsageError(f"bundle {path}: session {ses} has no metadata ref; nothing imported")
         meta = decode_stored(targets[refs["meta"]])
         for name, oid in refs.items():
-            if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
-                raise UsageError(f"bundle {path}: session {ses} has ref {name!r}, which no session has "
-                                 "(meta, head, runs/<run>); nothing imported")
             wrong = misplaced(ses, name, decode_stored(targets[oid])) if name != "head" else None
             if wrong:
                 raise UsageError(f"bundle {path}: {wrong}; nothing imported")

@@ -11,14 +11,20 @@ is a plain 32-byte byte string, never tag 42):
 - map keys are text strings, unique, sorted by encoded length then bytewise
   (for text keys that is: by UTF-8 length, then bytewise);
 - integers in [-2**64, 2**64 - 1];
-- at most :data:`MAX_DEPTH` nested arrays and maps, and at most
-  :data:`MAX_ITEMS` elements in any one array or map.
+- at most :data:`MAX_DEPTH` nested arrays and maps, at most
+  :data:`MAX_ITEMS` elements in any one array or map, and at most
+  :data:`MAX_BODY_ITEMS` data items in one body, at every depth together:
+  the decode budget, which bounds what decoding any input can allocate.
 
 The encoder refuses any value outside that model (:class:`EncodeError`).
 The strict decoder (:func:`decode_strict`) never trusts a declared length: a
 length is checked against the bytes that remain before anything is allocated,
-nesting is bounded, and the first rule broken is reported with its byte
-offset (:class:`DecodeError`).
+a container's elements are charged to the decode budget when its head is
+read (before any element is decoded), nesting is bounded, and the first rule
+broken is reported with its byte offset (:class:`DecodeError`). It reads the
+input in place (a ``memoryview``): a text string is decoded straight from
+the input, never copied first, so a body costs its bytes once, plus its
+value.
 
 :func:`decode` is the strict decoder with a fast path in front, because
 strict decoding in pure Python was ~30-45 % of load, import, export and fsck
@@ -51,7 +57,12 @@ extension, or if it fails the self-test at import, only the strict decoder is
 used. (The canonical mode of ``cbor2.dumps`` sorts keys as we do but is ~3x
 slower than the plain mode, so the key order is checked in the walk instead.)
 Hostile input is safe on the fast path too: cbor2 >= 6.3's C decoder reads a
-declared length in bounded chunks instead of allocating it up front.
+declared length in bounded chunks instead of allocating it up front, and it is
+only given bodies of at most :data:`MAX_BODY_ITEMS` bytes, which cannot hold
+more items than the budget (every item takes at least one byte): cbor2
+builds the whole value before the walk could count it, so a larger body
+goes to the strict decoder, which charges the budget before it allocates
+(a 16 MiB body of 2**24 empty maps made cbor2 take 1.4 GB).
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ from kxen_agent.errors import KxenError
 __all__ = [
     "DecodeError",
     "EncodeError",
+    "MAX_BODY_ITEMS",
     "MAX_DEPTH",
     "MAX_ITEMS",
     "decode",
@@ -80,6 +92,13 @@ MAX_DEPTH = 64
 #: (§2.7): the encoder refuses what a decoder would refuse, so that every
 #: store can read what any writer wrote.
 MAX_ITEMS = 1 << 24
+
+#: The decode budget (§2.7): most data items in one body, counting every item
+#: at every depth (the top-level item, each array element, each map key and
+#: each map value). Decoding any input allocates at most this many values:
+#: in CPython about 90 bytes each at worst (an empty map in an array), so
+#: ~45 MB, whatever the bytes say. Encoder and decoder apply it alike.
+MAX_BODY_ITEMS = 1 << 19
 
 _UINT64_MAX = (1 << 64) - 1
 
@@ -191,7 +210,8 @@ def encode(value: Any, *, links_only: bool = False) -> bytes:
     """Return the one canonical encoding of ``value``.
 
     ``links_only`` enforces the structured-object rule that every byte string
-    is a 32-byte object id (``objects_spec.md`` §3).
+    is a 32-byte object id (``objects_spec.md`` §3). A value of more than
+    :data:`MAX_BODY_ITEMS` data items is refused, as a decoder would refuse it.
     """
     out = bytearray()
     try:
@@ -200,7 +220,28 @@ def encode(value: Any, *, links_only: bool = False) -> bytes:
         raise EncodeError(f"nesting deeper than {MAX_DEPTH}") from None
     except UnicodeEncodeError as e:
         raise EncodeError(f"text is not valid UTF-8 ({e.reason})") from None
+    # Every item takes at least one byte: a value this short is within the
+    # budget, and only a longer one is counted (a cheap walk, no decoding).
+    if len(out) > MAX_BODY_ITEMS:
+        n = _count_items(value)
+        if n > MAX_BODY_ITEMS:
+            raise EncodeError(f"value of {n} data items, more than the {MAX_BODY_ITEMS} one object may hold")
     return bytes(out)
+
+
+def _count_items(value: Any) -> int:
+    """Data items of an encodable value: itself, and every element, key and value inside it."""
+    n = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        n += 1
+        if type(v) is dict:
+            n += len(v)  # the keys
+            stack.extend(v.values())
+        elif type(v) is list or type(v) is tuple:
+            stack.extend(v)
+    return n
 
 
 # --------------------------------------------------------------------- decode
@@ -211,13 +252,22 @@ _U64 = struct.Struct(">Q")
 
 
 class _Decoder:
-    __slots__ = ("data", "n", "links_only", "max_items")
+    __slots__ = ("data", "n", "links_only", "max_items", "items")
 
-    def __init__(self, data: bytes, links_only: bool, max_items: int) -> None:
+    def __init__(self, data: memoryview, links_only: bool, max_items: int) -> None:
         self.data = data
         self.n = len(data)
         self.links_only = links_only
         self.max_items = max_items
+        # Items charged to the decode budget so far: the top-level item; then
+        # each container's elements, charged at its head (each is an item).
+        self.items = 1
+
+    def charge(self, count: int, what: str, start: int) -> None:
+        """Charge ``count`` items (a head's elements) before any is decoded."""
+        self.items += count
+        if self.items > MAX_BODY_ITEMS:
+            raise DecodeError(f"{what}, more than the {MAX_BODY_ITEMS} items one object may hold", start)
 
     def head(self, pos: int) -> tuple[int, int, int]:
         """Return (major, argument, next position), enforcing shortest form."""
@@ -288,15 +338,14 @@ class _Decoder:
             end = pos + arg
             if end > self.n:
                 raise DecodeError(f"string of {arg} bytes runs past the end", start)
-            raw = self.data[pos:end]
             if major == 2:
                 if self.links_only and arg != 32:
                     raise DecodeError(
                         f"byte string of length {arg} (links must be 32-byte ids)", start
                     )
-                return raw, end
+                return bytes(self.data[pos:end]), end
             try:
-                return raw.decode("utf-8"), end
+                return str(self.data[pos:end], "utf-8"), end  # decoded in place: no copy of the bytes
             except UnicodeDecodeError:
                 raise DecodeError("text string is not valid UTF-8", start) from None
         if major == 4:
@@ -308,6 +357,7 @@ class _Decoder:
                 raise DecodeError(f"array declares {arg} elements, more than the data can hold", start)
             if arg > self.max_items:
                 raise DecodeError(f"array declares {arg} elements, more than the limit {self.max_items}", start)
+            self.charge(arg, f"array declares {arg} elements", start)
             out = []
             for _ in range(arg):
                 v, pos = self.item(pos, depth + 1)
@@ -320,8 +370,10 @@ class _Decoder:
                 raise DecodeError(f"map declares {arg} entries, more than the data can hold", start)
             if arg > self.max_items:
                 raise DecodeError(f"map declares {arg} entries, more than the limit {self.max_items}", start)
+            self.charge(2 * arg, f"map declares {arg} entries", start)
             d: dict[str, Any] = {}
-            prev: bytes | None = None
+            prev_len = -1
+            prev = ""
             data = self.data
             for _ in range(arg):
                 kpos = pos
@@ -331,37 +383,43 @@ class _Decoder:
                 kend = p2 + klen
                 if kend > self.n:
                     raise DecodeError(f"string of {klen} bytes runs past the end", kpos)
-                kb = data[kpos:kend]
-                if prev is not None:
-                    if len(kb) < len(prev) or (len(kb) == len(prev) and kb <= prev):
-                        if kb == prev:
-                            raise DecodeError("duplicate map key", kpos)
-                        raise DecodeError("map keys are not in canonical order", kpos)
-                prev = kb
+                # The order is judged before the key's UTF-8 (an invalid key
+                # that is also out of order is reported as out of order). Of
+                # equal lengths, valid keys compare as text: UTF-8 keeps code
+                # point order bytewise, and the key is never copied as bytes.
+                if klen < prev_len:
+                    raise DecodeError("map keys are not in canonical order", kpos)
                 try:
-                    key = data[p2:kend].decode("utf-8")
+                    key = str(data[p2:kend], "utf-8")
                 except UnicodeDecodeError:
+                    if klen == prev_len and bytes(data[p2:kend]) <= prev.encode("utf-8"):
+                        raise DecodeError("map keys are not in canonical order", kpos) from None
                     raise DecodeError("text string is not valid UTF-8", kpos) from None
+                if klen == prev_len and key <= prev:
+                    raise DecodeError("duplicate map key" if key == prev else "map keys are not in canonical order", kpos)
+                prev_len, prev = klen, key
                 v, pos = self.item(kend, depth + 1)
                 d[key] = v
             return d, pos
         raise AssertionError("unreachable")  # majors 6 and 7 handled above
 
 
-def _decode_strict(data: bytes, links_only: bool, max_items: int) -> Any:
+def _decode_strict(data: bytes | bytearray | memoryview, links_only: bool, max_items: int) -> Any:
     """The reference decoder: pure Python, every rule checked byte by byte."""
-    dec = _Decoder(data, links_only, max_items)
+    mv = memoryview(data).cast("B")
+    dec = _Decoder(mv, links_only, max_items)
     value, pos = dec.item(0, 0)
-    if pos != len(data):
-        raise DecodeError(f"{len(data) - pos} trailing bytes after the item", pos)
+    if pos != len(mv):
+        raise DecodeError(f"{len(mv) - pos} trailing bytes after the item", pos)
     return value
 
 
-def decode_strict(data: bytes, *, links_only: bool = False, max_items: int | None = None) -> Any:
+def decode_strict(data: bytes | bytearray | memoryview, *, links_only: bool = False,
+                  max_items: int | None = None) -> Any:
     """:func:`decode` without the fast path: the reference it must agree with."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("decode() takes bytes")
-    return _decode_strict(bytes(data), links_only, MAX_ITEMS if max_items is None else max_items)
+    return _decode_strict(data, links_only, MAX_ITEMS if max_items is None else max_items)
 
 
 # ------------------------------------------------------------ decode, fast path
@@ -529,7 +587,7 @@ def _fast_codec() -> tuple[_LoadsFn, _DumpsFn] | tuple[None, None]:
 _fast_loads, _fast_dumps = _fast_codec()
 
 
-def decode_admitted(data: bytes) -> Any:
+def decode_admitted(data: bytes | memoryview) -> Any:
     """Decode the body of an object this store already holds, its hash just verified.
 
     What a store holds was admitted in canonical form — written by
@@ -543,7 +601,9 @@ def decode_admitted(data: bytes) -> Any:
     imports use :func:`decode`, which proves the form. Anything cbor2
     refuses goes to :func:`decode`, which raises the precise error.
     """
-    if _fast_loads is not None:
+    # A longer body could hold more items than the budget, which cbor2 would
+    # build before anyone counted them: the strict decoder charges them first.
+    if _fast_loads is not None and len(data) <= MAX_BODY_ITEMS:
         try:
             return _fast_loads(data, semantic_decoders=_REFUSE_TAGS, tag_hook=_refuse_tag, max_depth=MAX_DEPTH + 1)
         except Exception:
@@ -551,7 +611,7 @@ def decode_admitted(data: bytes) -> Any:
     return decode(data, links_only=True)
 
 
-def decode(data: bytes, *, links_only: bool = False, max_items: int | None = None) -> Any:
+def decode(data: bytes | bytearray | memoryview, *, links_only: bool = False, max_items: int | None = None) -> Any:
     """Decode exactly one strict deterministic CBOR item filling ``data``.
 
     Raises :class:`DecodeError` on the first rule broken: non-minimal heads,
@@ -562,11 +622,17 @@ def decode(data: bytes, *, links_only: bool = False, max_items: int | None = Non
     (a property the tests check). Same answer as :func:`decode_strict`,
     usually faster (the module docstring says why it is the same).
     """
-    if type(data) is not bytes:  # the common case skips the isinstance and copy
+    if type(data) is not bytes:  # the common case skips the isinstance
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("decode() takes bytes")
-        data = bytes(data)
     limit = MAX_ITEMS if max_items is None else max_items
+    # Only a body that cannot hold more items than the budget goes to cbor2,
+    # which builds the value before it can be counted (module docstring);
+    # a longer one is read in place by the strict decoder, never copied.
+    if len(data) > MAX_BODY_ITEMS:
+        return _decode_strict(data, links_only, limit)
+    if type(data) is not bytes:
+        data = bytes(data)
     if _fast_loads is not None and _fast_dumps is not None:
         try:
             # max_depth only stops hostile nesting early inside cbor2 (which

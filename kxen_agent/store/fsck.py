@@ -28,7 +28,7 @@ from kxen_agent.errors import KxenError
 from .fsio import FileIO
 from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, Schema, SchemaViolation, a_kind, decode_body, links_of
-from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file
+from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file, validate_group
 from .repo import Store
 
 #: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
@@ -261,8 +261,72 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root, store.io))
+    # 7. Names no writer makes, outside objects/: information too.
+    strays.update(_stray_entries(store.root, store.io))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
+
+
+#: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases"})
+#: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
+_TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
+
+
+def _group_name(ns: str, gid: str) -> bool:
+    try:
+        validate_group(f"{ns}/{gid}")
+    except BadRefName:
+        return False
+    return True
+
+
+def _stray_entries(root: str, io: FileIO) -> list[str]:
+    """Entries outside ``objects/`` that no writer makes (§11 step 7).
+
+    ``refs/`` holds namespace directories only (what is in one is a group,
+    judged by step 3); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
+    ref file exists (one without it is a removal's leftover, §6.7); ``locks/``
+    the store's three lock files and ``<ns>/<id>.lock`` or ``.lease`` lock
+    files of valid group names (left behind by design, §8.1). Temp files are
+    step 6's; ``leases/`` is the run lease's (§15), not judged here.
+    """
+    def ls(d: str) -> list[str]:
+        try:
+            return sorted(io.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    out: list[str] = []
+    for name in ls(root):
+        if name not in _TOP_NAMES and not name.startswith(_TEMP_PREFIXES):
+            out.append(os.path.join(root, name))
+    refs, logs, locks = (os.path.join(root, d) for d in ("refs", "logs", "locks"))
+    out += [os.path.join(refs, ns) for ns in ls(refs) if not io.isdir(os.path.join(refs, ns))]
+    for ns in ls(logs):
+        d = os.path.join(logs, ns)
+        if not io.isdir(d):
+            out.append(d)
+            continue
+        for gid in ls(d):
+            path = os.path.join(d, gid)
+            if gid.startswith(TEMP_PREFIX):
+                continue
+            if io.isdir(path) or not _group_name(ns, gid) or not io.lexists(os.path.join(refs, ns, gid)):
+                out.append(path)
+    for name in ls(locks):
+        d = os.path.join(locks, name)
+        if name in _TOP_LOCKS or name.startswith(TEMP_PREFIX):
+            continue
+        if not io.isdir(d):
+            out.append(d)
+            continue
+        for f in ls(d):
+            path = os.path.join(d, f)
+            stem, _dot, ext = f.rpartition(".")
+            if ext not in ("lock", "lease") or io.isdir(path) or not _group_name(name, stem):
+                out.append(path)
+    return out
 
 
 def _closure(links: dict[ObjectId, list[ObjectId]], start: Any, into: set[ObjectId]) -> set[ObjectId]:

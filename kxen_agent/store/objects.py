@@ -29,11 +29,13 @@ __all__ = [
     "CorruptObject",
     "KINDS",
     "MAX_OBJECT_SIZE",
+    "MAX_WINDOW",
     "ObjectId",
     "RawObject",
     "Schema",
     "SchemaViolation",
     "a_kind",
+    "check_frame_parameters",
     "compress_loose",
     "decode_body",
     "decode_stored",
@@ -179,7 +181,8 @@ def decode_body(obj: RawObject) -> Any:
     if obj.kind == "blob":
         return obj.body
     try:
-        return codec.decode(obj.raw[obj.body_offset :], links_only=True)
+        # A view, not a slice: a body of up to 64 MiB is not copied to be read.
+        return codec.decode(memoryview(obj.raw)[obj.body_offset :], links_only=True)
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 
@@ -195,7 +198,7 @@ def decode_stored(obj: RawObject) -> Any:
     if obj.kind == "blob":
         return obj.body
     try:
-        return codec.decode_admitted(obj.raw[obj.body_offset :])
+        return codec.decode_admitted(memoryview(obj.raw)[obj.body_offset :])
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
 
@@ -271,6 +274,27 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+#: The largest window a frame may ask for (``objects_spec.md`` §5.1, §12.3):
+#: zstd's default decoder limit (2**27); a frame of at most 64 MiB + 17 bytes,
+#: single-segment as writers make it, needs its content size and no more.
+MAX_WINDOW = 1 << 27
+
+
+def check_frame_parameters(params: zstandard.FrameParameters, where: str, *, dict_ids: tuple[int, ...] = (0,),
+                           why: str = "a loose object uses none") -> None:
+    """Refuse a frame that asks for a window over :data:`MAX_WINDOW`, or names a dictionary not in ``dict_ids``.
+
+    Judged on the frame header, before anything is decompressed: a one-shot
+    decompression into a buffer of the declared size would not look at the
+    window, so without this a frame asking for 2 GiB was accepted.
+    """
+    if params.window_size > MAX_WINDOW:
+        raise CorruptObject(where, f"zstd frame needs a window of {params.window_size} bytes, "
+                            f"more than the limit {MAX_WINDOW}")
+    if params.dict_id not in dict_ids:
+        raise CorruptObject(where, f"zstd frame names dictionary {params.dict_id}; {why}")
+
+
 def compress_loose(raw: bytes) -> bytes:
     """One zstd frame of ``raw`` with its content size in the frame header."""
     return _compressor().compress(raw)
@@ -291,6 +315,7 @@ def decompress_loose(frame: bytes, where: str, limit: int = MAX_OBJECT_SIZE + _M
         raise CorruptObject(where, "zstd frame does not declare its content size")
     if size > limit:
         raise CorruptObject(where, f"zstd frame declares {size} bytes, more than the limit {limit}")
+    check_frame_parameters(params, where)
     try:
         # One-shot: refuses a truncated frame and any byte after it, and
         # allocates the declared size (checked above) once.

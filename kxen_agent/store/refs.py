@@ -46,6 +46,7 @@ __all__ = [
     "RefUpdate",
     "ReflogEntry",
     "StaleFence",
+    "clean_reason",
     "is_temp_file",
     "prepare_transaction",
     "validate_group",
@@ -280,8 +281,20 @@ def _hex_or_zero(v: bytes | None) -> str:
     return (v or ZERO).hex()
 
 
+#: What a reason may not hold once its whitespace is collapsed (§7.1): the
+#: other C0 and C1 controls, DEL, and surrogates (text from a path that is
+#: not UTF-8). A NUL or an escape sequence would end or rewrite the line on
+#: a terminal; a surrogate cannot be written as UTF-8 at all.
+_REASON_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def clean_reason(reason: str) -> str:
+    """``reason`` as a reflog line holds it: whitespace collapsed, each control character or surrogate as U+FFFD."""
+    return _REASON_UNPRINTABLE.sub("\ufffd", " ".join(reason.split()))
+
+
 def format_reflog_line(e: ReflogEntry) -> bytes:
-    reason = " ".join(e.reason.split())  # no tabs or newlines inside a line
+    reason = clean_reason(e.reason)  # one printable line: no tab, newline or other control inside
     return (
         f"{_hex_or_zero(e.old)} {_hex_or_zero(e.new)} {e.time_ns} {e.fence} {e.name}\t{reason}\n"
     ).encode("utf-8")

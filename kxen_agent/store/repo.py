@@ -57,7 +57,8 @@ FORMAT_FILE = "FORMAT"
 # the otherwise empty directory look foreign (nor may a concurrent first
 # writer's temp file).
 _FORMAT_TMP_PREFIX = "FORMAT.tmp_"
-_FORMAT_RE = re.compile(rb"kxen-agent-state (\d+)\n")
+# A decimal of §1.1: no leading zero (``02`` and ``00002`` are not 2).
+_FORMAT_RE = re.compile(rb"kxen-agent-state (0|[1-9][0-9]*)\n")
 
 #: The directories that hold one subdirectory per namespace: a namespace
 #: given to :class:`Store` has its ``refs/<ns>``, ``logs/<ns>``,

@@ -33,7 +33,7 @@ TARGETS = load_targets().TARGETS
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "fuzz" / "corpus"
 #: Mutated inputs per target: about a second each on the 2-core machine.
-MUTANTS = {"cbor": 10000, "loose": 2000, "pack": 200, "bundle": 250}
+MUTANTS = {"cbor": 10000, "loose": 2000, "pack": 1000, "bundle": 400, "schema": 10000, "json": 1000}
 ATHERIS_SECONDS = int(os.environ.get("KXEN_FUZZ_SMOKE_SECONDS", "2"))
 
 _WIDE = [struct.pack(">I", v) for v in (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF)] + [

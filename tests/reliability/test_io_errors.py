@@ -314,3 +314,77 @@ def test_the_plain_file_io_is_unchanged() -> None:
     for bad in ("ENOSPC", "EIO@0", "EROFS@1", "ENOSPC@1++", "@3"):
         with pytest.raises(IOFaultSpecError):
             parse_fault_spec(bad)
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EIO"])
+def test_a_run_its_disk_stopped_is_listed_as_interrupted_and_resumes(errno_name: str, cli: Cli, tmp_path: Path) -> None:
+    """The disk fails for good in the middle of a run: the process exits (1, one line); the run's
+    stored state is the last durable one (unsettled: nothing more could be written), but every
+    listing shows it `interrupted` (no live process holds its lease), and `--resume` finishes it."""
+    import shutil
+
+    from kxen_agent.store import Store
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    agent_path = write_agent(tmp_path / "agent", STEPS, tools=("shell", "read_file", "write_file"))
+    ses = cli.run_json(ws, TASK, agent_path, expect=0).json()["session"]
+    base = tmp_path / "base"
+    shutil.copytree(cli.state_dir, base)
+    # The N-th store operation of a second run, for good; N found by trying (it depends on the
+    # run loop's steps, not on this test): the first N that leaves the new run started, unsettled.
+    for n in range(10, 300, 10):
+        shutil.rmtree(cli.state_dir)
+        shutil.copytree(base, cli.state_dir)
+        p = cli.resume(ses, "--task", TASK, env={"KXEN_AGENT_IO_FAULT": f"{errno_name}@{n}+",
+                                                   "KXEN_AGENT_LEASE_TTL_S": "3600"})
+        runs = cli.session_show(ses)["runs"]
+        if len(runs) == 2 and not runs[-1]["settled"]:
+            break
+    else:
+        raise AssertionError("no fault point left the second run unsettled")
+    assert p.rc == 1 and p.err.count("\n") == 1 and "Traceback" not in p.err, str(p)
+    run = runs[-1]
+    assert run["status"] == "interrupted", run
+    assert [s["status"] for s in cli.sessions()] == ["interrupted"]
+    assert cli.run_show(ses, run["id"])["status"] == "interrupted"
+    text = cli("run", "show", ses, run["id"], expect=0).out
+    assert f"run {run['id']} (session {ses}, #1): interrupted (not settled)" in text
+    # The store holds what was durable: nothing lost, nothing invented.
+    store = Store(str(cli.state_dir))
+    assert store.get(store.refs.read(f"sessions/{ses}").refs[f"runs/{run['id']}"], "run")["status"] in (
+        "running", "completed")
+    cli.fsck_clean()
+    p = cli.resume(ses)
+    if p.rc == 3:  # the fault hit between an op's start and its outcome: UNKNOWN, resolved by hand
+        for op in p.json()["unknownOps"]:
+            cli("run", "resolve", ses, run["id"], op, "--output", "checked by hand", expect=0)
+        p = cli.resume(ses)
+    assert p.rc == 0 and p.json()["status"] == "completed", str(p)
+    assert cli.session_show(ses)["runs"][-1]["status"] == "completed"
+    cli.fsck_clean()
+
+
+def test_a_running_run_whose_holder_is_alive_is_not_interrupted(tmp_path: Path) -> None:
+    """In-process: while the lease is held the run is `running`; once released (the process gone), `interrupted`."""
+    from kxen_agent.runtime.lease import Lease
+    from kxen_agent.runtime.runner import Runner
+    from kxen_agent.session.agent_def import default_agent_definition
+    from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.session.workspace import inspect_workspace
+    from kxen_agent.store import Store
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = Store(str(tmp_path / "state"), namespaces=("sessions",))
+    info = SessionStore(store).create(default_agent_definition(STEPS), inspect_workspace(str(ws)))
+    st = {"status": "running"}
+    runner = Runner(store)
+    with quiet_lease():
+        lease = Lease.acquire(store, info.id, run="run_0123456789", purpose="run")
+        try:
+            assert runner.shown_status(info.id, st) == "running"
+        finally:
+            lease.release()
+    assert runner.shown_status(info.id, st) == "interrupted"
+    assert runner.shown_status(info.id, {"status": "input_required"}) == "input_required"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.errors import UsageError
+from kxen_agent.runtime.redaction import redact
 from kxen_agent.runtime.tools import (
     TOOLS,
     Tool,
     ToolContext,
     ToolOutcome,
     ToolOutcomeUnknown,
-    redact,
     tool_specs,
 )
 
@@ -93,7 +93,7 @@ def test_package_exports_its_sorted_all_and_each_tool_lives_in_its_concept_modul
 
     assert tools.__all__ == sorted(tools.__all__)
     assert set(tools.__all__) == {
-        "TOOLS", "Tool", "ToolContext", "ToolOutcome", "ToolOutcomeUnknown", "redact", "tool_specs",
+        "TOOLS", "Tool", "ToolContext", "ToolOutcome", "ToolOutcomeUnknown", "tool_specs",
     }
     for mod in (protocol, files, shell_mod, registry):
         assert mod.__all__ == sorted(mod.__all__) and all(hasattr(mod, n) for n in mod.__all__)
@@ -283,6 +283,42 @@ def test_shell_removes_secret_env(ws, monkeypatch):
     # A secret that reaches the output another way is redacted.
     out = shell.run({"command": "echo s3cr3t-value-xyz"}, ctx)
     assert out.output == "[REDACTED]\n[exit code 0]"
+
+
+def test_shell_drops_credential_looking_variables_unless_the_policy_keeps_them(ws, monkeypatch):
+    for name, value in (("GITHUB_TOKEN", "ghp_" + "A1" * 18), ("MY_SERVICE_PASSWORD", "hunter2hunter2"),
+                        ("aws_secret_access_key", "wJalrXUtnFEMIK7MDENGbPxRfiCY"), ("DEPLOY_PAT", "patpatpat99"),
+                        ("SHORT_KEY", "abc"), ("KXEN_PLAIN", "plain-value-1")):
+        monkeypatch.setenv(name, value)
+    out = shell.run({"command": "env"}, make_ctx(ws, env_keep=()))
+    assert "KXEN_PLAIN=plain-value-1" in out.output
+    for name in ("GITHUB_TOKEN", "MY_SERVICE_PASSWORD", "aws_secret_access_key", "DEPLOY_PAT", "SHORT_KEY"):
+        assert name not in out.output
+    # Kept by name or by a * pattern: in the environment, but its value never in the output.
+    out = shell.run({"command": "env; echo n=${#GITHUB_TOKEN}"}, make_ctx(ws, env_keep=("GITHUB_*", "SHORT_KEY")))
+    assert "GITHUB_TOKEN=[REDACTED]" in out.output and "n=40" in out.output
+    assert "SHORT_KEY=abc" in out.output  # under 8 characters: not redacted
+    assert "MY_SERVICE_PASSWORD" not in out.output and "ghp_" not in out.output
+
+
+def test_a_version_1_lock_keeps_every_variable_but_redacts_their_values(ws, monkeypatch):
+    """env_keep None (a lock written before the rule): the environment is as it was, the output is redacted."""
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "hunter2hunter2")
+    out = shell.run({"command": "env"}, make_ctx(ws, env_keep=None))
+    assert "MY_SERVICE_PASSWORD=[REDACTED]" in out.output and "hunter2" not in out.output
+
+
+def test_the_api_keys_variable_is_dropped_even_if_a_pattern_would_keep_it(ws, monkeypatch):
+    monkeypatch.setenv("KXEN_TEST_API_KEY", "sk-provider-key-0123456789abcdef")
+    out = shell.run({"command": "env"}, make_ctx(ws, secret_env_names=("KXEN_TEST_API_KEY",), env_keep=("*",)))
+    assert "KXEN_TEST_API_KEY" not in out.output
+
+
+def test_read_file_redacts_token_formats_and_url_userinfo(ws):
+    (ws / "notes.txt").write_text("remote https://bob:ghp_abcdefghijklmnopqrstuvwxyz0123456789@github.com/o/r\n"
+                                  "aws AKIAIOSFODNN7EXAMPLE\n")
+    out = read_file.run({"path": "notes.txt"}, make_ctx(ws))
+    assert out.output == "remote https://***@github.com/o/r\naws [REDACTED]\n"
 
 
 def test_shell_timeout_kills_the_group(ws):

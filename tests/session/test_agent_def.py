@@ -65,6 +65,7 @@ def test_constants() -> None:
 def test_script_definition_with_defaults(tmp_path: Path) -> None:
     body = load_agent_definition(write(tmp_path, BASIC))
     assert body == {
+        "version": 2,
         "name": "demo",
         "provider": "script",
         "model": "script",
@@ -72,7 +73,7 @@ def test_script_definition_with_defaults(tmp_path: Path) -> None:
         "api_key_env": None,
         "system": DEFAULT_SYSTEM,
         "tools": list(KNOWN_TOOLS),
-        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000},
+        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": []},
         "script": json.dumps(STEPS, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
     }
     assert only_plain_values(body)
@@ -90,7 +91,7 @@ def test_full_definition(tmp_path: Path) -> None:
     body = load_agent_definition(write(tmp_path, toml))
     assert body["model"] == "replay-1" and body["system"] == "Be brief."
     assert body["tools"] == ["read_file", "shell"]  # order kept
-    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0}
+    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0, "env_keep": []}
     assert only_plain_values(body)
 
 
@@ -161,7 +162,7 @@ def test_default_agent_definition() -> None:
     body = default_agent_definition([{"content": "hello"}])
     assert body["provider"] == "script" and body["model"] == "script"
     assert body["tools"] == list(KNOWN_TOOLS) and body["system"] == DEFAULT_SYSTEM
-    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000}
+    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": []}
     assert body["script"] == '[{"content":"hello"}]'
     assert only_plain_values(body)
     with pytest.raises(AgentDefinitionError, match="non-empty"):
@@ -318,3 +319,24 @@ def test_loading_writes_nothing(tmp_path: Path) -> None:
     after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     assert sorted(after) == sorted(before)
     assert after["steps.json"] == before["steps.json"][0]
+
+
+def test_env_keep(tmp_path: Path) -> None:
+    """[policy] env_keep (§14.2): variable names or * patterns, each once; never the provider key's variable."""
+    body = load_agent_definition(write(tmp_path, BASIC + '[policy]\nenv_keep = ["GITHUB_TOKEN", "AWS_*"]\n'))
+    assert body["version"] == 2 and body["policy"]["env_keep"] == ["GITHUB_TOKEN", "AWS_*"]
+    for value, why in (('"GITHUB_TOKEN"', "expected an array"), ('["A B"]', "is not a variable name"),
+                       ('["X", "X"]', "listed twice"), ("[1]", "expected variable names")):
+        with pytest.raises(AgentDefinitionError, match=rf"key 'policy.env_keep': .*{why}"):
+            load_agent_definition(write(tmp_path, BASIC + f"[policy]\nenv_keep = {value}\n"))
+    with pytest.raises(AgentDefinitionError, match="keeps OPENAI_API_KEY, the provider key's variable"):
+        load_agent_definition(write(tmp_path, BASIC + 'api_key_env = "OPENAI_API_KEY"\n[policy]\nenv_keep = ["OPENAI_*"]\n'))
+
+
+def test_env_keep_of_a_version_1_lock_is_none() -> None:
+    from kxen_agent.session.agent_def import env_keep_of
+
+    lock = default_agent_definition([{"content": "hi"}])
+    assert env_keep_of(lock) == ()
+    old = {k: v for k, v in lock.items() if k != "version"}
+    assert env_keep_of(old) is None

@@ -34,7 +34,7 @@ STEPS = [
 #: Keys whose removal leaves a valid object (§14: "optional"); every other key of
 #: every object a run writes is needed by a reader.
 MAY_DROP = {
-    "agent": set(),
+    "agent": {"version"},  # without it, a version-1 lock (§14.2): valid, read as it always was
     "session": {"previous"},
     "message": {"run", "toolCalls", "toolCallId"},
     # requestedModel ... turnUsage: runs written before §14.5 had them lack them, and still read.
@@ -373,3 +373,17 @@ def test_an_agent_lock_whose_script_is_not_plain_json(made, tmp_path: Path, scri
     assert "§14.2" in err and "key 'script' is not a valid steps list" in err, err
     rep = kx("fsck", "--json").json()
     assert any(p["kind"] == "schema" and "key 'script'" in p["message"] for p in rep["problems"]), rep["problems"]
+
+
+def test_agent_lock_versions(made) -> None:
+    """§14.2: version 2 needs policy.env_keep; no version is version 1; a newer version is refused."""
+    _, _, objs = made
+    (lock,) = {oid: value for oid, kind, value in objs if kind == "agent"}.values()
+    assert lock["version"] == 2 and lock["policy"]["env_keep"] == []
+    v1 = {k: v for k, v in lock.items() if k != "version"}
+    v1["policy"] = {k: v for k, v in lock["policy"].items() if k != "env_keep"}
+    check("agent", v1)
+    with pytest.raises(SchemaViolation, match="'policy.env_keep' must be an array of text"):
+        check("agent", {**lock, "policy": v1["policy"]})
+    with pytest.raises(SchemaViolation, match="agent lock version 3 is newer than this kxen-agent reads"):
+        check("agent", {**lock, "version": 3})

@@ -171,7 +171,7 @@ def test_pack_bundle_round_trip_checked_by_an_independent_reader(src, tmp_path):
     assert refs_of(dst, "ses/a", "ses/b") == refs_of(src, "ses/a", "ses/b")
     assert all(dst.read_raw(o).raw == src.read_raw(o).raw for o in want)
     assert fsck(Store(dst.root)).clean
-    assert [e.reason for e in dst.refs.reflog("ses/a")] == [f"import bundle {info.digest[:16]}"] * 2
+    assert [e.reason for e in dst.refs.reflog("ses/a")] == [f"import bundle {info.content_digest[:16]}"] * 2
 
 
 def test_json_bundle_round_trip_and_is_plain_json(src, tmp_path):

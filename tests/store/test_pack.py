@@ -625,3 +625,33 @@ def test_the_pack_package_exports_a_sorted_all_of_its_modules_public_names():
     assert set(pack.__all__) == set().union(*(m.__all__ for m in mods))
     assert all(getattr(pack, n) is getattr(m, n) for m in mods for n in m.__all__)
     assert all(m.__all__ == sorted(m.__all__) for m in mods)
+
+
+def test_a_method_2_frame_may_name_the_packs_dictionary_and_no_other() -> None:
+    """§12.3: `zstd -D dict` writes the dictionary's id into the frame; a reader takes it, but no other id."""
+    import zstandard
+
+    from kxen_agent.store.objects import CorruptObject
+    from kxen_agent.store.pack import Decompressor
+
+    samples = [(f"message {i}: the build of module m{i % 7} passed with {i % 5} warnings " * 8).encode()
+               for i in range(200)]
+    d = zstandard.train_dictionary(4096, samples, k=1024, d=8, steps=0, threads=1)
+    raw = samples[3]
+    ident = int.from_bytes(d.as_bytes()[4:8], "little")
+    assert ident == d.dict_id() != 0
+    named = zstandard.ZstdCompressor(dict_data=d, write_content_size=True, write_dict_id=True).compress(raw)
+    anonymous = zstandard.ZstdCompressor(dict_data=d, write_content_size=True, write_dict_id=False).compress(raw)
+    assert zstandard.get_frame_parameters(named).dict_id == ident
+    dec = Decompressor(d.as_bytes())
+    assert dec.decompress_raw(2, len(raw), named, "t") == raw
+    assert dec.decompress_raw(2, len(raw), anonymous, "t") == raw
+    # Another id in the frame header (the frame's 4-byte Dictionary_ID field follows the descriptor).
+    fhd = named[4]
+    assert fhd & 0b11 == 3  # a 4-byte Dictionary_ID
+    at = 5 if fhd & 0x20 else 6  # single segment: no window descriptor before the id
+    other = named[:at] + (ident ^ 1).to_bytes(4, "little") + named[at + 4:]
+    with pytest.raises(CorruptObject, match=f"names dictionary {ident ^ 1}; this pack's dictionary is {ident}"):
+        dec.decompress_raw(2, len(raw), other, "t")
+    with pytest.raises(CorruptObject, match=f"names dictionary {ident}; a method-1 entry uses none"):
+        Decompressor(None).decompress_raw(1, len(raw), named, "t")

@@ -14,6 +14,7 @@ implementations.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -131,18 +132,47 @@ def test_vector_survives_the_loose_frame(vec: dict[str, str]) -> None:
 # ------------------------------------------------------------------ §13.2
 
 
+def _reject_bytes(rej: dict[str, str]) -> bytes:
+    """``bytes``, then ``then`` (``h×n``: byte ``h`` repeated ``n`` times) when the vector has it."""
+    raw = bytes.fromhex(rej["bytes"])
+    if "then" in rej:
+        unit, times = rej["then"].split("×")
+        raw += bytes.fromhex(unit) * int(times)
+    return raw
+
+
 def test_spec_has_reject_vectors() -> None:
     assert len(REJECTS) >= 10
     for r in REJECTS:
-        assert set(r) == {"reject", "bytes", "error"}, r["reject"]
+        assert set(r) - {"then"} == {"reject", "bytes", "error"}, r["reject"]
 
 
 @pytest.mark.parametrize("rej", REJECTS, ids=[r["reject"] for r in REJECTS])
 def test_reject_vector_is_refused(rej: dict[str, str]) -> None:
-    raw = bytes.fromhex(rej["bytes"])
+    raw = _reject_bytes(rej)
     with pytest.raises(CorruptObject) as info:
         decode_body(parse_object(raw, rej["reject"]))
     assert info.value.reason == rej["error"]
+
+
+def test_the_budget_vector_is_one_item_over_and_one_item_less_is_read() -> None:
+    """``cbor-over-budget`` breaks the budget and nothing else: one element fewer decodes."""
+    from kxen_agent.store import codec
+
+    (rej,) = [r for r in REJECTS if r["reject"] == "cbor-over-budget"]
+    body = parse_object(_reject_bytes(rej), "spec").body
+    assert body[:5] == b"\x9a" + (codec.MAX_BODY_ITEMS).to_bytes(4, "big")
+    under = b"\x9a" + (codec.MAX_BODY_ITEMS - 1).to_bytes(4, "big") + body[6:]
+    assert codec.decode(under) == [0] * (codec.MAX_BODY_ITEMS - 1)
+    assert codec.encode([0] * (codec.MAX_BODY_ITEMS - 1)) == under
+    with pytest.raises(codec.EncodeError, match="value of 524289 data items, more than the 524288"):
+        codec.encode([0] * codec.MAX_BODY_ITEMS)
+    # Maps are charged two items an entry: 262143 entries and the map itself fit.
+    keys = sorted((f"{i:05x}" for i in range(262143)), key=lambda k: (len(k), k))
+    value = {k: 0 for k in keys}
+    assert codec.decode(codec.encode(value)) == value
+    with pytest.raises(codec.EncodeError):
+        codec.encode({**value, "zzzzz": 0})
 
 
 # ------------------------------------------------------------------ §13.3
@@ -170,9 +200,17 @@ def test_reflog_lines_are_byte_exact() -> None:
         line = format_reflog_line(entry)
         assert line.hex() == e["bytes"]
         (back,) = parse_reflog(line, "spec")
-        assert back == ReflogEntry(
-            entry.old, entry.new, entry.time_ns, entry.fence, entry.name, " ".join(entry.reason.split())
-        )
+        # §7.1, written out here: whitespace collapsed, then controls and surrogates as U+FFFD.
+        printable = re.sub("[\x00-\x1f\x7f-\x9f\ud800-\udfff]", "\ufffd", " ".join(entry.reason.split()))
+        assert back == ReflogEntry(entry.old, entry.new, entry.time_ns, entry.fence, entry.name, printable)
+
+
+def test_a_reader_accepts_control_characters_written_before_the_rule() -> None:
+    """§7.1: writers replace them, readers still take a line that holds them (older reflogs)."""
+    (e,) = [r for r in REFLOG_LINES if r["group"] == "session/s-0002"]
+    line = bytes.fromhex(e["bytes"]).replace("\ufffd".encode(), b"\x1b", 1)
+    (back,) = parse_reflog(line, "spec")
+    assert "\x1b" in back.reason
 
 
 def test_ref_file_is_byte_exact_and_counts_its_reflog() -> None:
@@ -204,7 +242,7 @@ def test_text_renderings_match_the_hex() -> None:
         assert bytes.fromhex(e["bytes"]).decode("ascii") in ref_text
     log_text = [b for b in blocks if "<TAB>" in b]
     assert log_text
-    whole = b"".join(bytes.fromhex(r["bytes"]) for r in REFLOG_LINES)
+    whole = b"".join(bytes.fromhex(r["bytes"]) for r in REFLOG_LINES if r["group"] == "session/s-0001")
     assert log_text[0].replace("<TAB>", "\t").encode("utf-8") == whole
 
 
@@ -342,3 +380,209 @@ def test_workspace_identity(vec: dict[str, str]) -> None:
         assert workspace._remote_hash(key) == expected_remote
     else:
         assert expected_remote is None
+
+
+# ------------------------------------------------------------------ §10.2: the FORMAT file
+
+FORMAT_FILES = _tagged("format-file")
+
+
+def test_spec_has_format_file_vectors() -> None:
+    assert {f["opens"] for f in FORMAT_FILES} >= {"1", "2", "refused"}
+    assert {f["format-file"] for f in FORMAT_FILES} >= {"leading-zero", "leading-zeros"}
+
+
+@pytest.mark.parametrize("vec", FORMAT_FILES, ids=[v["format-file"] for v in FORMAT_FILES])
+def test_format_file(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store, fsck
+    from kxen_agent.store.repo import StateDirError
+
+    assert set(vec) == {"format-file", "bytes", "opens"}
+    root = tmp_path / "state"
+    root.mkdir()
+    (root / "FORMAT").write_bytes(bytes.fromhex(vec["bytes"]))
+    if vec["opens"] == "refused":
+        with pytest.raises(StateDirError):
+            Store(str(root))
+        return
+    store = Store(str(root))
+    assert store.format_version == int(vec["opens"])
+    if store.format_version == 1:
+        assert fsck(store).clean
+
+
+# ------------------------------------------------------------------ §5.4, §12.3: frames refused on their header
+
+REJECT_FRAMES = _tagged("reject-frame")
+
+
+def test_spec_has_frame_vectors() -> None:
+    assert {v["reject-frame"] for v in REJECT_FRAMES} >= {"window-2pow31", "dictionary-id"}
+
+
+@pytest.mark.parametrize("vec", REJECT_FRAMES, ids=[v["reject-frame"] for v in REJECT_FRAMES])
+def test_frame_is_refused_as_a_loose_object_and_as_a_pack_entry(vec: dict[str, str]) -> None:
+    from kxen_agent.store.pack import Decompressor
+
+    assert set(vec) == {"reject-frame", "bytes", "error"}
+    frame = bytes.fromhex(vec["bytes"])
+    with pytest.raises(CorruptObject) as info:
+        decompress_loose(frame, "spec")
+    assert info.value.reason == vec["error"]
+    # The same frame as a method-1 pack entry (§12.3): the same rule.
+    import zstandard
+
+    size = zstandard.get_frame_parameters(frame).content_size
+    with pytest.raises(CorruptObject) as info:
+        Decompressor(None).decompress_raw(1, size, frame, "spec")
+    assert info.value.reason == vec["error"].replace("a loose object uses none", "a method-1 entry uses none")
+
+
+def test_the_window_vector_holds_a_valid_object_that_a_small_window_reads() -> None:
+    """Only the window is wrong: the same blocks under a single-segment header read back."""
+    (vec,) = [v for v in REJECT_FRAMES if v["reject-frame"] == "window-2pow31"]
+    frame = bytes.fromhex(vec["bytes"])
+    single = frame[:4] + bytes([0b1110_0000]) + frame[6:]  # single segment: no window descriptor
+    raw = decompress_loose(single, "spec")
+    assert parse_object(raw, "spec").body == b"aaaaa"
+
+
+# ------------------------------------------------------------------ §12.8: which form a file is
+
+BUNDLE_STARTS = _tagged("bundle-start")
+
+
+def test_spec_has_bundle_start_vectors() -> None:
+    assert {v["bundle-start"] for v in BUNDLE_STARTS} >= {"json-after-64-whitespace", "json-after-65-whitespace"}
+
+
+@pytest.mark.parametrize("vec", BUNDLE_STARTS, ids=[v["bundle-start"] for v in BUNDLE_STARTS])
+def test_bundle_start(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store.bundle import BadBundle, verify_bundle
+    from kxen_agent.store.bundle.json_form import _JsonBundleReader
+    from kxen_agent.store.bundle.pack_form import _PackBundleReader
+    from kxen_agent.store.bundle.verify import _open_reader
+    from kxen_agent.store.fsio import OS_IO
+
+    assert set(vec) == {"bundle-start", "bytes", "form"}
+    start = bytes.fromhex(vec["bytes"])
+    # The start of a valid bundle of each form, so that the form's reader gets past its first checks.
+    valid = {"pack": (HOSTILE / "valid.kxb").read_bytes(), "json": (HOSTILE / "valid.json").read_bytes()}
+    form = vec["form"]
+    if form in valid:
+        ws = len(start) - len(start.lstrip(b" \t\r\n"))
+        data = start[:ws] + valid[form]
+        path = tmp_path / "b"
+        path.write_bytes(data)
+        with open(path, "rb") as f:
+            reader = _open_reader(str(path), f, OS_IO)
+        assert isinstance(reader, _PackBundleReader if form == "pack" else _JsonBundleReader)
+        assert verify_bundle(str(path)).format == form
+    else:
+        path = tmp_path / "b"
+        path.write_bytes(start)
+        with pytest.raises(BadBundle) as info:
+            verify_bundle(str(path))
+        assert form == f"refused ({info.value.reason})"
+
+
+# ------------------------------------------------------------------ §11: fsck cases
+
+FSCK_CASES = _tagged("fsck-case")
+
+
+def test_spec_has_fsck_cases() -> None:
+    assert {v["fsck-case"] for v in FSCK_CASES} >= {"file-directly-in-refs", "index-without-pack"}
+
+
+@pytest.mark.parametrize("vec", FSCK_CASES, ids=[v["fsck-case"] for v in FSCK_CASES])
+def test_fsck_case(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store, fsck
+
+    assert set(vec) == {"fsck-case", "files", "stray", "problems"}
+    root = tmp_path / "state"
+    Store(str(root), namespaces=("sessions",)).ensure_initialized()
+    for rel in vec["files"].split():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    rep = fsck(Store(str(root), namespaces=("sessions",)))
+    want_stray = [] if vec["stray"] == "none" else vec["stray"].split()
+    assert sorted(os.path.relpath(p, root) for p in rep.stray_files) == sorted(want_stray)
+    want_problems = [] if vec["problems"] == "none" else vec["problems"].split()
+    assert [p.kind for p in rep.problems] == want_problems, [p.line() for p in rep.problems]
+
+
+# ------------------------------------------------------------------ §12.7: the content digest
+
+CONTENT_DIGESTS = _tagged("content-digest")
+
+
+@pytest.mark.parametrize("vec", CONTENT_DIGESTS, ids=[v["content-digest"] for v in CONTENT_DIGESTS])
+def test_content_digest_is_the_same_for_both_forms_and_names_the_import(vec: dict[str, str], tmp_path: Path) -> None:
+    from kxen_agent.store import Store
+    from kxen_agent.store.bundle import import_bundle, verify_bundle
+
+    assert set(vec) == {"content-digest", "digest", "reason"}
+    names = vec["content-digest"].split()
+    assert len(names) == 2
+    for name in names:
+        info = verify_bundle(str(HOSTILE / name))
+        assert info.content_digest == vec["digest"], name
+        store = Store(str(tmp_path / name))
+        import_bundle(store, str(HOSTILE / name))
+        for group in info.refs:
+            assert {e.reason for e in store.refs.reflog(group)} == {vec["reason"]}
+    # The definition, computed here without the bundle package.
+    data = (HOSTILE / names[0]).read_bytes()
+    header = cbor2.loads(data[16:16 + int.from_bytes(data[12:16], "big")])
+    header["capabilities"] = []
+    h = blake3.blake3(b"kxen-bundle-json 1\n" + cbor2.dumps(header, canonical=True))
+    import json
+
+    for o in json.loads((HOSTILE / names[1]).read_text())["objects"]:
+        h.update(bytes.fromhex(o["id"]))
+    assert h.hexdigest() == vec["digest"]
+
+
+def test_a_dictionary_does_not_change_the_content_digest(tmp_path: Path) -> None:
+    """The pack form with zstd-dict and the JSON form of one export: one content digest."""
+    from kxen_agent.store import RefUpdate, Store
+    from kxen_agent.store.bundle import export_bundle, verify_bundle
+
+    store = Store(str(tmp_path / "s"))
+    prev = None
+    for i in range(128):  # enough alike, enough of them: the pack trains a dictionary
+        text = "".join(f"step {i}.{j}: module m{(i * j) % 17} built, {(i + j) % 13} warnings, see line {i * 31 + j}; "
+                       for j in range(17))
+        prev = store.put("message", {"text": text, **({"parent": prev} if prev else {})})
+    store.refs.transaction("ses/many", [RefUpdate("head", None, prev)], reason="t")
+    pack = export_bundle(store, ["ses/many"], str(tmp_path / "b.kxb"), fmt="pack")
+    js = export_bundle(store, ["ses/many"], str(tmp_path / "b.json"), fmt="json")
+    assert pack.capabilities == ("zstd-dict",) and js.capabilities == ()
+    assert pack.digest != js.digest
+    assert pack.content_digest == js.content_digest == js.digest
+    assert verify_bundle(str(tmp_path / "b.kxb")).content_digest == pack.content_digest
+
+
+# ------------------------------------------------------------------ §3.1: the header's grammar and regex
+
+
+def test_the_header_regex_of_the_spec_is_its_grammar_and_the_readers_rule() -> None:
+    from kxen_agent.store.objects import MAX_OBJECT_SIZE
+
+    text = SPEC.read_text(encoding="utf-8")
+    (pattern,) = re.findall(r"`\^(\(blob\|message[^`]*)`", text)
+    rx = re.compile(pattern.encode().replace(b"\\x00", b"\x00"))
+    for digits in ["0", "7", "00", "07", "10", "67108864", "67108865", "99999999", "999999999", "1" + "0" * 19]:
+        n = int(digits)
+        header = b"blob " + digits.encode() + b"\x00"
+        legal = rx.fullmatch(header) is not None and n <= MAX_OBJECT_SIZE
+        # The grammar: "0" / %x31-39 *7DIGIT, and the limit.
+        assert legal == (re.fullmatch(r"0|[1-9][0-9]{0,7}", digits) is not None and n <= MAX_OBJECT_SIZE)
+        body = b"a" * n if n <= MAX_OBJECT_SIZE else b"a"
+        try:
+            parse_object(header + body, "spec")
+            accepted = True
+        except CorruptObject:
+            accepted = False
+        assert accepted == legal, digits

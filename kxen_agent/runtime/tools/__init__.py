@@ -4,8 +4,9 @@ The tool set is ``shell``, ``read_file``, ``write_file``, ``edit_file`` and
 ``list_files``; the package is split by concept:
 
 - :mod:`.protocol`: the contract every tool meets (:class:`Tool`,
-  :class:`ToolContext`, :class:`ToolOutcome`, :class:`ToolOutcomeUnknown`),
-  redaction of secrets and the checking of a call's arguments;
+  :class:`ToolContext`, :class:`ToolOutcome`, :class:`ToolOutcomeUnknown`)
+  and the checking of a call's arguments (what is secret, and how it is
+  redacted, is :mod:`kxen_agent.runtime.redaction`'s);
 - :mod:`.files`: the file tools and the confinement of their paths to the
   workspace;
 - :mod:`.shell`: the ``shell`` tool and the supervision of its process group
@@ -22,7 +23,7 @@ limitations.
 
 from __future__ import annotations
 
-from .protocol import Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact
+from .protocol import Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown
 from .registry import TOOLS, tool_specs
 
 __all__ = [
@@ -31,6 +32,5 @@ __all__ = [
     "ToolContext",
     "ToolOutcome",
     "ToolOutcomeUnknown",
-    "redact",
     "tool_specs",
 ]

@@ -1,9 +1,11 @@
 """The contract between the runtime and a tool.
 
 This module owns what every tool shares: the :class:`Tool` protocol, the
-:class:`ToolContext` a call runs under, the :class:`ToolOutcome` it reports,
-the :class:`ToolOutcomeUnknown` verdict, redaction of secrets from output,
-and the checking of a call's arguments against the tool's flat JSON schema.
+:class:`ToolContext` a call runs under (which secrets to hide from the
+tool's environment and output: the rules are :mod:`kxen_agent.runtime.redaction`'s),
+the :class:`ToolOutcome` it reports, the :class:`ToolOutcomeUnknown`
+verdict, and the checking of a call's arguments against the tool's flat
+JSON schema.
 
 It must never run a tool, touch the workspace or start a process (that is
 :mod:`.files` and :mod:`.shell`), and never journal, retry or decide what a
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..redaction import credential_env_values, redact, tool_environment
+
 __all__ = [
     "BadArguments",
-    "REDACTED",
     "Tool",
     "ToolContext",
     "ToolOutcome",
@@ -31,8 +34,6 @@ __all__ = [
     "check_arguments",
     "redact",
 ]
-
-REDACTED = "[REDACTED]"
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,12 @@ class ToolContext:
     """Where and under which limits a tool runs.
 
     ``workspace`` is the realpath of the workspace root; ``cancel`` is set by
-    the runtime on Ctrl-C/SIGTERM; ``secret_env_names`` are removed from the
-    shell's environment and their values redacted from tool output.
+    the runtime on Ctrl-C/SIGTERM; ``secret_env_names`` (the API key's
+    variable) are removed from the shell's environment whatever the policy;
+    ``env_keep`` is the agent policy's list of credential-looking variables
+    the shell keeps (names or ``*`` globs), None for an agent lock of
+    version 1, whose shell keeps every variable (§14.2). The values of the
+    secret and credential-looking variables are redacted from tool output.
     """
 
     workspace: str
@@ -71,10 +76,16 @@ class ToolContext:
     cancel: threading.Event
     secret_env_names: tuple[str, ...]
     output_cap: int = 64 * 1024
+    env_keep: tuple[str, ...] | None = None
 
     def secret_values(self) -> list[str]:
-        """The current values of the secret env vars (for redaction)."""
-        return [os.environ[n] for n in self.secret_env_names if os.environ.get(n)]
+        """The values to redact: the secret variables', and the credential-looking ones' (§14.11)."""
+        named = [os.environ[n] for n in self.secret_env_names if os.environ.get(n)]
+        return named + credential_env_values(os.environ)
+
+    def environment(self) -> dict[str, str]:
+        """The environment a tool's process gets (:func:`~kxen_agent.runtime.redaction.tool_environment`)."""
+        return tool_environment(os.environ, self.env_keep, self.secret_env_names)
 
 
 @runtime_checkable
@@ -88,18 +99,6 @@ class Tool(Protocol):
     parameters: dict[str, Any]
 
     def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome: ...
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every occurrence of each secret of 4+ characters with ``[REDACTED]``.
-
-    Shorter secrets are left alone: replacing "ab" everywhere would shred the
-    output and reveal the secret by its gaps anyway.
-    """
-    # Longest first, so a secret containing another is replaced whole.
-    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 class BadArguments(Exception):

@@ -2,7 +2,8 @@
 
 This module owns running one command line with ``/bin/sh -c`` in the
 workspace: its own session (so its own process group, out of reach of the
-terminal's Ctrl-C), an environment with the secret variables removed, the
+terminal's Ctrl-C), an environment without the API key's variable nor, unless
+the agent's policy keeps them (``env_keep``), any credential-looking one, the
 output pipe drained to a head-and-tail cap, the timeout, the cancellation
 window, the SIGTERM-then-SIGKILL escalation to the whole group, and the
 :class:`~.protocol.ToolOutcomeUnknown` verdict when the group's end cannot be
@@ -187,8 +188,7 @@ class Shell:
         except BadArguments as e:
             return ToolOutcome(str(e), is_error=True)
         secrets = ctx.secret_values()
-        hidden = set(ctx.secret_env_names)
-        env = {k: v for k, v in os.environ.items() if k not in hidden}
+        env = ctx.environment()  # credential-looking variables dropped unless the policy keeps them
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", args["command"]],

@@ -47,11 +47,12 @@ entry parser, decompressor and :class:`~kxen_agent.store.pack.PackStream`):
 
 from __future__ import annotations
 
-from .export import EXPORT_KEEP_BUDGET, BundleWriteError, NoSuchGroup, export_bundle
+from .export import EXPORT_KEEP_BUDGET, BundleWriteError, NoSuchGroup, bundle_objects, export_bundle
 from .header import (
     BUNDLE_MAGIC,
     BUNDLE_VERSION,
     CAP_ZSTD_DICT,
+    CONTENT_DIGEST_PREFIX,
     KNOWN_CAPABILITIES,
     MAX_HEADER_SIZE,
     PREFIX_SIZE,
@@ -66,7 +67,7 @@ from .header import (
 from .import_ import BundleRefused, ImportResult, Transform, import_bundle
 from .json_form import JSON_FORMAT_NAME, write_json_bundle
 from .pack_form import write_pack_bundle
-from .verify import iter_bundle_objects, verify_bundle, verify_bundle_with_ref_targets
+from .verify import JudgeRefs, iter_bundle_objects, verify_bundle, verify_bundle_with_ref_targets
 
 __all__ = [
     "BUNDLE_MAGIC",
@@ -76,15 +77,18 @@ __all__ = [
     "BundleRefused",
     "BundleWriteError",
     "CAP_ZSTD_DICT",
+    "CONTENT_DIGEST_PREFIX",
     "EXPORT_KEEP_BUDGET",
     "ImportResult",
     "JSON_FORMAT_NAME",
+    "JudgeRefs",
     "KNOWN_CAPABILITIES",
     "MAX_HEADER_SIZE",
     "NoSuchGroup",
     "PREFIX_SIZE",
     "Progress",
     "Transform",
+    "bundle_objects",
     "encode_bundle_head",
     "export_bundle",
     "format_for_path",

@@ -42,6 +42,7 @@ class _Closure:
             for name, oid in sorted(hdr.refs[g].items()):
                 self.pending.setdefault(oid, f"ref {g}/{name}")
         self.seen: set[ObjectId] = set()
+        self.content = hdr.content_digest()  # fed each id in order (§12.7)
         self.count = 0
         self.bytes = 0
         self.kinds: dict[str, int] = {}
@@ -74,6 +75,7 @@ class _Closure:
             raise BadBundle(where, f"more objects than the {self.hdr.objects} the header declares", offset, unit)
         kind = obj.kind
         self.seen.add(obj.id)
+        self.content.update(obj.id)
         self.count += 1
         self.bytes += len(obj.raw)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1

@@ -34,7 +34,7 @@ from .header import BUNDLE_VERSION, CAP_ZSTD_DICT, BundleInfo, Progress, _Header
 from .json_form import write_json_bundle
 from .pack_form import write_pack_bundle
 
-__all__ = ["BundleWriteError", "EXPORT_KEEP_BUDGET", "NoSuchGroup", "export_bundle"]
+__all__ = ["BundleWriteError", "EXPORT_KEEP_BUDGET", "NoSuchGroup", "bundle_objects", "export_bundle"]
 
 #: Export keeps the small objects its closure walk reads (those of at most
 #: DICT_SAMPLE_MAX_OBJECT bytes, the dictionary's audience), up to this many
@@ -272,7 +272,24 @@ def export_bundle(
     except BaseException:
         sink.abort()
         raise
-    return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds)
+    content = hdr.content_digest()
+    for oid in order:
+        content.update(oid)
+    return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds,
+                      content.hexdigest())
+
+
+def bundle_objects(store: Store, groups: list[str]) -> Iterator[RawObject]:
+    """Every object an export of ``groups`` writes, in bundle order, each read from the store.
+
+    For a caller that must look at a bundle's contents before it is
+    written (``session export --scan``); refuses what :func:`export_bundle`
+    refuses (a group missing, empty or deleted; an object missing).
+    """
+    refs = _export_roots(store, groups)
+    order = _closure_order(store, refs, None, EXPORT_KEEP_BUDGET)[0]
+    for oid in order:
+        yield store.read_raw(oid)
 
 
 def _objects(store: Store, order: list[ObjectId], progress: Progress | None,

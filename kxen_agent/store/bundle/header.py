@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from kxen_agent.errors import KxenError, UsageError
 
 from .. import codec
+from ..objects import MAX_OBJECT_SIZE
 from ..pack import crc32
 from ..refs import BadRefName, validate_group, validate_ref_name
 
@@ -31,6 +32,7 @@ __all__ = sorted(
         "BadBundle",
         "BundleInfo",
         "CAP_ZSTD_DICT",
+        "CONTENT_DIGEST_PREFIX",
         "KNOWN_CAPABILITIES",
         "MAX_HEADER_SIZE",
         "PREFIX_SIZE",
@@ -42,6 +44,8 @@ __all__ = sorted(
     ]
 )
 
+#: What the content digest hashes first (§12.7, the JSON form's ``digest``, §12.8).
+CONTENT_DIGEST_PREFIX = b"kxen-bundle-json 1\n"
 BUNDLE_MAGIC = b"KXBUNDLE"
 BUNDLE_VERSION = 1
 #: Capabilities a version-1 reader understands; any other is refused.
@@ -82,6 +86,10 @@ class BundleInfo:
     file_bytes: int
     digest: str  # the trailer (pack form) or the digest (JSON form), hex
     kinds: Mapping[str, int] = field(default_factory=dict)
+    #: What the bundle holds, whatever its form (§12.7): the refs, the counts
+    #: and the object ids in order; the same bundle exported in the two forms
+    #: has the same one (the JSON form's ``digest``). Imports name it.
+    content_digest: str = ""
 
     def to_json(self) -> dict:
         return {
@@ -95,6 +103,7 @@ class BundleInfo:
             "packBytes": self.pack_bytes,
             "fileBytes": self.file_bytes,
             "digest": self.digest,
+            "contentDigest": self.content_digest,
             "kinds": dict(sorted(self.kinds.items())),
         }
 
@@ -133,6 +142,17 @@ class _Header:
             links_only=True,
         )
 
+    def content_digest(self) -> Any:
+        """The running BLAKE3 of the content digest (§12.7), before the ids: feed it each object's id in order.
+
+        The header map with ``capabilities`` empty: ``zstd-dict`` says how a
+        pack section is compressed, not what the bundle holds, so the two
+        forms of one bundle get one digest (the JSON form's ``digest``).
+        """
+        import blake3
+
+        return blake3.blake3(CONTENT_DIGEST_PREFIX + _Header((), self.refs, self.objects, self.size).cbor())
+
 
 def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -> dict[str, dict[str, bytes]]:
     def bad(reason: str) -> BadBundle:
@@ -158,6 +178,38 @@ def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -
                 raise bad(f"ref {group}/{name} is not a 32-byte object id")
             out[group][name] = oid
     return out
+
+
+#: The fewest bytes one object takes in a pack-form bundle: an entry header
+#: and the shortest object bytes (``blob 0`` NUL, 7 bytes; a zstd frame is
+#: longer), and what a pack section and the trailer add to its entries.
+MIN_ENTRY_BYTES = 57 + 7
+_PACK_FORM_OVERHEAD = 4 + 4 + 4 + 4 + 4 + 8 + 32 + 32  # pack magic, version, dictionary length, CRC; end record; trailers
+#: The fewest characters one element of a JSON bundle's ``objects`` takes:
+#: ``{"id":"<64 hex>","kind":"run","bytes":"<12 base64>"}`` and its comma.
+MIN_JSON_OBJECT_CHARS = 110
+#: The shortest object bytes of any kind (``blob 0`` NUL).
+MIN_OBJECT_BYTES = 7
+
+
+def check_header_fits(hdr: _Header, where: str, room: int | None, per_object: int, offset: int | None,
+                      unit: str = "byte") -> None:
+    """Judge the header's counts against each other and against the file, before any object is read.
+
+    ``room`` is what the file has left for objects (bytes of the pack form
+    after its header, characters of the JSON form; None: unknown, a pipe),
+    ``per_object`` the fewest an object takes there. A count the file
+    cannot hold, or a size its objects cannot have, is refused at once
+    (``objects_spec.md`` §12.9 step 1), so that nothing is read, decoded
+    or remembered for a bundle whose header already shows it is wrong.
+    """
+    n, size = hdr.objects, hdr.size
+    if room is not None and n > max(0, room) // per_object:
+        raise BadBundle(where, f"header declares {n} objects, which take at least {n * per_object} {unit}s, and "
+                        f"the file has {max(0, room)} for them: truncated, or the header lies", offset, unit)
+    if not MIN_OBJECT_BYTES * n <= size <= (MAX_OBJECT_SIZE + 17) * n:
+        raise BadBundle(where, f"header declares {size} object bytes, which {n} objects cannot have "
+                        f"({MIN_OBJECT_BYTES} to {MAX_OBJECT_SIZE + 17} bytes each)", offset, unit)
 
 
 def _check_header(value: Any, where: str, offset: int) -> _Header:

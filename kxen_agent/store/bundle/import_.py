@@ -216,6 +216,6 @@ def _apply_refs(store: Store, info: BundleInfo, refs, sealed, transform) -> Impo
             statuses[group] = "unchanged"
             continue
         updates = [RefUpdate(n, local.refs.get(n), v) for n, v in sorted(new.items()) if local.refs.get(n) != v]
-        store.refs.transaction(group, updates, reason=f"import bundle {info.digest[:16]}", deleted_ns=None)
+        store.refs.transaction(group, updates, reason=f"import bundle {info.content_digest[:16]}", deleted_ns=None)
         statuses[group] = "created" if not local.exists else ("restored" if local.refs == new else "updated")
     return ImportResult(info, sealed.count if sealed is not None else 0, pack, statuses, written)

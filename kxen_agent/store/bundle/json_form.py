@@ -22,21 +22,23 @@ import json
 import re
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-import blake3
 
 from ..fsio import FileIO
 from ..objects import CorruptObject, RawObject, parse_object
 from ..pack import MAX_RAW_SIZE
 from .closure import _Closure, _Item
+from .hashing_reader import stream_size
 from .header import (
     BUNDLE_VERSION,
     CAP_ZSTD_DICT,
     KNOWN_CAPABILITIES,
     MAX_HEADER_SIZE,
+    MIN_JSON_OBJECT_CHARS,
     BadBundle,
     BundleInfo,
     _check_refs,
     _Header,
+    check_header_fits,
 )
 
 __all__ = ["JSON_FORMAT_NAME", "write_json_bundle"]
@@ -44,7 +46,6 @@ __all__ = ["JSON_FORMAT_NAME", "write_json_bundle"]
 JSON_FORMAT_NAME = "kxen-bundle"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _JSON_KEYS = ("format", "version", "capabilities", "refs", "objectCount", "objectBytes", "objects", "digest")
-_JSON_DIGEST_PREFIX = b"kxen-bundle-json 1\n"
 # The longest canonical base64 of the longest object bytes.
 _MAX_B64 = 4 * ((MAX_RAW_SIZE + 2) // 3)
 
@@ -139,6 +140,10 @@ class _JsonStream:
             try:
                 v, end = self.dec.raw_decode(self.buf, self.pos)
                 if end < len(self.buf) or self.eof:  # a number at the end might go on
+                    if end - self.pos > limit:
+                        # Judged on the value, not on how much was read: the
+                        # same document is refused whatever the read sizes.
+                        raise self.bad(f"a JSON value longer than {limit} characters")
                     self.pos = end
                     return v
             except json.JSONDecodeError as e:
@@ -251,6 +256,8 @@ class _JsonBundleReader:
             self._gen = self._scan(stream=True)
             next(self._gen)
         self.header = _json_header(self.fields, where)
+        # Characters <= bytes: the file's size bounds the characters it holds.
+        check_header_fits(self.header, where, stream_size(self.io, self.f), MIN_JSON_OBJECT_CHARS, None, "character")
         self.closure = _Closure(self.header, where)
 
     def _scan(self, *, stream: bool) -> Iterator[tuple]:
@@ -309,7 +316,6 @@ class _JsonBundleReader:
         return fields
 
     def __iter__(self) -> Iterator[_Item]:
-        digest = blake3.blake3(_JSON_DIGEST_PREFIX + self.header.cbor())
         while True:
             try:
                 ev = next(self._gen)
@@ -319,7 +325,6 @@ class _JsonBundleReader:
             _tag, el, js, at = ev
             obj = _json_object(el, js, at)
             self.closure.add(obj, at, "character")
-            digest.update(obj.id)
             yield _Item(obj, b"", b"", at)
         for k, v in self.fields.items():
             if final.get(k) != v:
@@ -327,13 +332,14 @@ class _JsonBundleReader:
         d = final.get("digest")
         if type(d) is not str or not _HEX64.fullmatch(d):
             raise BadBundle(self.where, "digest is missing or not 64 lower-case hex digits")
-        if digest.hexdigest() != d:
+        # The digest is the content digest (§12.7): capabilities are empty in this form.
+        if self.closure.content.hexdigest() != d:
             raise BadBundle(self.where, "digest mismatch: the refs or the list of objects were altered")
         self.closure.finish(None)
         c = self.closure
         size = self.io.fstat(self.f).st_size
         self.info = BundleInfo(self.path, "json", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
-                               c.count, c.bytes, 0, size, d, dict(c.kinds))
+                               c.count, c.bytes, 0, size, d, dict(c.kinds), d)
 
 
 def _drain(gen: Iterator[Any]) -> Any:
@@ -346,7 +352,7 @@ def _drain(gen: Iterator[Any]) -> Any:
 
 def write_json_bundle(hdr: _Header, objects: Iterable[RawObject], write: Callable[[bytes], None]) -> str:
     """Write a JSON-form bundle of ``objects`` (in closure order) to ``write``; return its digest in hex."""
-    digest = blake3.blake3(_JSON_DIGEST_PREFIX + hdr.cbor())
+    digest = hdr.content_digest()
     head = {
         "format": JSON_FORMAT_NAME,
         "version": BUNDLE_VERSION,

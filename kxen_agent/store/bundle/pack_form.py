@@ -46,7 +46,10 @@ from .header import (
     PREFIX_SIZE,
     BadBundle,
     BundleInfo,
+    MIN_ENTRY_BYTES,
+    _PACK_FORM_OVERHEAD,
     _Header,
+    check_header_fits,
     encode_bundle_head,
     parse_bundle_header,
     parse_bundle_prefix,
@@ -79,6 +82,8 @@ class _PackBundleReader:
         raw_header = inp.read(hlen, "the header")
         crc = inp.read(4, "the header checksum")
         self.header = parse_bundle_header(prefix, raw_header, crc, where)
+        room = None if size is None else size - inp.pos - _PACK_FORM_OVERHEAD
+        check_header_fits(self.header, where, room, MIN_ENTRY_BYTES, PREFIX_SIZE)
         self.closure = _Closure(self.header, where)
 
         self.pack_start = inp.pos
@@ -151,7 +156,8 @@ class _PackBundleReader:
         self.closure.finish(None)
         c = self.closure
         self.info = BundleInfo(self.path, "pack", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
-                               c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds))
+                               c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds),
+                               c.content.hexdigest())
 
 
 def write_pack_bundle(hdr: _Header, objects: Iterable[RawObject], dictionary: bytes | None,

@@ -13,7 +13,7 @@ It must never write: verification leaves no file behind, not even a state dir.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 from ..fsio import OS_IO, FileIO
 from ..objects import ObjectId, RawObject, Schema
@@ -22,33 +22,50 @@ from .header import BUNDLE_MAGIC, BadBundle, BundleInfo, Progress, _set_total
 from .json_form import _JsonBundleReader
 from .pack_form import _PackBundleReader
 
-__all__ = ["iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
+__all__ = ["JudgeRefs", "iter_bundle_objects", "verify_bundle", "verify_bundle_with_ref_targets"]
+
+
+#: Whitespace (SP, TAB, CR, LF) that may precede a JSON-form bundle's ``{``
+#: (``objects_spec.md`` §12.8): what an editor or a shell may add, and
+#: little enough that the form is known from the first bytes.
+MAX_JSON_LEADING_WHITESPACE = 64
 
 
 def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _JsonBundleReader":
     where = str(path)
-    head = f.read(len(BUNDLE_MAGIC))
+    head = f.read(MAX_JSON_LEADING_WHITESPACE + 1)
     f.seek(0)
-    if head == BUNDLE_MAGIC:
+    if head[: len(BUNDLE_MAGIC)] == BUNDLE_MAGIC:
         return _PackBundleReader(f, where, where, stream_size(io, f))
     if not head:
         raise BadBundle(where, "empty file")
     if BUNDLE_MAGIC.startswith(head):
         raise BadBundle(where, f"truncated: the file ends after {len(head)} bytes, inside the magic", 0)
     stripped = head.lstrip(b" \t\r\n")
-    if stripped[:1] == b"{" or (not stripped and head):
-        return _JsonBundleReader(f, where, where, io)
-    raise BadBundle(where, f"not a kxen bundle (starts with {head!r})", 0)
+    if stripped[:1] == b"{" or (not stripped and len(head) <= MAX_JSON_LEADING_WHITESPACE):
+        return _JsonBundleReader(f, where, where, io)  # (whitespace only: the JSON reader says what is missing)
+    if not stripped:
+        raise BadBundle(where, f"not a kxen bundle: more than {MAX_JSON_LEADING_WHITESPACE} bytes of whitespace "
+                        "before its first character", MAX_JSON_LEADING_WHITESPACE)
+    raise BadBundle(where, f"not a kxen bundle (starts with {head[: len(BUNDLE_MAGIC)]!r})", 0)
+
+
+#: Called with a bundle's refs (group -> ref name -> id) once its header is
+#: read, before any object: a caller refuses there what the header shows.
+JudgeRefs = Callable[[Mapping[str, Mapping[str, bytes]]], None]
 
 
 @contextlib.contextmanager
-def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO) -> Iterator[Any]:
+def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO,
+             judge_refs: JudgeRefs | None = None) -> Iterator[Any]:
     try:
         f = io.open_read(path)
     except OSError as e:
         raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
     with f:
         r = _open_reader(path, f, io)
+        if judge_refs is not None:
+            judge_refs(r.header.refs)
         # A bundle is checked against the schema when every group it holds is
         # one the schema governs (a session bundle); one that mixes in other
         # groups is checked byte by byte only (and a session import refuses it).
@@ -58,16 +75,19 @@ def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO) -> Ite
 
 
 def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
-                  io: FileIO = OS_IO) -> BundleInfo:
+                  io: FileIO = OS_IO, on_object: Callable[[RawObject], None] | None = None) -> BundleInfo:
     """Check a bundle completely without a state dir; its refs, object count and sizes.
 
     Raises :class:`BadBundle` naming the first problem. With ``schema``,
     every object's shape and the kind each link and ref names are checked too.
-    ``io`` opens the file.
+    ``io`` opens the file. ``on_object`` sees each object once it is verified
+    (the caller's look at its contents, in the same pass).
     """
     with _reading(path, schema, io) as r:
         _set_total(progress, r.header.objects)
-        for _item in r:
+        for item in r:
+            if on_object is not None:
+                on_object(item.obj)
             if progress:
                 progress(1)
         assert r.info is not None
@@ -75,13 +95,16 @@ def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema
 
 
 def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
-                                   io: FileIO = OS_IO) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
+                                   io: FileIO = OS_IO, judge_refs: JudgeRefs | None = None,
+                                   ) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
     """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
 
     So a caller can judge the refs (a session's binding) before it touches
     a state dir: an import refused then writes nothing, not even a state dir.
+    ``judge_refs`` is called with the header's refs before any object is
+    read: what the header shows is refused without reading the bundle.
     """
-    with _reading(path, schema, io) as r:
+    with _reading(path, schema, io, judge_refs) as r:
         _set_total(progress, r.header.objects)
         wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
         kept: dict[ObjectId, RawObject] = {}

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import zstandard
 
-from ..objects import CorruptObject, ObjectId, RawObject
+from ..objects import CorruptObject, ObjectId, RawObject, check_frame_parameters
 from .format import METHOD_STORED, METHOD_ZSTD, METHOD_ZSTD_DICT, BadPack, Entry
 
 __all__ = sorted(
@@ -45,6 +45,10 @@ class Decompressor:
     def __init__(self, dictionary: bytes | None) -> None:
         self._plain = zstandard.ZstdDecompressor()
         self._dict = None
+        # A method-2 frame may name the pack's dictionary by its id (bytes
+        # 4-7 after the magic, little-endian: what `zstd -D` writes) or by
+        # none; any other id, or any in a method-1 frame, is refused (§12.3).
+        self._dict_ids = (0, int.from_bytes(dictionary[4:8], "little")) if dictionary and len(dictionary) >= 8 else (0,)
         if dictionary:
             try:
                 zd = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)
@@ -69,6 +73,11 @@ class Decompressor:
         if params.content_size != raw_len:
             size = "no size" if params.content_size == zstandard.CONTENTSIZE_UNKNOWN else f"{params.content_size} bytes"
             raise CorruptObject(where, f"zstd frame declares {size}, the entry {raw_len}")
+        if method == METHOD_ZSTD_DICT:
+            check_frame_parameters(params, where, dict_ids=self._dict_ids,
+                                   why=f"this pack's dictionary is {self._dict_ids[-1]}")
+        else:
+            check_frame_parameters(params, where, why="a method-1 entry uses none")
         dctx = self._dict if method == METHOD_ZSTD_DICT else self._plain
         if dctx is None:
             raise CorruptObject(where, "entry needs a dictionary the pack does not have")

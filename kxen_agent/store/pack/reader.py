@@ -102,10 +102,23 @@ class PackReader:
 
     @classmethod
     def open(cls, base: str, *, io: FileIO = OS_IO) -> "PackReader":
-        """Open ``<base>.pack`` with ``<base>.idx``; FileNotFoundError if either is gone."""
+        """Open ``<base>.pack`` with ``<base>.idx``; FileNotFoundError if either is gone.
+
+        An index whose pack is missing while the index is still there is
+        :class:`BadPack`, not gone: gc removes the index first and a writer
+        renames the pack in first (§12.6), so no step of kxen-agent leaves
+        that pair, and fsck must name it (§12.4) rather than skip it.
+        """
         idx = _map(io, base + ".idx")
         try:
             return cls(base + ".pack", idx, idx_path=base + ".idx", io=io)
+        except FileNotFoundError:
+            if isinstance(idx, mmap.mmap):
+                idx.close()
+            if io.exists(base + ".idx"):  # gone meanwhile too: gc removed the pair, which is no damage
+                raise BadPack(base + ".idx", "index without its pack (a pack is removed only after its index): "
+                              "move the index out of objects/pack/") from None
+            raise
         except BaseException:
             if isinstance(idx, mmap.mmap):
                 idx.close()

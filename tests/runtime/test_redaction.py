@@ -1,0 +1,110 @@
+"""Redaction (``objects_spec.md`` §14.11): the spec's rules and vectors, read from the spec, against the module."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import kxen_agent.runtime.redaction as rd
+
+SPEC = Path(__file__).resolve().parents[2] / "objects_spec.md"
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+def _blocks(tag: str) -> list[dict[str, str]]:
+    out = []
+    for block in _FENCE.findall(SPEC.read_text(encoding="utf-8")):
+        if block.startswith(f"{tag}: "):
+            out.append(dict(line.split(": ", 1) for line in block.splitlines()))
+    return out
+
+
+RULES = _blocks("redaction-rule")
+VECTORS = _blocks("redact")
+
+
+def test_the_spec_states_every_pattern_the_module_uses() -> None:
+    spec = {r["redaction-rule"]: r["pattern"] for r in RULES}
+    module = {"credential-name": rd.CREDENTIAL_NAME.pattern, "private-key": rd._PRIVATE_KEY.pattern,
+              "url-userinfo": rd._USERINFO.pattern, **{name: rx.pattern for name, _w, rx in rd.TOKEN_RULES}}
+    assert spec == module
+
+
+@pytest.mark.parametrize("vec", VECTORS, ids=[v["redact"] for v in VECTORS])
+def test_redaction_vector(vec: dict[str, str]) -> None:
+    assert set(vec) == {"redact", "text", "secrets", "redacted", "hits"}
+    text, secrets, want = (ast.literal_eval(vec[k]) for k in ("text", "secrets", "redacted"))
+    assert rd.redact(text, secrets) == want
+    assert rd.redact(want, secrets) == want, "redacting redacted text must change nothing"
+    hits = rd.find_secrets(text, secrets)
+    assert [h.rule for h in hits] == ([] if vec["hits"] == "none" else vec["hits"].split())
+    assert rd.find_secrets(want, secrets) == [], "redacted text must scan clean"
+    for h in hits:  # a hit names where, never what
+        assert text[h.start : h.start + h.length] not in h.describe()
+
+
+def test_credential_names() -> None:
+    for name in ("OPENAI_API_KEY", "GITHUB_TOKEN", "aws_secret_access_key", "DB_PASSWORD", "PGPASSWD",
+                 "GOOGLE_APPLICATION_CREDENTIALS", "GITLAB_PAT", "npm_token"):
+        assert rd.is_credential_name(name), name
+    for name in ("PATH", "HOME", "PAT_HOME", "SSH_AUTH_SOCK", "LANG", "TERM", "PATHEXT"):
+        assert not rd.is_credential_name(name), name
+
+
+def test_credential_env_values_are_those_of_8_characters_or_more() -> None:
+    env = {"A_TOKEN": "12345678", "B_TOKEN": "1234567", "PLAIN": "123456789", "C_KEY": ""}
+    assert rd.credential_env_values(env) == ["12345678"]
+
+
+def test_tool_environment() -> None:
+    env = {"PATH": "/bin", "GITHUB_TOKEN": "t" * 40, "AWS_SECRET_ACCESS_KEY": "s" * 40, "OPENAI_API_KEY": "k" * 40}
+    assert rd.tool_environment(env, (), ["OPENAI_API_KEY"]) == {"PATH": "/bin"}
+    assert set(rd.tool_environment(env, ("AWS_*",), ["OPENAI_API_KEY"])) == {"PATH", "AWS_SECRET_ACCESS_KEY"}
+    assert set(rd.tool_environment(env, ("aws_*",), [])) == {"PATH", "OPENAI_API_KEY"} - {"OPENAI_API_KEY"}
+    # A version-1 lock (None): every variable but the API key's, as before.
+    assert set(rd.tool_environment(env, None, ["OPENAI_API_KEY"])) == {"PATH", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+    assert "OPENAI_API_KEY" not in rd.tool_environment(env, ("*",), ["OPENAI_API_KEY"])
+
+
+def test_a_token_that_is_also_a_variables_value_is_one_hit() -> None:
+    tok = "ghp_" + "a" * 36
+    assert [h.rule for h in rd.find_secrets(f"x {tok} y", [tok])] == ["secret-value"]
+    assert rd.redact(f"x {tok} y", [tok]) == "x [REDACTED] y"
+
+
+def test_a_long_text_without_any_secret_is_redacted_as_it_is() -> None:
+    """Letters, schemes that never finish, headers that never end: 1 MiB each, nothing to replace.
+
+    (No timing asserted: with an unbounded repetition these took hours, see §14.11.)
+    """
+    for text in ("a" * (1 << 20), "https://" + "b" * (1 << 20), "-----BEGIN " + "A" * (1 << 20),
+                 ("ab1+" * (1 << 18)) + "://"):
+        assert rd.redact(text) == text
+        assert rd.find_secrets(text) == []
+    assert rd.redact("x" * (1 << 20) + " https://u:p@h") == "x" * (1 << 20) + " https://***@h"
+
+
+def test_the_user_info_search_finds_what_the_pattern_finds() -> None:
+    """``_userinfo`` tries the pattern only near each ``://``: the same matches as ``finditer``."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = "ab:/@ .-+h1s"
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        text = text.replace("h1s", "https://", rng.randint(0, 2))
+        want = [(m.start(), m.end(), m.groups()) for m in rd._USERINFO.finditer(text)]
+        assert [(m.start(), m.end(), m.groups()) for m in rd._userinfo(text)] == want, text
+    long_scheme = "x" * 40 + "://user@host"  # the scheme is the last 32 letters before ://
+    assert rd.redact(long_scheme) == "x" * 40 + "://***@host" == rd._USERINFO.sub(r"\1***@", long_scheme)
+
+
+def test_anchors_hold_every_match() -> None:
+    """A rule is skipped when its literals are missing: every match must hold one."""
+    for rule, _what, rx in rd.TOKEN_RULES:
+        for vec in VECTORS:
+            for m in rx.finditer(ast.literal_eval(vec["text"])):
+                assert any(a in m[0] for a in rd._ANCHORS[rule]), (rule, m[0])
