@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from contextlib import AbstractContextManager
 from typing import Optional
@@ -23,7 +24,8 @@ from ._render import emit_json, err, out, out_text, term_text as t
 
 DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
 
-run_app = typer.Typer(help="Run a task in a new session; show or resolve runs.", no_args_is_help=False)
+# Its help is run_cmd's docstring (a new session), which names show/resolve.
+run_app = typer.Typer(no_args_is_help=False, rich_markup_mode=None, add_completion=False)
 
 
 #: The longest task (UTF-8 bytes) `run` and `--resume --task` accept. The task
@@ -75,6 +77,8 @@ def read_task(task: Optional[str], task_file: Optional[str]) -> Optional[str]:
 
 
 def _read_task_file(path: str) -> str:
+    if path == "-":  # standard input, as `git commit -F -` takes it
+        return read_stdin_task()
     try:
         with open(path, "rb") as f:
             # One byte past the limit tells "too long" without reading a huge file whole.
@@ -87,6 +91,20 @@ def _read_task_file(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"task file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def read_stdin_task() -> str:
+    """The task from standard input (``--task-file -``, or a piped ``run`` with no task), checked."""
+    data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
+    if len(data) > MAX_TASK_BYTES:
+        raise UsageError(f"the task on standard input is over the {MAX_TASK_BYTES}-byte task limit; {_TOO_LONG_HINT}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"the task on standard input is not UTF-8 text (byte {e.start}); give it as UTF-8") from None
+    if not text.strip():
+        raise UsageError("the task on standard input is empty (or only whitespace); say what the agent should do")
+    return text
 
 
 def cancellation(json_out: bool) -> AbstractContextManager[threading.Event]:
@@ -136,20 +154,37 @@ def make_runner(cancel: threading.Event, json_out: bool) -> Runner:
 @run_app.callback(invoke_without_command=True)
 def run_cmd(
     ctx: typer.Context,
-    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="The workspace directory to bind the new session to."),
-    task: Optional[str] = typer.Option(None, "--task", help="The task text."),
-    task_file: Optional[str] = typer.Option(None, "--task-file", help="A file holding the task."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="Agent definition (TOML); default: the bundled demo agent."),
-    json_out: bool = typer.Option(False, "--json", help="Print {session, run, status, ...} as JSON."),
+    workspace: Optional[str] = typer.Option(
+        None, "--workspace", "-w", metavar="DIR", help="The workspace directory to bind the new session to (default: this directory)."),
+    task: Optional[str] = typer.Option(None, "--task", metavar="TEXT", help="The task text."),
+    task_file: Optional[str] = typer.Option(
+        None, "--task-file", metavar="FILE", help="A file holding the task ('-': standard input)."),
+    agent: Optional[str] = typer.Option(
+        None, "--agent", metavar="FILE", help="Agent definition (TOML); default: the bundled demo agent."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object: {session, run, status, turn, model, result, error, unknownOps, settled}."),
 ) -> None:
-    """Create a Session bound to a workspace and run its first task to a terminal state."""
+    """Create a Session bound to a workspace and run its first task to a terminal state.
+
+    With no --task or --task-file, a task piped on standard input is read.
+    `run show` and `run resolve` inspect and settle a session's runs.
+
+    \b
+    Examples:
+      kxen-agent run --task "fix the failing test"
+      kxen-agent run --workspace /workspace/repo --task-file task.md --agent agent.toml
+      git diff | kxen-agent run
+      kxen-agent run show ses_6508
+    """
     if ctx.invoked_subcommand is not None:
         return
     if workspace is None:
-        raise UsageError("run needs --workspace DIR and --task TEXT (or --task-file FILE)")
+        workspace = os.getcwd()  # the directory itself: a subdirectory binding stays what the user means
     text = read_task(task, task_file)
+    if text is None and not sys.stdin.isatty():
+        text = read_stdin_task()
     if text is None:
-        raise UsageError("run needs a task: --task TEXT or --task-file FILE")
+        raise UsageError("run needs a task: --task TEXT, --task-file FILE, or the task piped on standard input")
     lock = load_agent_definition(agent or DEFAULT_AGENT)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
     with cancellation(json_out) as cancel:
@@ -162,19 +197,60 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
     text = read_task(task, task_file)
     lease_ttl_s()
     with cancellation(json_out) as cancel:
-        res = make_runner(cancel, json_out).resume(ses, task=text, workspace=workspace, rebind=rebind)
+        runner = make_runner(cancel, json_out)
+        ses = runner.sessions.resolve_id(ses)
+        if rebind and text is None and rebind_only(runner, ses, workspace, json_out):
+            return
+        res = runner.resume(ses, task=text, workspace=workspace, rebind=rebind)
     render_result(res, json_out)
+
+
+def rebind_only(runner: Runner, ses: str, workspace: Optional[str], json_out: bool) -> bool:
+    """``--resume SES --workspace NEW --rebind-workspace`` with nothing to run: rebind, say so, exit 0.
+
+    Returns False (nothing done) when the session has a run to continue:
+    the runner then rebinds and resumes it as one step.
+    """
+    from kxen_agent.runtime.lease import Lease
+    from kxen_agent.runtime.runner import TERMINAL
+
+    if workspace is None:
+        raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
+    latest = runner.latest_run(runner.sessions.get(ses))
+    if latest is not None and not (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
+        return False
+    with Lease.acquire(runner.store, ses, purpose="rebind", backend=runner.leases) as lease:
+        info = runner.sessions.rebind(ses, workspace, fence=lease.fence)
+    if json_out:
+        emit_json({"session": ses, "rebound": True, "workspace": info.workspace.root,
+                   "run": latest[0] if latest else None, "status": latest[2]["status"] if latest else None})
+    else:
+        done = f"its last run {latest[0]} is {latest[2]['status']}" if latest else "it has no runs yet"
+        out(f"session {ses} bound to {t(info.workspace.root)}; nothing to resume ({done}): "
+            f"start a new run with `kxen-agent --resume {ses} --task TEXT`")
+    return True
 
 
 @run_app.command("show")
 def show_cmd(
-    ses: str = typer.Argument(..., metavar="SES"),
-    run: str = typer.Argument(..., metavar="RUN"),
-    json_out: bool = typer.Option(False, "--json"),
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    run: Optional[str] = typer.Argument(None, metavar="[RUN]", help="A run id or unique prefix (default: the latest run)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the run and its journal as JSON (README: JSON output)."),
 ) -> None:
-    """The run's status, model, turns, result and its tool journal."""
+    """The run's status, model, turns, result and its tool journal.
+
+    \b
+    Examples:
+      kxen-agent run show ses_6508
+      kxen-agent run show ses_6508 run_91c2 --json
+    """
+    from ._ids import resolve_run
+
     runner = Runner(Store.open(namespaces=(NS,)))
-    info = runner.sessions.get(ses)
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    ses = info.id
+    run = resolve_run(runner, info, run)
     oid, st = runner.run_state(info, run)
     ops = runner.ops(st)
     journal = []
@@ -216,17 +292,38 @@ def show_cmd(
 
 @run_app.command("resolve")
 def resolve_cmd(
-    ses: str = typer.Argument(..., metavar="SES"),
-    run: str = typer.Argument(..., metavar="RUN"),
-    op: str = typer.Argument(..., metavar="OP"),
-    output: str = typer.Option(..., "--output", help="The outcome you established (what the tool's output would have said)."),
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    ids: list[str] = typer.Argument(
+        ..., metavar="[RUN] OP", help="The operation, after its run (optional: found from OP); ids or unique prefixes."),
+    output: str = typer.Option(
+        ..., "--output", metavar="TEXT", help="The outcome you established (what the tool's output would have said)."),
     is_error: bool = typer.Option(False, "--is-error", help="The operation failed."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, run, op, state, source, isError} as JSON."),
 ) -> None:
-    """Record a human-established outcome for one UNKNOWN operation (never re-runs it)."""
+    """Record a human-established outcome for one UNKNOWN operation (never re-runs it).
+
+    \b
+    Examples:
+      kxen-agent run resolve ses_6508 op_5d1e --output "verified: branch already pushed"
+      kxen-agent run resolve ses_6508 run_91c2 op_5d1e --output "it failed" --is-error
+    """
+    from ._ids import resolve_op, resolve_run
+
+    if len(ids) > 2:
+        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
     check_text(output, "--output")  # before the lease is taken: a bad value changes nothing
     lease_ttl_s()
-    res = Runner(Store.open(namespaces=(NS,))).resolve(ses, run, op, output, is_error=is_error)
+    runner = Runner(Store.open(namespaces=(NS,)))
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    ses = info.id
+    if len(ids) == 1:  # SES OP: the run is the one whose journal holds OP
+        run, op = resolve_op(runner, info, None, ids[0])
+    elif len(ids) == 2:
+        run, op = resolve_op(runner, info, resolve_run(runner, info, ids[0]), ids[1])
+    else:
+        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
+    res = runner.resolve(ses, run, op, output, is_error=is_error)
     if json_out:
         emit_json(res)
     else:

@@ -19,12 +19,64 @@ CLI's. Each module's docstring says what it owns and its limitations.
 
 from __future__ import annotations
 
-from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
-from .faults import FaultSpecError
-from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
-from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
-from .runner import TERMINAL, RunError, Runner, RunResult
-from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
+    from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
+    from .faults import FaultSpecError
+    from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
+    from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
+    from .runner import TERMINAL, RunError, Runner, RunResult
+    from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, redact, tool_specs
+
+# Name -> the module that defines it. Imported on first use (PEP 562), so
+# that importing one module of this package (the CLI's start-up: a read
+# command needs a few of them) does not import them all.
+_LAZY: dict[str, str] = {
+    "AssistantTurn": ".providers",
+    "CANCEL_SIGNALS": ".cancel",
+    "CancelSetupError": ".cancel",
+    "FaultSpecError": ".faults",
+    "Lease": ".lease",
+    "LeaseBusy": ".lease",
+    "LeaseLost": ".lease",
+    "OnSignal": ".cancel",
+    "OpenAIProvider": ".providers",
+    "Provider": ".providers",
+    "ProviderError": ".providers",
+    "RunError": ".runner",
+    "RunResult": ".runner",
+    "Runner": ".runner",
+    "ScriptProvider": ".providers",
+    "TERMINAL": ".runner",
+    "TOOLS": ".tools",
+    "Tool": ".tools",
+    "ToolCall": ".providers",
+    "ToolContext": ".tools",
+    "ToolOutcome": ".tools",
+    "ToolOutcomeUnknown": ".tools",
+    "cancel_on_signals": ".cancel",
+    "lease_ttl_s": ".lease",
+    "make_provider": ".providers",
+    "redact": ".tools",
+    "tool_specs": ".tools",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AssistantTurn",

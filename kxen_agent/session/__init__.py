@@ -16,28 +16,79 @@ public surface; everything else is reached through its module, and a name
 beginning with ``_`` is nobody's business outside this package.
 """
 
-from .agent_def import AgentDefinitionError, default_agent_definition, load_agent_definition, parse_agent_definition
-from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, SessionSchema
-from .sessions import (
-    BLOB_THRESHOLD,
-    Message,
-    SessionError,
-    SessionInfo,
-    SessionStore,
-    UnknownSession,
-    msg_id,
-    new_id,
-)
-from .transfer import ImportedSessions, export_sessions, import_sessions
-from .workspace import (
-    InvalidWorktreeName,
-    WorkspaceError,
-    WorkspaceIdentity,
-    WorkspaceMismatch,
-    WorkspaceNotFound,
-    check_binding,
-    inspect_workspace,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
+    from .agent_def import AgentDefinitionError, default_agent_definition, load_agent_definition, parse_agent_definition
+    from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, SessionSchema
+    from .sessions import (
+        BLOB_THRESHOLD,
+        Message,
+        SessionError,
+        SessionInfo,
+        SessionStore,
+        UnknownSession,
+        msg_id,
+        new_id,
+    )
+    from .transfer import ImportedSessions, export_sessions, import_sessions
+    from .workspace import (
+        InvalidWorktreeName,
+        WorkspaceError,
+        WorkspaceIdentity,
+        WorkspaceMismatch,
+        WorkspaceNotFound,
+        check_binding,
+        inspect_workspace,
+    )
+
+# Name -> the module that defines it. Imported on first use (PEP 562), so
+# that importing one module of this package (the CLI's start-up: a read
+# command needs a few of them) does not import them all.
+_LAZY: dict[str, str] = {
+    "AgentDefinitionError": ".agent_def",
+    "BLOB_THRESHOLD": ".sessions",
+    "ImportedSessions": ".transfer",
+    "InvalidWorktreeName": ".workspace",
+    "Message": ".sessions",
+    "RUN_RE": ".schema",
+    "SESSION_SCHEMA": ".schema",
+    "SES_RE": ".schema",
+    "SessionError": ".sessions",
+    "SessionInfo": ".sessions",
+    "SessionSchema": ".schema",
+    "SessionStore": ".sessions",
+    "UnknownSession": ".sessions",
+    "WorkspaceError": ".workspace",
+    "WorkspaceIdentity": ".workspace",
+    "WorkspaceMismatch": ".workspace",
+    "WorkspaceNotFound": ".workspace",
+    "check_binding": ".workspace",
+    "default_agent_definition": ".agent_def",
+    "export_sessions": ".transfer",
+    "import_sessions": ".transfer",
+    "inspect_workspace": ".workspace",
+    "load_agent_definition": ".agent_def",
+    "msg_id": ".sessions",
+    "new_id": ".sessions",
+    "parse_agent_definition": ".agent_def",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AgentDefinitionError",

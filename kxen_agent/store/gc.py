@@ -50,8 +50,21 @@ __all__ = ["BadDuration", "DEFAULT_PRUNE", "GcAborted", "GcReport", "MAX_PRUNE_S
 #: The default grace period, as git's ``gc.pruneExpire``.
 DEFAULT_PRUNE = "2w"
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(?:\d+[smhdw])+")
+# Unit names as ``git gc --prune`` takes them ("2.weeks.ago") and as people
+# write them ("1y", "6mo", "12h"); a month is 30 days and a year 365, as in
+# Git's approxidate.
+_UNITS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400,
+    "mo": 30 * 86400, "month": 30 * 86400, "months": 30 * 86400,
+    "y": 365 * 86400, "year": 365 * 86400, "years": 365 * 86400,
+}
+_TERM = r"(\d+)\.?\s*(" + "|".join(sorted(_UNITS, key=len, reverse=True)) + r")"
+_DURATION = re.compile(rf"(?:{_TERM}[\s.,]*)+?(?:ago)?")
+_TERM_RE = re.compile(_TERM)
 
 
 class BadDuration(UsageError):
@@ -72,8 +85,9 @@ MAX_PRUNE_S = 36525 * 86400
 
 
 def parse_duration(text: str) -> float | None:
-    """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``,
-    combinations (``1d12h``), ``0`` or ``now`` (no grace), ``never`` (None)."""
+    """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``, ``6mo``, ``1y``,
+    spelt out (``2weeks``, ``1 year``, git's ``2.weeks.ago``), combined (``1d12h``,
+    ``1y6mo``), ``0`` or ``now`` (no grace), ``never`` (None)."""
     t = text.strip().lower()
     if t in ("now", "0"):
         return 0.0
@@ -82,16 +96,17 @@ def parse_duration(text: str) -> float | None:
     shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
     if not _DURATION.fullmatch(t):
         raise BadDuration(
-            f"invalid --prune value {shown}: give a duration like 2w, 3d, 12h, 30m, 45s, or 'now', '0', 'never'"
+            f"invalid --prune value {shown}: give a duration like 2w, 3d, 12h, 30m, 45s, 6mo, 1y "
+            "(or 2.weeks.ago), or 'now', '0', 'never'"
         )
     # Any number of digits matches; a grace past 100 years is a typo or a way
     # to say "never" (and a long enough one overflows float or int parsing).
     total = 0
-    for n, u in re.findall(r"(\d+)([smhdw])", t):
+    for n, u in _TERM_RE.findall(t):
         total += (int(n) if len(n.lstrip("0")) <= 12 else MAX_PRUNE_S + 1) * _UNITS[u]
     if total > MAX_PRUNE_S:
         raise BadDuration(f"--prune value {shown} is longer than 100 years; give a shorter duration "
-                          "(2w, 3d, 12h...), or --prune=never to keep every unreachable object")
+                          "(2w, 3d, 1y...), or --prune=never to keep every unreachable object")
     return float(total)
 
 
@@ -111,6 +126,8 @@ class GcReport:
     tmp_removed: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    #: Why no pack was written although there was something to pack (it would not have been smaller).
+    pack_skipped: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -128,6 +145,7 @@ class GcReport:
             "tmpRemoved": self.tmp_removed,
             "bytesBefore": self.bytes_before,
             "bytesAfter": self.bytes_after,
+            "packSkipped": self.pack_skipped,
         }
 
 
@@ -302,6 +320,39 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
     else:
         best = None
         dictionary = sample_dictionary(store.read_raw, small[1:], small[0])
+
+    # What the new pack replaces: the old packs, and the loose copies of the
+    # objects it holds (phase 2 removes both). A pack that is not smaller
+    # than that is not written: a handful of objects (the index and the
+    # dictionary cost more than they save), or objects already packed as
+    # well as they can be, would only grow the store.
+    replaced = sum(_file_size(store, p.path) + _file_size(store, p.path[: -len(".pack")] + ".idx")
+                   for p in old_packs)
+    replaced += sum(_file_size(store, store.loose.path(oid)) for oid in store.loose.iter_ids() if oid in reachable)
+    sealed = _write_pack(store, order, best, dictionary, progress)
+    if sealed.size + len(sealed.index) >= replaced and dictionary is not None:
+        # The dictionary itself can be what does not pay: try without it.
+        sealed.discard()
+        sealed = _write_pack(store, order, None, None, None)
+    if sealed.size + len(sealed.index) >= replaced:
+        rep.pack_skipped = (f"a pack of {len(order)} objects ({sealed.size + len(sealed.index)} bytes) "
+                            f"would not be smaller than what it replaces ({replaced} bytes)")
+        sealed.discard()
+        return _Phase1(reachable, [], None)
+    try:
+        info = sealed.commit()
+    except BaseException:
+        sealed.discard()
+        raise
+    rep.packed = info.count
+    rep.pack = info.name
+    store.reload_packs()
+    return _Phase1(reachable, old_packs, info.name)
+
+
+def _write_pack(store: Store, order: list[ObjectId], best: PackReader | None, dictionary: bytes | None,
+                progress: Callable[[int], None] | None):
+    """Write ``order`` into a sealed (not yet visible) pack; the caller commits or discards it."""
     with store.pack_writer(dictionary) as w:
         for oid in order:
             try:
@@ -315,16 +366,14 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
                 w.add(store.read_raw(oid))
             if progress:
                 progress(1)
-        sealed = w.seal()
-        try:
-            info = sealed.commit()
-        except BaseException:
-            sealed.discard()
-            raise
-    rep.packed = info.count
-    rep.pack = info.name
-    store.reload_packs()
-    return _Phase1(reachable, old_packs, info.name)
+        return w.seal()
+
+
+def _file_size(store: Store, path: str) -> int:
+    try:
+        return store.io.lstat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:
