@@ -162,7 +162,7 @@ def gc_cmd(
         f"gc {t(store.root)}: {rep.reachable} reachable; {packed}; removed {rep.loose_removed} packed loose copies, "
         f"{rep.packs_removed} old packs; pruned {rep.pruned} unreachable objects older than {t(rep.prune)}, "
         f"kept {rep.kept_unreachable} younger; removed {len(rep.groups_removed)} deleted groups; "
-        f"{_size(rep.bytes_before)} -> {_size(rep.bytes_after)}"
+        f"{_size(rep.bytes_before)} -> {_size(rep.bytes_after)} on disk"
     )
     for g in rep.groups_removed:
         out(f"removed deleted group {t(g)}")

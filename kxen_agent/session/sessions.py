@@ -35,6 +35,7 @@ from .workspace import (
     check_binding,
     check_fork_binding,
     create_worktree,
+    highest_missing_dir,
     inspect_workspace,
     remove_worktree,
     rollback_worktree,
@@ -587,7 +588,7 @@ class SessionStore:
         if point is not None:
             self._check_fork_point(parent, point, explicit=at is not None)
         bound = parent.workspace
-        made: tuple[str, str, str] | None = None  # (repository, worktree path, branch) to undo on failure
+        made: tuple[str, str, str, str] | None = None  # (repository, worktree path, branch, its highest new dir)
         reason = "fork"
         if workspace is not None:
             current = inspect_workspace(workspace)
@@ -603,7 +604,8 @@ class SessionStore:
             repo = current.repo_root or current.root
             # Undone from the repository it was added to, with the worktree's
             # top directory: the new binding may be a subdirectory of it.
-            made = (repo, worktree_location(repo, worktree), f"kxen/{worktree}")
+            path = worktree_location(repo, worktree)
+            made = (repo, path, f"kxen/{worktree}", highest_missing_dir(path))
             bound = create_worktree(current, worktree)
         try:
             new = new_id("ses")
@@ -711,7 +713,11 @@ class SessionStore:
             # Percent-encoded: a reflog reason has no runs of whitespace (§6.1).
             reason = (f"session: delete --worktree {_quote(wt.path)} {wt.branch} at {wt.commit or '-'} "
                       f"of {_quote(wt.main)}")
-        self.store.refs.transaction(self.group(ses), [], reason=reason, deleted_ns=time.time_ns())
+        # With a worktree, ``meta`` is "updated" to itself: a transaction
+        # without updates writes no reflog line, and this one's reason is
+        # what ``undelete`` re-creates the worktree from.
+        updates = [RefUpdate("meta", info.meta_oid, info.meta_oid)] if removed is not None else []
+        self.store.refs.transaction(self.group(ses), updates, reason=reason, deleted_ns=time.time_ns())
         return info, removed
 
     def undelete(self, ses: str) -> tuple[SessionInfo, KxenWorktree | None, str | None]:

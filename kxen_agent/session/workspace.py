@@ -66,6 +66,7 @@ __all__ = [
     "git",
     "git_error_line",
     "git_failed",
+    "highest_missing_dir",
     "identity_difference",
     "inspect_workspace",
     "normalize_remote_url",
@@ -638,6 +639,14 @@ def worktree_location(repo_root: str, name: str) -> str:
     return os.path.join(worktree_path(top, name), os.path.relpath(repo_root, top))
 
 
+def highest_missing_dir(path: str) -> str:
+    """The highest of ``path`` and its ancestors that does not exist: what creating ``path`` creates."""
+    created = path
+    while not os.path.lexists(os.path.dirname(created)):
+        created = os.path.dirname(created)
+    return created
+
+
 def create_worktree(workspace: WorkspaceIdentity, name: str) -> WorkspaceIdentity:
     """Check out ``workspace.head`` on a new branch ``kxen/NAME`` in :func:`worktree_location`.
 
@@ -664,9 +673,7 @@ def create_worktree(workspace: WorkspaceIdentity, name: str) -> WorkspaceIdentit
         raise InvalidWorktreeName(f"worktree path {path} already exists; choose another name or remove it")
     # The highest directory this call creates (git creates the leading ones):
     # the rollback removes up to it, and nothing that was there before.
-    created = path
-    while not os.path.lexists(os.path.dirname(created)):
-        created = os.path.dirname(created)
+    created = highest_missing_dir(path)
     rel = os.path.relpath(workspace.root, repo_root)
     if rel == ".." or rel.startswith(".." + os.sep) or not _COMMIT_ID.fullmatch(workspace.head):
         raise WorkspaceError(f"workspace record for {workspace.root} is inconsistent (root outside repo_root or bad head); re-inspect it")

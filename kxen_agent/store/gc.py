@@ -124,6 +124,7 @@ class GcReport:
     packs_removed: int = 0
     groups_removed: list[str] = field(default_factory=list)
     tmp_removed: int = 0
+    #: Disk usage of ``objects/`` before and after (allocated blocks, as ``du`` counts).
     bytes_before: int = 0
     bytes_after: int = 0
     #: Why no pack was written although there was something to pack (it would not have been smaller).
@@ -222,12 +223,19 @@ def _closure(
                 stack.append((child, f"object {oid.hex()}"))
 
 
+def _allocated(st: os.stat_result) -> int:
+    """The bytes a file takes on disk, as ``du`` counts them: its blocks (a 70-byte loose object
+    takes a whole 4 KiB block), or its size where the file system reports no blocks."""
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else blocks * 512
+
+
 def _disk_usage(store: Store, path: str) -> int:
     total = 0
     for dirpath, _dirs, files in store.io.walk(path):
         for f in files:
             try:
-                total += store.io.lstat(os.path.join(dirpath, f)).st_size
+                total += _allocated(store.io.lstat(os.path.join(dirpath, f)))
             except FileNotFoundError:
                 pass
     return total
@@ -248,6 +256,7 @@ def gc(
     progress: Callable[[int], None] | None = None,
     now: float | None = None,
     lock_timeout: float | None = None,
+    always_pack: bool = False,
 ) -> GcReport:
     """Pack reachable objects, prune expired unreachable ones, drop expired deleted groups.
 
@@ -255,6 +264,9 @@ def gc(
     or ``"never"`` prunes nothing. ``now`` overrides the clock (tests).
     ``lock_timeout``: how long phase 2 waits for writers to leave
     :meth:`Store.writing` (default: the store's lock timeout).
+    ``always_pack``: write the pack even when it is not smaller than what it
+    replaces (tests of the pack mechanics on a handful of objects; the CLI
+    never sets it).
     """
     grace = parse_duration(prune) if isinstance(prune, str) else (None if prune is None else float(prune))
     label = prune if isinstance(prune, str) else ("never" if grace is None else f"{grace:g}s")
@@ -271,7 +283,7 @@ def gc(
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
-        sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress)
+        sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
     store.reload_packs()
     rep.bytes_after = _disk_usage(store, objects_dir)
@@ -285,7 +297,7 @@ class _Phase1:
     new_pack: str | None  # name of the pack written, if any
 
 
-def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1:
+def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pack: bool = False) -> _Phase1:
     store.reload_packs()
     roots = _roots(store, cutoff_ns)
     reachable: set[ObjectId] = set()
@@ -322,20 +334,23 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
         dictionary = sample_dictionary(store.read_raw, small[1:], small[0])
 
     # What the new pack replaces: the old packs, and the loose copies of the
-    # objects it holds (phase 2 removes both). A pack that is not smaller
-    # than that is not written: a handful of objects (the index and the
-    # dictionary cost more than they save), or objects already packed as
-    # well as they can be, would only grow the store.
+    # objects it holds (phase 2 removes both), counted as disk usage (blocks).
+    # A pack that is not smaller than that is not written: one or two objects
+    # (a pack and its index take two blocks at least), or objects already
+    # packed as well as they can be (a dictionary that does not pay for
+    # itself), would only grow the store.
     replaced = sum(_file_size(store, p.path) + _file_size(store, p.path[: -len(".pack")] + ".idx")
                    for p in old_packs)
     replaced += sum(_file_size(store, store.loose.path(oid)) for oid in store.loose.iter_ids() if oid in reachable)
     sealed = _write_pack(store, order, best, dictionary, progress)
-    if sealed.size + len(sealed.index) >= replaced and dictionary is not None:
+    if always_pack:
+        replaced = _pack_disk_size(sealed) + 1
+    if _pack_disk_size(sealed) >= replaced and dictionary is not None:
         # The dictionary itself can be what does not pay: try without it.
         sealed.discard()
         sealed = _write_pack(store, order, None, None, None)
-    if sealed.size + len(sealed.index) >= replaced:
-        rep.pack_skipped = (f"a pack of {len(order)} objects ({sealed.size + len(sealed.index)} bytes) "
+    if _pack_disk_size(sealed) >= replaced:
+        rep.pack_skipped = (f"a pack of {len(order)} objects ({_pack_disk_size(sealed)} bytes on disk) "
                             f"would not be smaller than what it replaces ({replaced} bytes)")
         sealed.discard()
         return _Phase1(reachable, [], None)
@@ -371,9 +386,14 @@ def _write_pack(store: Store, order: list[ObjectId], best: PackReader | None, di
 
 def _file_size(store: Store, path: str) -> int:
     try:
-        return store.io.lstat(path).st_size
+        return _allocated(store.io.lstat(path))
     except FileNotFoundError:
         return 0
+
+
+def _pack_disk_size(sealed, block: int = 4096) -> int:
+    """What a sealed pack and its index would take on disk (whole blocks, as :func:`_allocated`)."""
+    return sum(-(-n // block) * block for n in (sealed.size, len(sealed.index)))
 
 
 def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:
