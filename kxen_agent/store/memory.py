@@ -35,13 +35,11 @@ what a session is.
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterable, Iterator
 
-from kxen_agent.errors import UsageError
 
 from .fsio import OS_IO, FileIO
 from .locks import LockBusy
@@ -49,22 +47,20 @@ from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_o
 from .refs import (
     ANY,
     CorruptRef,
-    RefConflict,
     RefGroupState,
     ReflogEntry,
     RefUpdate,
-    StaleFence,
     format_reflog_line,
     parse_reflog,
+    prepare_transaction,
     validate_group,
     validate_ref_name,
     validate_update,
 )
-from .repo import AmbiguousId, MissingObject
+from .repo import MissingObject, resolve_object_id
 
 __all__ = ["MemoryLock", "MemoryLockBusy", "MemoryLocks", "MemoryRefStore", "MemoryStore"]
 
-_HEX_ID = re.compile(r"[0-9a-f]{8,64}")
 _names = itertools.count(1)
 
 
@@ -225,25 +221,7 @@ class MemoryRefStore:
         # Called under the group's lock: the state read here is the one the
         # compare-and-swap must hold against, whatever the caller saw before.
         cur = self._states.get(group) or RefGroupState(group)
-        if fence is not None and fence < cur.fence:
-            raise StaleFence(group, fence, cur.fence)
-        refs = dict(cur.refs)
-        olds: list[bytes | None] = []
-        for u in updates:
-            found = refs.get(u.name)
-            if u.old is not ANY and found != u.old:
-                raise RefConflict(group, u.name, u.old, found)  # type: ignore[arg-type]
-            olds.append(found)
-            if u.new is None:
-                refs.pop(u.name, None)
-            else:
-                refs[u.name] = u.new
-        out_fence = cur.fence
-        if new_fence is not None:
-            if new_fence <= cur.fence:
-                raise StaleFence(group, new_fence, cur.fence)
-            out_fence = new_fence
-        out_deleted = cur.deleted_ns if deleted_ns is ANY else deleted_ns
+        refs, olds, out_fence, out_deleted = prepare_transaction(cur, updates, fence, new_fence, deleted_ns)
         now = time.time_ns()
         used_fence = fence if fence is not None else out_fence
         lines = b"".join(
@@ -335,21 +313,11 @@ class MemoryStore:
 
     def resolve(self, text: str) -> ObjectId:
         """An object id from 8 to 64 hex digits (a unique prefix, like git)."""
-        h = text.strip().lower()
-        if not _HEX_ID.fullmatch(h):
-            raise UsageError(f"{text!r} is not an object id: give 8 to 64 hex digits")
-        if len(h) == 64:
-            oid = bytes.fromhex(h)
-            if not self.has(oid):
-                raise MissingObject(h, self.root)
-            return oid
+        return resolve_object_id(text, self.has, self._with_prefix, self.root)
+
+    def _with_prefix(self, h: str) -> list[ObjectId]:
         with self._mu:
-            found = [oid for oid in self._objects if oid.hex().startswith(h)]
-        if not found:
-            raise MissingObject(h + "…", self.root)
-        if len(found) > 1:
-            raise AmbiguousId(f"object id prefix {h} is ambiguous ({len(found)} objects); give more digits")
-        return found[0]
+            return [oid for oid in self._objects if oid.hex().startswith(h)]
 
     def batch(self):
         """Nothing to share: every put is complete when it returns."""

@@ -47,6 +47,7 @@ __all__ = [
     "ReflogEntry",
     "StaleFence",
     "is_temp_file",
+    "prepare_transaction",
     "validate_group",
     "validate_namespace",
     "validate_ref_name",
@@ -316,6 +317,41 @@ def parse_reflog(data: bytes, where: str) -> list[ReflogEntry]:
 # ------------------------------------------------------------------ the store
 
 
+def prepare_transaction(
+    cur: RefGroupState, updates: list[RefUpdate], fence: int | None, new_fence: int | None, deleted_ns: "int | None | _Any"
+) -> tuple[dict[str, bytes], list[bytes | None], int, int | None]:
+    """The prepare step of a ref transaction, pure: judge ``updates`` against ``cur``.
+
+    Returns the group's new refs, each update's old value (a reflog line's
+    old value is the ref's value just before that update, so two updates of
+    one ref in one transaction chain correctly), the new fence and the new
+    deleted mark; raises :class:`StaleFence` or :class:`RefConflict` with
+    nothing changed. Every ref store (disk, memory) commits what this
+    returns, so they cannot disagree on what a transaction means.
+    """
+    group = cur.group
+    if fence is not None and fence < cur.fence:
+        raise StaleFence(group, fence, cur.fence)
+    refs = dict(cur.refs)
+    olds: list[bytes | None] = []
+    for u in updates:
+        found = refs.get(u.name)
+        if u.old is not ANY and found != u.old:
+            raise RefConflict(group, u.name, u.old, found)  # type: ignore[arg-type]
+        olds.append(found)
+        if u.new is None:
+            refs.pop(u.name, None)
+        else:
+            refs[u.name] = u.new
+    out_fence = cur.fence
+    if new_fence is not None:
+        if new_fence <= cur.fence:
+            raise StaleFence(group, new_fence, cur.fence)
+        out_fence = new_fence
+    out_deleted = cur.deleted_ns if deleted_ns is ANY else deleted_ns
+    return refs, olds, out_fence, out_deleted  # type: ignore[return-value]
+
+
 class RefStore:
     """Ref groups under ``<state>/refs``, reflogs under ``<state>/logs``."""
 
@@ -438,25 +474,7 @@ class RefStore:
         cur = self.read(group)
         if fence is not None and fence < cur.fence:
             raise StaleFence(group, fence, cur.fence)
-        refs = dict(cur.refs)
-        # Each reflog line's old value is the ref's value just before that
-        # update, so two updates of one ref in a transaction chain correctly.
-        olds: list[bytes | None] = []
-        for u in updates:
-            found = refs.get(u.name)
-            if u.old is not ANY and found != u.old:
-                raise RefConflict(group, u.name, u.old, found)
-            olds.append(found)
-            if u.new is None:
-                refs.pop(u.name, None)
-            else:
-                refs[u.name] = u.new
-        out_fence = cur.fence
-        if new_fence is not None:
-            if new_fence <= cur.fence:
-                raise StaleFence(group, new_fence, cur.fence)
-            out_fence = new_fence
-        out_deleted = cur.deleted_ns if deleted_ns is ANY else deleted_ns
+        refs, olds, out_fence, out_deleted = prepare_transaction(cur, updates, fence, new_fence, deleted_ns)
 
         ref_path = self.ref_path(group)
         log_path = self.log_path(group)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from kxen_agent.errors import KxenError, UsageError
 
@@ -45,6 +45,7 @@ __all__ = [
     "Store",
     "StoreLock",
     "default_state_dir",
+    "resolve_object_id",
     "skeleton_dirs",
     "store_lock",
 ]
@@ -192,6 +193,32 @@ def default_state_dir() -> str:
     xdg = os.environ.get("XDG_DATA_HOME")
     base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "kxen-agent")
+
+
+def resolve_object_id(text: str, has: Callable[[ObjectId], bool], with_prefix: Callable[[str], Iterable[ObjectId]],
+                      where: str) -> ObjectId:
+    """Resolve 8 to 64 hex digits to the one object they name (a unique prefix, like git).
+
+    ``has`` and ``with_prefix`` are the object store's; every store resolves
+    ids through this one function, so they refuse alike.
+    """
+    h = text.strip().lower()
+    if not _HEX_ID.fullmatch(h):
+        raise UsageError(f"{text!r} is not an object id: give 8 to 64 hex digits")
+    if len(h) == 64:
+        oid = bytes.fromhex(h)
+        if not has(oid):
+            raise MissingObject(h, where)
+        return oid
+    found = set(with_prefix(h))
+    if not found:
+        raise MissingObject(h + "…", where)
+    if len(found) > 1:
+        raise AmbiguousId(f"object id prefix {h} is ambiguous ({len(found)} objects); give more digits")
+    return found.pop()
+
+
+_HEX_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
 class Store:
@@ -533,22 +560,13 @@ class Store:
 
     def resolve(self, text: str) -> ObjectId:
         """An object id from 8 to 64 hex digits (a unique prefix, like git)."""
-        h = text.strip().lower()
-        if not re.fullmatch(r"[0-9a-f]{8,64}", h):
-            raise UsageError(f"{text!r} is not an object id: give 8 to 64 hex digits")
-        if len(h) == 64:
-            oid = bytes.fromhex(h)
-            if not self.has(oid):
-                raise MissingObject(h, self.root)
-            return oid
+        return resolve_object_id(text, self.has, self._with_prefix, self.root)
+
+    def _with_prefix(self, h: str) -> set[ObjectId]:
         found = set(self.loose.with_prefix(h))
         for p in self.packs:
             found.update(p.with_prefix(h))
-        if not found:
-            raise MissingObject(h + "…", self.root)
-        if len(found) > 1:
-            raise AmbiguousId(f"object id prefix {h} is ambiguous ({len(found)} objects); give more digits")
-        return found.pop()
+        return found
 
     @contextmanager
     def writing(self, timeout: float | None = None) -> Iterator[None]:

@@ -71,19 +71,16 @@ def _oracle_value(case: dict) -> tuple[bool, Any]:
     return _in_model(value), value
 
 
+def _decoded(decode: Any, data: bytes) -> tuple[bool, Any]:
+    try:
+        return True, decode(data)
+    except DecodeError:
+        return False, None
+
+
 def _accepts(data: bytes) -> tuple[bool, Any]:
-    try:
-        strict = codec.decode_strict(data)
-    except DecodeError:
-        strict_ok, strict = False, None
-    else:
-        strict_ok = True
-    try:
-        fast = codec.decode(data)
-    except DecodeError:
-        fast_ok, fast = False, None
-    else:
-        fast_ok = True
+    strict_ok, strict = _decoded(codec.decode_strict, data)
+    fast_ok, fast = _decoded(codec.decode, data)
     assert strict_ok == fast_ok, f"fast and strict decoders disagree on {data.hex()}"
     if strict_ok:
         assert type(fast) is type(strict) and fast == strict
