@@ -9,6 +9,7 @@ module must never write anything.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from kxen_agent.errors import KxenError
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from kxen_agent.session.sessions import SessionInfo, SessionStore
 
 __all__ = ["NoSuchRun", "resolve_op", "resolve_run", "resolve_session"]
+
+_FULL_OP = re.compile(r"op_[0-9a-f]{20}")
 
 
 class NoSuchRun(KxenError):
@@ -54,6 +57,10 @@ def resolve_op(runner: Runner, info: SessionInfo, run: str | None, text: str) ->
     """
     from kxen_agent.session.sessions import resolve_prefix
 
+    if run is not None and _FULL_OP.fullmatch(text.strip()):
+        # A whole id goes as it is: the runner judges it under the session's
+        # lease (a busy session is refused first, exit 75).
+        return run, text.strip()
     runs = [run] if run is not None else sorted(info.runs)
     owner: dict[str, str] = {}
     for r in runs:

@@ -103,7 +103,8 @@ def read_stdin_task() -> str:
     except UnicodeDecodeError as e:
         raise UsageError(f"the task on standard input is not UTF-8 text (byte {e.start}); give it as UTF-8") from None
     if not text.strip():
-        raise UsageError("the task on standard input is empty (or only whitespace); say what the agent should do")
+        raise UsageError("no task: give --task TEXT or --task-file FILE, or pipe it on standard input "
+                         "(the task on standard input is empty, or only whitespace)")
     return text
 
 

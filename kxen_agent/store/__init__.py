@@ -19,7 +19,7 @@ name what else each offers the layers above.
 
 import sys as _sys
 import types as _types
-from typing import TYPE_CHECKING
+import typing as _typing
 
 from .codec import DecodeError, EncodeError
 from .fsio import OS_IO, FaultyIO, FileIO, IOFaultSpecError, TracingIO
@@ -29,7 +29,7 @@ from .protocols import ExclusiveLock, ObjectStore, RefContainer, Repository
 from .refs import ANY, BadRefName, CorruptRef, RefConflict, RefUpdate, StaleFence
 from .repo import AmbiguousId, MissingObject, StateDirError, Store, default_state_dir
 
-if TYPE_CHECKING:  # loaded on first use (below): bundles and the memory store are not needed to read a session
+if _typing.TYPE_CHECKING:  # loaded on first use (below): bundles and the memory store are not needed to read a session
     from .bundle import BadBundle, BundleInfo, BundleRefused, ImportResult, export_bundle, import_bundle, verify_bundle
     from .fsck import FsckReport, Problem, fsck
     from .gc import GcAborted, GcReport, gc

@@ -96,7 +96,7 @@ def test_run_defaults_to_this_directory_and_reads_a_task_from_stdin(kx: Cli, tmp
     assert kx.log(json.loads(dash.stdout)["session"])[0]["content"] == "dash task"
     empty = subprocess.run([KXEN_AGENT, "run"], input="  \n", capture_output=True, text=True, env=kx.env, cwd=ws,
                            timeout=CLI_TIMEOUT_S)
-    assert empty.returncode == 2 and "standard input is empty" in empty.stderr, empty.stderr
+    assert empty.returncode == 2 and "the task on standard input is empty" in empty.stderr, empty.stderr
     assert len(kx.sessions()) == 4  # the refused one created nothing
 
 
