@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import kxen_agent.lazy
+
 if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
     from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
     from .faults import FaultSpecError
@@ -63,19 +65,8 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
 
 
 __all__ = [

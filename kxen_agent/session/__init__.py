@@ -18,6 +18,8 @@ beginning with ``_`` is nobody's business outside this package.
 
 from typing import TYPE_CHECKING
 
+import kxen_agent.lazy
+
 if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
     from .agent_def import AgentDefinitionError, default_agent_definition, load_agent_definition, parse_agent_definition
     from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, SessionSchema
@@ -75,19 +77,8 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
 
 
 __all__ = [

@@ -21,6 +21,8 @@ import sys as _sys
 import types as _types
 import typing as _typing
 
+import kxen_agent.lazy
+
 from .codec import DecodeError, EncodeError
 from .fsio import OS_IO, FaultyIO, FileIO, IOFaultSpecError, TracingIO
 from .locks import FileLock, LockBusy, StoreLock, file_lock, lock_for, store_lock
@@ -67,19 +69,8 @@ class _Package(_types.ModuleType):
 _sys.modules[__name__].__class__ = _Package
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
 
 __all__ = [
     "ANY",
