@@ -106,9 +106,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from kxen_agent import __version__
+        import kxen_agent
 
-        typer.echo(f"kxen-agent {__version__}")
+        typer.echo(f"kxen-agent {kxen_agent.__version__}")
         raise typer.Exit(0)
 
 

@@ -5,7 +5,10 @@ bound to?" and the creation/removal of the Git worktrees that forks run in.
 It talks to Git only through the ``git`` CLI (never by reading ``.git``), and
 it never commits, resets, checks out or otherwise touches the user's files:
 the only Git state it changes is a ``kxen/NAME`` branch and its worktree,
-both created by :func:`create_worktree` and undone by :func:`remove_worktree`.
+both created by :func:`create_worktree` and undone by :func:`remove_worktree`
+(or :func:`rollback_worktree` after a failure; :mod:`.worktrees` finds them
+again for ``session delete --worktree`` and ``undelete``). A mismatch names
+the part of the identity that differs (:func:`identity_difference`).
 
 Workspace identity (v1)
 -----------------------
