@@ -197,7 +197,7 @@ def test_a_lock_over_the_object_limit_is_a_definition_error() -> None:
     (("session",), "kxen-agent session needs a command: list, show", "kxen-agent session"),
     (("bundle",), "kxen-agent bundle needs a command: verify", "kxen-agent bundle"),
     (("gc", "--prune"), "option '--prune' requires an argument", "kxen-agent gc"),
-    (("run", "resolve", "ses_00000000000000000000"), "missing argument 'RUN'", "kxen-agent run resolve"),
+    (("run", "resolve", "ses_00000000000000000000"), "missing argument '[RUN] OP'", "kxen-agent run resolve"),
 ])
 def test_usage_errors_are_one_line(cli: Cli, args: tuple[str, ...], message: str, see: str) -> None:
     line = refused(cli(*args), 2)

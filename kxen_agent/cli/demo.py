@@ -93,10 +93,19 @@ def run_demo(base: str | None) -> None:
     out(f"\n# done: session {ses} ran, forked, moved to a fresh runner and resumed there. Files in {base}")
 
 
+def demo_cmd(
+    dir: str = typer.Option(None, "--dir", metavar="DIR", help="An empty directory for the demo (default: a new temp dir)."),
+) -> None:
+    """Run the guided offline demo: a session run, forked, exported, imported and resumed.
+
+    Every step is a real kxen-agent command, printed before it runs.
+
+    \b
+    Example:
+      kxen-agent demo --dir /tmp/kxen-demo
+    """
+    run_demo(dir)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("demo")
-    def demo_cmd(
-        dir: str = typer.Option(None, "--dir", help="An empty directory for the demo (default: a new temp dir)."),
-    ) -> None:
-        """Run the guided offline demo: a session run, forked, exported, imported and resumed."""
-        run_demo(dir)
+    """Nothing to do: main.py loads ``demo`` by name (``main.COMMANDS``); kept for older callers."""

@@ -11,134 +11,194 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.session.schema import SESSION_SCHEMA
-from kxen_agent.session.sessions import NS
-from kxen_agent.store import Store, decode_body, fsck as run_fsck
 
-from ._render import Progress, dumps_json, emit_json, err, out, term_text, to_jsonable
+from ._render import err, term_text
 
 # click's exceptions, wherever this typer takes click from (it vendors click
 # as typer._click in some versions and imports it in others).
 _click_exceptions = importlib.import_module(typer.BadParameter.__module__)
 ClickException = _click_exceptions.ClickException
 ClickAbort = typer.Abort  # what typer's runner raises on EOF at a prompt (click's own Abort, or typer's)
+_TyperGroup = importlib.import_module(typer.Typer.__module__.replace(".main", ".core")).TyperGroup
+
+#: The commands, in the order ``kxen-agent --help`` lists them: the daily
+#: ones first, then the plumbing. Each is imported only when it is run (or
+#: its own ``--help`` is asked for): the start-up of ``kxen-agent --help``
+#: and of a read command is mostly Python's own (bench/startup.py). The
+#: one-line purpose shown here is the command's docstring's first line
+#: (tests/session/test_cli_daily.py holds them equal).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    # name: (module, attribute: a Typer app or a command function, one-line purpose)
+    "run": ("kxen_agent.cli.run_cmds", "run_app",
+            "Create a Session bound to a workspace and run its first task to a terminal state."),
+    "session": ("kxen_agent.cli.session_cmds", "session_app",
+                "List, inspect, fork, delete, export and import sessions."),
+    "fsck": ("kxen_agent.cli.store_cmds", "fsck_cmd", "Verify every object, ref and reflog, and the closure between them."),
+    "gc": ("kxen_agent.cli.store_cmds", "gc_cmd",
+           "Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."),
+    "cat-object": ("kxen_agent.cli.store_cmds", "cat_object_cmd", "Print one object (plumbing, like git cat-file -p)."),
+    "bundle": ("kxen_agent.cli.store_cmds", "bundle_app", "Check bundles (session export/import files)."),
+    "demo": ("kxen_agent.cli.demo", "demo_cmd",
+             "Run the guided offline demo: a session run, forked, exported, imported and resumed."),
+}
+DAILY = ("run", "session")
+
+
+def _plain_help(cmd: Any) -> None:
+    """One help formatter for every command: click's plain text (no rich: its import alone costs more
+    than the rest of ``--help``, and the plain text is what a pipe or a pager wants)."""
+    if hasattr(cmd, "rich_markup_mode"):
+        cmd.rich_markup_mode = None
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_help(sub)
+
+
+def load_command(name: str) -> Any:
+    """The click command ``name`` of :data:`COMMANDS`, imported and built now."""
+    module, attr, _purpose = COMMANDS[name]
+    obj = getattr(importlib.import_module(module), attr)
+    # Built as a subcommand of an app of its own, as add_typer/command on the
+    # root would build it (no completion options, the same help).
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    if isinstance(obj, typer.Typer):
+        one.add_typer(obj, name=name)
+        cmd = typer.main.get_command(one).get_command(None, name)
+    else:
+        one.command(name)(obj)
+        cmd = typer.main.get_command(one)  # a single command: typer returns it as is
+    cmd.name = name
+    _plain_help(cmd)
+    return cmd
+
+
+class RootGroup(_TyperGroup):  # type: ignore[misc, valid-type]
+    """The top-level group: its commands are loaded when used; ``--help`` lists them from :data:`COMMANDS`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands[cmd_name] = load_command(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        for title, names in (("Daily commands", DAILY), ("Plumbing", [n for n in COMMANDS if n not in DAILY])):
+            with formatter.section(title):
+                formatter.write_dl([(n, COMMANDS[n][2]) for n in names])
+
 
 app = typer.Typer(
     name="kxen-agent",
-    help="A coding agent whose sessions are durable, forkable and portable.",
+    cls=RootGroup,
     no_args_is_help=False,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
-from .run_cmds import resume_cmd, run_app  # noqa: E402
-from .session_cmds import session_app  # noqa: E402
+def _version(value: bool) -> None:
+    if value:
+        import kxen_agent
 
-from . import demo  # noqa: E402
-
-app.add_typer(run_app, name="run")
-demo.register(app)
-from .store_cmds import register as _register_store_cmds  # noqa: E402
-
-_register_store_cmds(app)
-from .remote_cmds import register as _register_remote_cmds  # noqa: E402
-
-_register_remote_cmds(session_app)
-app.add_typer(session_app, name="session")
+        typer.echo(f"kxen-agent {kxen_agent.__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback(invoke_without_command=True)
 def root(
     ctx: typer.Context,
-    resume: Optional[str] = typer.Option(None, "--resume", metavar="SES", help="Continue SES's unfinished run, or start a new one with --task."),
-    task: Optional[str] = typer.Option(None, "--task", help="With --resume: a new consecutive task."),
-    task_file: Optional[str] = typer.Option(None, "--task-file", help="With --resume: the new task from a file."),
-    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="With --resume: the workspace path to check (or rebind)."),
-    rebind_workspace: bool = typer.Option(False, "--rebind-workspace", help="Re-point the binding to --workspace if its identity checks out."),
-    json_out: bool = typer.Option(False, "--json", help="Print the run result as JSON."),
-    retry: bool = typer.Option(False, "--retry", help="With --resume: a new run that re-attempts the last failed or canceled run's task."),
-    model: Optional[str] = typer.Option(None, "--model", help="With --resume: the model for this run (default: the run's recorded one, or the agent's)."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="With --resume: the endpoint for this run (openai provider)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="With --resume: no live output or progress, only the result."),
-    events: bool = typer.Option(False, "--events", help="With --resume: JSON Lines events on stdout (not with --json)."),
-    remote_lease: bool = typer.Option(False, "--remote-lease", help="With --resume: hold the session's lease on its Git remote and push every durable step."),
-    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", metavar="SES",
+        help="Continue SES's unfinished run, or start a new one with --task (SES: an id or a unique prefix)."),
+    continue_: bool = typer.Option(
+        False, "--continue", "-c",
+        help="Resume the most recent session bound to this directory (or --workspace DIR)."),
+    task: Optional[str] = typer.Option(None, "--task", metavar="TEXT", help="With --resume/--continue: a new consecutive task."),
+    task_file: Optional[str] = typer.Option(
+        None, "--task-file", metavar="FILE", help="With --resume/--continue: the new task from FILE ('-': standard input)."),
+    workspace: Optional[str] = typer.Option(
+        None, "--workspace", "-w", metavar="DIR",
+        help="With --resume: the workspace to check (or rebind); with --continue: where to look (default: here)."),
+    rebind_workspace: bool = typer.Option(
+        False, "--rebind-workspace", help="Re-point the binding to --workspace DIR if its identity checks out."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the run result as one JSON object (session, run, status, turn, result...)."),
+    retry: bool = typer.Option(
+        False, "--retry", help="With --resume/--continue: a new run that re-attempts the last failed or canceled run's task."),
+    model: Optional[str] = typer.Option(
+        None, "--model", metavar="MODEL",
+        help="With --resume/--continue: the model for this run (default: the run's recorded one, or the agent's)."),
+    base_url: Optional[str] = typer.Option(
+        None, "--base-url", metavar="URL", help="With --resume/--continue: the endpoint for this run (openai provider)."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="With --resume/--continue: no live output or progress, only the result."),
+    events: bool = typer.Option(
+        False, "--events", help="With --resume/--continue: JSON Lines events on stdout (not with --json)."),
+    remote_lease: bool = typer.Option(
+        False, "--remote-lease",
+        help="With --resume/--continue: hold the session's lease on its Git remote and push every durable step."),
+    remote: Optional[str] = typer.Option(
+        None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."),
 ) -> None:
-    """A coding agent whose sessions are durable, forkable and portable."""
+    """A coding agent whose sessions are durable, forkable and portable.
+
+    \b
+    Examples:
+      kxen-agent run --task "fix the failing test"      # a new session bound to this directory
+      kxen-agent --continue --task "now the docs"       # the latest session here, a new task
+      kxen-agent --resume ses_6508                      # continue an unfinished run (id or prefix)
+      kxen-agent session list                           # what is there, newest activity last
+      kxen-agent run show ses_6508                      # the latest run and its tool journal
+
+    Exit codes: 0 done, 1 error or run failed, 2 usage, 3 input required
+    (an UNKNOWN operation: run show, then run resolve), 75 session busy,
+    130 canceled.
+    """
     if ctx.invoked_subcommand is not None:
-        if resume is not None:
-            raise UsageError("--resume takes no subcommand")
+        if resume is not None or continue_:
+            raise UsageError("--resume/--continue take no command after them")
         return
-    if resume is None:
+    if resume is not None and continue_:
+        raise UsageError("give either --resume SES or --continue, not both")
+    if resume is None and not continue_:
         if any([task, task_file, workspace, rebind_workspace, retry, model, base_url, quiet, events, remote_lease,
                 remote]):
             raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease at the top "
-                             "level need --resume SES (or use `kxen-agent run`)")
+                             "level need --resume SES or --continue (or use `kxen-agent run` for a new session)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out, retry=retry, model=model,
-               base_url=base_url, quiet=quiet, events=events, remote_lease=remote_lease, remote=remote)
+    from .run_cmds import resume_cmd
 
+    more = dict(retry=retry, model=model, base_url=base_url, quiet=quiet, events=events,
+                remote_lease=remote_lease, remote=remote)
 
-def open_store() -> Store:
-    return Store.open(namespaces=(NS,))
+    if continue_:
+        from kxen_agent.session.sessions import NS, SessionStore
+        from kxen_agent.store import Store
 
-
-@app.command("fsck")
-def fsck_cmd(json_out: bool = typer.Option(False, "--json", help="Print a JSON report.")) -> None:
-    """Verify every object, ref and reflog, and the closure between them."""
-    store = open_store()
-    prog = Progress("fsck", enabled=not json_out)
-    rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
-    prog.done()
-    if json_out:
-        emit_json(rep.to_json())
-    else:
-        # A problem line can quote what a damaged or hostile state dir holds (ref names, file names).
-        for p in rep.problems:
-            err(term_text(p.line(), quote=False))
-        for d in rep.dangling:
-            out(f"dangling object {d}")
-        for f in rep.stray_files:
-            # Temp files (an interrupted write's; gc removes those under objects/) and names no
-            # writer makes (objects_spec.md §11 steps 1, 6, 7): nothing reads either.
-            out(f"stray file {term_text(f)} (nothing reads it: the temp file of an interrupted or running "
-                "write, or a name no writer makes)")
-        status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
-        out(
-            f"fsck {term_text(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
-            f"{rep.refs} ref{'' if rep.refs == 1 else 's'} in {rep.groups} group{'' if rep.groups == 1 else 's'}, "
-            f"{rep.reachable} reachable, "
-            f"{len(rep.dangling)} dangling: {status}"
-        )
-    if not rep.clean:
-        raise typer.Exit(1)
-
-
-@app.command("cat-object")
-def cat_object_cmd(
-    oid: str = typer.Argument(..., metavar="ID", help="Object id or unique prefix (8+ hex digits)."),
-    json_out: bool = typer.Option(False, "--json", help="Print id, kind, size and value as JSON."),
-) -> None:
-    """Print one object (plumbing, like git cat-file -p)."""
-    store = open_store()
-    obj = store.read_raw(store.resolve(oid))
-    value = decode_body(obj)
-    if json_out:
-        body = value.decode("utf-8", "replace") if obj.kind == "blob" else to_jsonable(value)
-        emit_json({"id": obj.hex, "kind": obj.kind, "size": len(obj.body), "value": body})
-    elif obj.kind == "blob":
-        sys.stdout.buffer.write(value)
-    else:
-        out(f"{obj.kind} {obj.hex}")
-        out(dumps_json(to_jsonable(value), indent=2))
+        here = os.path.realpath(workspace if workspace is not None else os.getcwd())
+        store = Store.open(namespaces=(NS,))
+        info = SessionStore(store).latest_for_workspace(here)
+        if info is None:
+            raise KxenError(f"no session is bound to workspace {here} in state dir {store.root}; "
+                            "start one with `kxen-agent run --task TEXT` (`kxen-agent session list` shows "
+                            "what there is)")
+        # The directory is always checked: found by identity at another
+        # path, the resume names the rebind to run.
+        resume_cmd(info.id, task, task_file, here, rebind_workspace, json_out, **more)
+        return
+    assert resume is not None
+    resume_cmd(resume, task, task_file, workspace, rebind_workspace, json_out, **more)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     arrive as :class:`KxenError`.
     """
     stdout_was = _stdout_identity()
+    args = sys.argv[1:] if argv is None else argv
     try:
         _check_io_fault_spec()
-        code = app(args=argv, prog_name="kxen-agent", standalone_mode=False)
+        _check_resume_value(args)
+        code = app(args=args, prog_name="kxen-agent", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except SystemExit as e:
         code = e.code
@@ -166,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         err(f"kxen-agent: error: {term_text(str(e), quote=False)}")
         return e.exit_code
     except ClickException as e:
-        err(f"kxen-agent: error: {term_text(click_error_line(e, sys.argv[1:] if argv is None else argv), quote=False)}")
+        err(f"kxen-agent: error: {term_text(click_error_line(e, args), quote=False)}")
         return e.exit_code
     except ClickAbort:
         err("kxen-agent: aborted")
@@ -184,14 +246,45 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+#: Words people type as commands that are options or subcommands here, and what they meant.
+_MEANT = {
+    "resume": "kxen-agent --resume SES (or --continue for the latest session here)",
+    "continue": "kxen-agent --continue",
+    "list": "kxen-agent session list", "ls": "kxen-agent session list",
+    "show": "kxen-agent session show SES (or kxen-agent run show SES)",
+    "log": "kxen-agent session log SES", "tree": "kxen-agent session tree SES",
+    "fork": "kxen-agent session fork SES", "delete": "kxen-agent session delete SES",
+    "undelete": "kxen-agent session undelete SES",
+    "export": "kxen-agent session export SES -o FILE", "import": "kxen-agent session import FILE",
+    "resolve": "kxen-agent run resolve SES OP --output TEXT", "verify": "kxen-agent bundle verify FILE",
+    "version": "kxen-agent --version",
+}
+
+
+def _check_resume_value(args: list[str]) -> None:
+    """``kxen-agent --resume --task hi``: the session id is missing, say so (click would take
+    ``--task`` as the id and ``hi`` as a command)."""
+    for i, tok in enumerate(args):
+        if tok == "--":
+            return
+        if tok == "--resume" and i + 1 < len(args) and args[i + 1].startswith("-"):
+            rest = " ".join(args[i + 1:])
+            raise UsageError(f"--resume needs a session id before the other options: kxen-agent --resume SES {rest} "
+                             f"(or kxen-agent --continue {rest} for the latest session in this directory; "
+                             "`kxen-agent session list` shows the ids)")
+        if not tok.startswith("-") and tok in COMMANDS:
+            return  # options after a command are that command's
+
+
 def click_error_line(e: ClickException, argv: list[str]) -> str:
     """One line for a click usage error, pointing at the command's --help.
 
     ``kxen-agent session show`` without SES gives "missing argument 'SES'
     (see kxen-agent session show --help)". A group named without a command
-    (``kxen-agent session``) lists its commands. (The groups do not set
-    ``no_args_is_help``: typer's rich help printer writes the whole help
-    while that error is being made, before it could be turned into one line.)
+    (``kxen-agent session``) lists its commands. A word that is an option or
+    a subcommand here (``kxen-agent resume``) gets what was meant.
+    (The groups do not set ``no_args_is_help``: typer's help printer would
+    write the whole help while that error is being made.)
     """
     ctx = getattr(e, "ctx", None)
     msg = " ".join(e.format_message().split()).rstrip(".")
@@ -200,6 +293,10 @@ def click_error_line(e: ClickException, argv: list[str]) -> str:
         msg = f"{ctx.command_path} needs a command" + (f": {', '.join(names)}" if names else "")
     elif len(msg) > 1 and msg[0].isupper() and msg[1].islower():
         msg = msg[0].lower() + msg[1:]  # "Missing argument" -> "missing argument", as our own errors read
+    if msg.startswith("no such command"):
+        word = msg.split("'")[1] if msg.count("'") >= 2 else ""
+        if word in _MEANT:
+            msg = f"no such command '{word}'; did you mean `{_MEANT[word]}`?"
     # click's parser raises some errors ("option '--prune' requires an argument") without a context.
     msg += f" (see {ctx.command_path if ctx is not None else _command_path(argv)} --help)"
     return msg
@@ -207,12 +304,12 @@ def click_error_line(e: ClickException, argv: list[str]) -> str:
 
 def _command_path(argv: list[str]) -> str:
     """``kxen-agent session show`` for ``argv`` = ``session show ...``: the (sub)commands it names, best effort."""
-    cmd = typer.main.get_command(app)
+    cmd: Any = typer.main.get_command(app)
     words = ["kxen-agent"]
     for tok in argv:
         if tok.startswith("-"):
             continue
-        sub = getattr(cmd, "commands", {}).get(tok)
+        sub = cmd.get_command(None, tok) if hasattr(cmd, "get_command") else None
         if sub is None:
             break
         cmd = sub
@@ -222,10 +319,10 @@ def _command_path(argv: list[str]) -> str:
 
 def _check_io_fault_spec() -> None:
     """A misspelt ``KXEN_AGENT_IO_FAULT`` is a usage error for every command, read-only ones too."""
-    from kxen_agent.store.fsio import IO_FAULT_ENV, IOFaultSpecError, parse_fault_spec
-
-    spec = os.environ.get(IO_FAULT_ENV, "")
+    spec = os.environ.get("KXEN_AGENT_IO_FAULT", "")  # fsio.IO_FAULT_ENV, read without importing the store
     if spec:
+        from kxen_agent.store.fsio import IOFaultSpecError, parse_fault_spec
+
         try:
             parse_fault_spec(spec)
         except IOFaultSpecError as e:
@@ -272,11 +369,12 @@ def os_error_line(e: OSError) -> str:
 
     name = _errno.errorcode.get(e.errno or 0, "")
     what = e.strerror or str(e)
-    where = f" on {e.filename}" if e.filename else ""
+    # A path may come as bytes (os calls given bytes): shown as the text it is, never as b'...'.
+    where = f" on {os.fsdecode(e.filename)}" if e.filename else ""
     hint = "free some space" if e.errno in (_errno.ENOSPC, _errno.EDQUOT) else "check the disk"
     return " ".join(
         f"I/O error{where}: {what}{f' ({name})' if name else ''}; nothing acknowledged was lost — "
-        f"{hint}, then retry (`kxen-agent fsck` verifies the state dir, `kxen-agent --resume SES` continues a run)".split()
+        f"{hint}, then retry (`kxen-agent fsck` verifies the state dir; a run goes on with `kxen-agent --resume` and its session id, which `kxen-agent session list` shows)".split()
     )
 
 

@@ -35,15 +35,19 @@ def register(session_app: typer.Typer) -> None:
 
 
 def push_cmd(
-    sessions: list[str] = typer.Argument(..., metavar="SES...", help="Sessions to push (each to its workspace's remote)."),
+    sessions: list[str] = typer.Argument(
+        ..., metavar="SES...", help="Sessions to push, ids or unique prefixes (each to its workspace's remote)."),
     remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
     with_branch: bool = typer.Option(False, "--with-branch", help="Also push a worktree fork's kxen/NAME branch."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental."""
     from kxen_agent.session.remote import push_sessions
+    from kxen_agent.session.sessions import SessionStore
 
-    reports = push_sessions(Store.open(namespaces=(NS,)), sessions, remote=remote, with_branch=with_branch)
+    store = Store.open(namespaces=(NS,))
+    full = [SessionStore(store).resolve_id(s) for s in sessions]
+    reports = push_sessions(store, full, remote=remote, with_branch=with_branch)
     if json_out:
         emit_json({"pushes": [r.to_json() for r in reports]})
         return

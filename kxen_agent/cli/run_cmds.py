@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +37,8 @@ DEMO_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"
 #: Names the default agent definition for `run` without --agent.
 AGENT_ENV = "KXEN_AGENT_AGENT"
 
-run_app = typer.Typer(help="Run a task in a new session; show or resolve runs.", no_args_is_help=False)
+# Its help is run_cmd's docstring (a new session), which names show/resolve.
+run_app = typer.Typer(no_args_is_help=False, rich_markup_mode=None, add_completion=False)
 
 
 #: The longest task (UTF-8 bytes) `run` and `--resume --task` accept. The task
@@ -88,6 +90,8 @@ def read_task(task: Optional[str], task_file: Optional[str]) -> Optional[str]:
 
 
 def _read_task_file(path: str) -> str:
+    if path == "-":  # standard input, as `git commit -F -` takes it
+        return read_stdin_task()
     try:
         with open(path, "rb") as f:
             # One byte past the limit tells "too long" without reading a huge file whole.
@@ -119,6 +123,21 @@ def default_agent() -> str:
         return path
     raise UsageError(f"no agent: give --agent FILE, or set up a default agent in {AGENT_ENV} or {path}; "
                      "`kxen-agent demo` runs the bundled demo agent offline")
+
+
+def read_stdin_task() -> str:
+    """The task from standard input (``--task-file -``, or a piped ``run`` with no task), checked."""
+    data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
+    if len(data) > MAX_TASK_BYTES:
+        raise UsageError(f"the task on standard input is over the {MAX_TASK_BYTES}-byte task limit; {_TOO_LONG_HINT}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"the task on standard input is not UTF-8 text (byte {e.start}); give it as UTF-8") from None
+    if not text.strip():
+        raise UsageError("no task: give --task TEXT or --task-file FILE, or pipe it on standard input "
+                         "(the task on standard input is empty, or only whitespace)")
+    return text
 
 
 def cancellation(view: View, activity: Callable[[], object] = lambda: None) -> AbstractContextManager[threading.Event]:
@@ -193,26 +212,47 @@ def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> No
 @run_app.callback(invoke_without_command=True)
 def run_cmd(
     ctx: typer.Context,
-    workspace: Optional[str] = typer.Option(None, "--workspace", "-w", help="The workspace directory to bind the new session to."),
-    task: Optional[str] = typer.Option(None, "--task", help="The task text."),
-    task_file: Optional[str] = typer.Option(None, "--task-file", help="A file holding the task."),
-    agent: Optional[str] = typer.Option(None, "--agent", help=f"Agent definition (TOML); default: ${AGENT_ENV}, else $XDG_CONFIG_HOME/kxen-agent/agent.toml."),
-    json_out: bool = typer.Option(False, "--json", help="Print {session, run, status, ...} as JSON."),
-    model: Optional[str] = typer.Option(None, "--model", help="The model for this run (default: the agent's)."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="The endpoint for this run (openai provider; default: the agent's)."),
+    workspace: Optional[str] = typer.Option(
+        None, "--workspace", "-w", metavar="DIR", help="The workspace directory to bind the new session to (default: this directory)."),
+    task: Optional[str] = typer.Option(None, "--task", metavar="TEXT", help="The task text."),
+    task_file: Optional[str] = typer.Option(
+        None, "--task-file", metavar="FILE", help="A file holding the task ('-': standard input)."),
+    agent: Optional[str] = typer.Option(
+        None, "--agent", metavar="FILE",
+        help=f"Agent definition (TOML); default: ${AGENT_ENV}, else $XDG_CONFIG_HOME/kxen-agent/agent.toml."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object: {session, run, status, turn, model, result, error, unknownOps, settled}."),
+    model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="The model for this run (default: the agent's)."),
+    base_url: Optional[str] = typer.Option(
+        None, "--base-url", metavar="URL", help="The endpoint for this run (openai provider; default: the agent's)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Show no live output or progress, only the result."),
     events: bool = typer.Option(False, "--events", help="Write JSON Lines events to stdout as the run goes (not with --json)."),
-    remote_lease: bool = typer.Option(False, "--remote-lease", help="Hold the session's lease on its Git remote and push every durable step."),
-    remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
+    remote_lease: bool = typer.Option(
+        False, "--remote-lease", help="Hold the session's lease on its Git remote and push every durable step."),
+    remote: Optional[str] = typer.Option(
+        None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
 ) -> None:
-    """Create a Session bound to a workspace and run its first task to a terminal state."""
+    """Create a Session bound to a workspace and run its first task to a terminal state.
+
+    With no --task or --task-file, a task piped on standard input is read.
+    `run show` and `run resolve` inspect and settle a session's runs.
+
+    \b
+    Examples:
+      kxen-agent run --task "fix the failing test"
+      kxen-agent run --workspace /workspace/repo --task-file task.md --agent agent.toml
+      git diff | kxen-agent run
+      kxen-agent run show ses_6508
+    """
     if ctx.invoked_subcommand is not None:
         return
     if workspace is None:
-        raise UsageError("run needs --workspace DIR and --task TEXT (or --task-file FILE)")
+        workspace = os.getcwd()  # the directory itself: a subdirectory binding stays what the user means
     text = read_task(task, task_file)
+    if text is None and not sys.stdin.isatty():
+        text = read_stdin_task()
     if text is None:
-        raise UsageError("run needs a task: --task TEXT or --task-file FILE")
+        raise UsageError("run needs a task: --task TEXT, --task-file FILE, or the task piped on standard input")
     lock = load_agent_definition(agent or default_agent())
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
     execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url),
@@ -228,6 +268,10 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
     if retry and text is not None:
         raise UsageError("--retry re-attempts the last run's task; give either --retry or --task/--task-file")
     lease_ttl_s()
+    runner = Runner(Store.open(namespaces=(NS,)))
+    ses = runner.sessions.resolve_id(ses)
+    if rebind and text is None and not retry and rebind_only(runner, ses, workspace, json_out):
+        return
     # A new run (a task, a retry) is named at its start: the remote lease is claimed then, with the name; else now.
     execute(lambda runner: runner.resume(ses, task=text, workspace=workspace, rebind=rebind, retry=retry,
                                          model=model, base_url=base_url),
@@ -236,15 +280,52 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
                                                      claim_now=text is None and not retry))
 
 
+def rebind_only(runner: Runner, ses: str, workspace: Optional[str], json_out: bool) -> bool:
+    """``--resume SES --workspace NEW --rebind-workspace`` with nothing to run: rebind, say so, exit 0.
+
+    Returns False (nothing done) when the session has a run to continue:
+    the runner then rebinds and resumes it as one step.
+    """
+    from kxen_agent.runtime.lease import Lease
+    from kxen_agent.runtime.runner import TERMINAL
+
+    if workspace is None:
+        raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
+    latest = runner.latest_run(runner.sessions.get(ses))
+    if latest is not None and not (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
+        return False
+    with Lease.acquire(runner.store, ses, purpose="rebind", backend=runner.leases) as lease:
+        info = runner.sessions.rebind(ses, workspace, fence=lease.fence)
+    if json_out:
+        emit_json({"session": ses, "rebound": True, "workspace": info.workspace.root,
+                   "run": latest[0] if latest else None, "status": latest[2]["status"] if latest else None})
+    else:
+        done = f"its last run {latest[0]} is {latest[2]['status']}" if latest else "it has no runs yet"
+        out(f"session {ses} bound to {t(info.workspace.root)}; nothing to resume ({done}): "
+            f"start a new run with `kxen-agent --resume {ses} --task TEXT`")
+    return True
+
+
 @run_app.command("show")
 def show_cmd(
-    ses: str = typer.Argument(..., metavar="SES"),
-    run: str = typer.Argument(..., metavar="RUN"),
-    json_out: bool = typer.Option(False, "--json"),
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    run: Optional[str] = typer.Argument(None, metavar="[RUN]", help="A run id or unique prefix (default: the latest run)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the run and its journal as JSON (README: JSON output)."),
 ) -> None:
-    """The run's status, model, turns, result and its tool journal."""
+    """The run's status, model, turns, result and its tool journal.
+
+    \b
+    Examples:
+      kxen-agent run show ses_6508
+      kxen-agent run show ses_6508 run_91c2 --json
+    """
+    from ._ids import resolve_run
+
     runner = Runner(Store.open(namespaces=(NS,)))
-    info = runner.sessions.get(ses)
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    ses = info.id
+    run = resolve_run(runner, info, run)
     oid, st = runner.run_state(info, run)
     status = runner.shown_status(ses, st)  # "interrupted": running, but no live process holds the lease
     ops = runner.ops(st)
@@ -305,17 +386,38 @@ def usage_line(usage: dict | None) -> str:
 
 @run_app.command("resolve")
 def resolve_cmd(
-    ses: str = typer.Argument(..., metavar="SES"),
-    run: str = typer.Argument(..., metavar="RUN"),
-    op: str = typer.Argument(..., metavar="OP"),
-    output: str = typer.Option(..., "--output", help="The outcome you established (what the tool's output would have said)."),
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    ids: list[str] = typer.Argument(
+        ..., metavar="[RUN] OP", help="The operation, after its run (optional: found from OP); ids or unique prefixes."),
+    output: str = typer.Option(
+        ..., "--output", metavar="TEXT", help="The outcome you established (what the tool's output would have said)."),
     is_error: bool = typer.Option(False, "--is-error", help="The operation failed."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, run, op, state, source, isError} as JSON."),
 ) -> None:
-    """Record a human-established outcome for one UNKNOWN operation (never re-runs it)."""
+    """Record a human-established outcome for one UNKNOWN operation (never re-runs it).
+
+    \b
+    Examples:
+      kxen-agent run resolve ses_6508 op_5d1e --output "verified: branch already pushed"
+      kxen-agent run resolve ses_6508 run_91c2 op_5d1e --output "it failed" --is-error
+    """
+    from ._ids import resolve_op, resolve_run
+
+    if len(ids) > 2:
+        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
     check_text(output, "--output")  # before the lease is taken: a bad value changes nothing
     lease_ttl_s()
-    res = Runner(Store.open(namespaces=(NS,))).resolve(ses, run, op, output, is_error=is_error)
+    runner = Runner(Store.open(namespaces=(NS,)))
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    ses = info.id
+    if len(ids) == 1:  # SES OP: the run is the one whose journal holds OP
+        run, op = resolve_op(runner, info, None, ids[0])
+    elif len(ids) == 2:
+        run, op = resolve_op(runner, info, resolve_run(runner, info, ids[0]), ids[1])
+    else:
+        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
+    res = runner.resolve(ses, run, op, output, is_error=is_error)
     if json_out:
         emit_json(res)
     else:

@@ -1,36 +1,66 @@
-"""``kxen-agent session ...``: list, show, log, tree, fork, delete, export, import."""
+"""``kxen-agent session ...``: list, show, log, tree, fork, delete, undelete, export, import.
+
+Loaded by main.py when ``session`` is run (:data:`~.main.COMMANDS`); the
+library is imported inside each command, so ``session --help`` and the
+top-level help import none of it. Every SES argument is an id or a unique
+prefix of one (:mod:`._ids`), resolved before the library is called.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from kxen_agent.errors import KxenError
-from kxen_agent.runtime.runner import Runner, sum_usage
-from kxen_agent.session.sessions import NS, SessionInfo, SessionStore
-from kxen_agent.store import Store
+from kxen_agent.errors import KxenError, UsageError
 
 from .run_cmds import usage_line
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t
 
+if TYPE_CHECKING:
+    from kxen_agent.session.sessions import SessionInfo, SessionStore
+    from kxen_agent.store import Store
+
 # Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
-session_app = typer.Typer(help="List, inspect, fork, delete, export and import sessions.", no_args_is_help=False)
+session_app = typer.Typer(
+    help="List, inspect, fork, delete, export and import sessions.\n\n"
+         "Every SES is a session id or a unique prefix of one.\n\n"
+         "\b\nExamples:\n  kxen-agent session list\n  kxen-agent session show ses_6508\n"
+         "  kxen-agent session fork ses_6508 --worktree alternative_fix",
+    no_args_is_help=False, rich_markup_mode=None, add_completion=False)
+
+_SES_HELP = "A session id or a unique prefix of one (ses_6508)."
+
+
+def _store() -> Store:
+    from kxen_agent.session.sessions import NS
+    from kxen_agent.store import Store
+
+    return Store.open(namespaces=(NS,))
 
 
 def _sessions() -> SessionStore:
-    return SessionStore(Store.open(namespaces=(NS,)))
+    from kxen_agent.session.sessions import SessionStore
+
+    return SessionStore(_store())
 
 
-def _runs_json(runner: Runner, info: SessionInfo) -> list[dict]:
+def _runs_json(sessions: SessionStore, info: SessionInfo) -> list[dict]:
+    """The session's runs, oldest first, each state checked to be that run's (as the runner reads them)."""
+    from kxen_agent.runtime.runner import Runner
+
+    runner = Runner(sessions.store)
     runs = []
     for run, oid in info.runs.items():
         st = runner.read_run(info, run, oid)
+        # "interrupted": unsettled, and no live process holds the session's lease
         runs.append({"id": run, "index": st["index"], "status": runner.shown_status(info.id, st),
-                     "settled": st.get("settled", False),
-                     "turn": st["turn"], "model": st["model"], "task": st["task"], "usage": st.get("usage")})
+                     "settled": st.get("settled", False), "turn": st["turn"], "model": st["model"],
+                     "task": st["task"], "usage": st.get("usage"),
+                     "startedNs": st.get("startedNs"), "updatedNs": st.get("updatedNs")})
     runs.sort(key=lambda r: r["index"])
     return runs
 
@@ -39,11 +69,72 @@ def _when(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
 
 
+def _short_when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ns / 1e9))
+
+
+def _one_line(text: str, width: int = 60) -> str:
+    """A stored text (a task) as one line: its first line, whitespace collapsed, cut at ``width``."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    line = " ".join(first.split())
+    more = line != " ".join(text.split())
+    if len(line) > width:
+        line, more = line[: width - 1].rstrip(), True
+    return line + ("…" if more else "")
+
+
+def _since(text: str) -> int:
+    """``--since``: a duration back from now (2d, 1w, 12h...) or a date (2025-01-31, 2025-01-31T10:00)."""
+    from datetime import datetime
+
+    from kxen_agent.store.gc import BadDuration, parse_duration
+
+    try:
+        when = datetime.fromisoformat(text.strip())
+        return int(when.timestamp() * 1e9)
+    except ValueError:
+        pass
+    try:
+        secs = parse_duration(text)
+    except BadDuration:
+        raise UsageError(f"--since {text!r} is neither a duration (2d, 1w, 12h) nor a date (2025-01-31)") from None
+    if secs is None:
+        raise UsageError("--since never lists nothing; give a duration (2d, 1w) or a date (2025-01-31)")
+    return time.time_ns() - int(secs * 1e9)
+
+
 @session_app.command("list")
-def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
-    """Every session in the state dir."""
-    store = Store.open(namespaces=(NS,))
-    runner = Runner(store)
+def list_cmd(
+    workspace: Optional[str] = typer.Option(
+        None, "--workspace", "-w", metavar="DIR",
+        help="Only sessions bound to DIR (its path, or the same repository and subdirectory elsewhere)."),
+    since: Optional[str] = typer.Option(
+        None, "--since", metavar="WHEN", help="Only sessions active since WHEN: a duration (2d, 1w) or a date."),
+    json_out: bool = typer.Option(
+        False, "--json",
+        help="Print {stateDir, sessions: [...]}: each session as `session show --json` gives it, plus "
+             "status, lastActivityNs, lastTask and messages."),
+) -> None:
+    """Every session in the state dir, least recently active first.
+
+    Each line: id, status (a run whose process is gone shows as
+    interrupted: `--resume` finishes it), creation and last-activity
+    dates, messages, the workspace, the last task.
+
+    \b
+    Examples:
+      kxen-agent session list
+      kxen-agent session list --workspace . --since 2d
+    """
+    from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.session.workspace import inspect_workspace
+
+    cutoff = _since(since) if since is not None else None
+    where = None
+    if workspace is not None:
+        where = inspect_workspace(workspace)
+    store = _store()
+    sessions = SessionStore(store)
     rows = []
 
     def damaged(group: str, e: Exception) -> None:
@@ -51,41 +142,70 @@ def list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         err(f"kxen-agent: warning: ignoring {t(group, quote=False)}, which does not read as a session: "
             f"{t(str(e), quote=False)}; `kxen-agent fsck` checks the state dir")
 
-    for info in runner.sessions.list(on_damaged=damaged):
+    for info in sessions.list(on_damaged=damaged):
+        ws = info.meta["workspace"]
+        if where is not None and ws.get("root") != where.root and ws.get("identity") != where.identity:
+            continue
         try:  # its head and runs are read here: one damaged session is named, the others listed
-            runs = _runs_json(runner, info)
+            runs = _runs_json(sessions, info)
             d = info.to_json()
-            d["messages"] = runner.sessions.message_count(info)
+            d["messages"] = sessions.message_count(info)
         except KxenError as e:
             damaged(info.group, e)
             continue
+        activity = max([info.meta["createdNs"], info.meta.get("revisedNs", 0)]
+                       + [r["updatedNs"] or 0 for r in runs])
+        if cutoff is not None and activity < cutoff:
+            continue
         d["runs"] = runs
-        d["status"] = runs[-1]["status"] if runs else None
+        last = runs[-1] if runs else None
+        d["status"] = None if last is None else last["status"]
+        d["lastActivityNs"] = activity
+        d["lastTask"] = last["task"] if last else None
         rows.append(d)
+    rows.sort(key=lambda d: (d["lastActivityNs"], d["id"]))
     if json_out:
         emit_json({"stateDir": store.root, "sessions": rows})
         return
     if not rows:
-        out(f"no sessions in {t(store.root)}")
+        what = "no sessions" + (f" bound to {t(where.root)}" if where is not None else "") + \
+            (f" active since {t(since)}" if since is not None else "")
+        out(f"{what} in {t(store.root)}")
         return
     for d in rows:
-        fork = f" fork of {t(d['parentId'])} ({t(d['forkKind'] or '-')})" if d["parentId"] else ""
-        out(f"{t(d['id'])}  {t(d['status'] or 'no runs'):<14} {d['messages']:>6} msgs  {t(d['workspace']['root'])}{fork}")
+        fork = f"  fork of {t(d['parentId'])} ({t(d['forkKind'] or '-')})" if d["parentId"] else ""
+        task = f"  task: {t(_one_line(d['lastTask']))}" if d["lastTask"] else ""
+        out(f"{t(d['id'])}  {t(d['status'] or 'no runs'):<14} created {_short_when(d['createdNs'])}  "
+            f"active {_short_when(d['lastActivityNs'])}  {d['messages']:>4} msgs  "
+            f"{t(d['workspace']['root'])}{fork}{task}")
 
 
 @session_app.command("show")
-def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """Ids, fork fields, workspace binding, agent lock, runs and their statuses."""
-    runner = Runner(Store.open(namespaces=(NS,)))
-    info = runner.sessions.get(ses)
-    agent = runner.sessions.agent(info)
+def show_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object: ids, fork fields, workspace, agent, runs (README: JSON output)."),
+) -> None:
+    """Ids, fork fields, workspace binding, agent lock, runs and their statuses.
+
+    \b
+    Example:
+      kxen-agent session show ses_6508
+    """
+    sessions = _sessions()
+    info = sessions.get(sessions.resolve_id(ses))
+    agent = sessions.agent(info)
     d = info.to_json()
-    d["messages"] = runner.sessions.message_count(info)
+    d["messages"] = sessions.message_count(info)
     d["agent"] = {"lock": info.agent_oid.hex(), "name": agent.get("name"), "provider": agent.get("provider"),
                   "model": agent.get("model"), "tools": agent.get("tools"), "policy": agent.get("policy"),
                   "apiKeyEnv": agent.get("api_key_env")}
-    d["runs"] = _runs_json(runner, info)
-    d["usage"] = sum_usage(r["usage"] for r in d["runs"])
+    from kxen_agent.runtime.results import sum_usage
+
+    runs = _runs_json(sessions, info)
+    d["runs"] = [{k: r[k] for k in ("id", "index", "status", "settled", "turn", "model", "task", "usage")}
+                 for r in runs]
+    d["usage"] = sum_usage(r["usage"] for r in runs)
     if json_out:
         emit_json(d)
         return
@@ -111,14 +231,24 @@ def show_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
     out("  runs:")
     for r in d["runs"]:
         out(f"    {t(r['id'])}  #{r['index']} {t(r['status'])}{'' if r['settled'] else ' (not settled)'}  "
-            f"turns {r['turn']}  task: {t(r['task'][:60])}")
+            f"turns {r['turn']}  task: {t(_one_line(r['task']))}")
 
 
 @session_app.command("log")
-def log_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """The session's messages, oldest first (streamed)."""
+def log_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    json_out: bool = typer.Option(
+        False, "--json", help="Stream JSON Lines, one message each: {id, seq, role, run, content, toolCalls, toolCallId}."),
+) -> None:
+    """The session's messages, oldest first (streamed).
+
+    \b
+    Examples:
+      kxen-agent session log ses_6508 | less
+      kxen-agent session log ses_6508 --json | jq -r .content
+    """
     sessions = _sessions()
-    info = sessions.get(ses)
+    info = sessions.get(sessions.resolve_id(ses))
     if json_out:
         # JSON Lines: one message per line, so a long history streams.
         for m in sessions.iter_forward(info.head):
@@ -136,9 +266,19 @@ def log_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = type
 
 
 @session_app.command("tree")
-def tree_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """The fork tree around SES, drawn."""
+def tree_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the tree as nested JSON: {id, forkKind, forkPoint, deleted, children}."),
+) -> None:
+    """The fork tree around SES, drawn.
+
+    \b
+    Example:
+      kxen-agent session tree ses_6508
+    """
     sessions = _sessions()
+    ses = sessions.resolve_id(ses)
     root, children, family = sessions.tree(ses)
 
     def label(sid: str) -> str:
@@ -175,45 +315,130 @@ def tree_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typ
 
 @session_app.command("fork")
 def fork_cmd(
-    ses: str = typer.Argument(..., metavar="SES"),
-    at: Optional[str] = typer.Option(None, "--at", help="Fork point: a msg_ id (default: the newest message)."),
-    worktree: Optional[str] = typer.Option(None, "--worktree", help="Also create a Git worktree on branch kxen/NAME."),
-    json_out: bool = typer.Option(False, "--json"),
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    at: Optional[str] = typer.Option(
+        None, "--at", metavar="MSG", help="Fork point: a msg_ id or unique prefix (default: the newest message)."),
+    worktree: Optional[str] = typer.Option(
+        None, "--worktree", metavar="NAME", help="Also create a Git worktree on a new branch kxen/NAME and bind the fork to it."),
+    workspace: Optional[str] = typer.Option(
+        None, "--workspace", "-w", metavar="DIR",
+        help="Bind the fork to DIR: a checkout of the same repository on any branch (after `git switch -c feature-x`)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the new session as `session show --json` does."),
 ) -> None:
-    """A new complete Session sharing SES's history up to the fork point."""
+    """A new complete Session sharing SES's history up to the fork point.
+
+    The fork keeps SES's workspace binding unless --worktree makes a new
+    worktree or --workspace binds it to another branch or checkout of the
+    same repository (the identity is checked; the binding's reason is
+    recorded as fork-workspace).
+
+    \b
+    Examples:
+      kxen-agent session fork ses_6508 --at msg_3f2a9c01
+      kxen-agent session fork ses_6508 --worktree alternative_fix
+      git switch -c feature-x && kxen-agent session fork ses_6508 --workspace .
+    """
     sessions = _sessions()
-    info = sessions.fork(ses, at=at, worktree=worktree)
+    ses = sessions.resolve_id(ses)
+    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace)
     if json_out:
         emit_json(info.to_json())
         return
     out(f"{info.id}")
     ws = info.workspace
-    extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}" if worktree else ""
+    if worktree:
+        extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}"
+    elif workspace is not None:
+        extra = f", bound to {t(ws.root)} on {t('branch ' + ws.branch if ws.branch else 'a detached HEAD')}"
+    else:
+        extra = ""
     out(f"forked from {t(ses)} at {t(info.meta.get('forkPoint') or '(empty history)')} ({t(info.meta['forkKind'])}{extra})")
+    out(f"continue it with `kxen-agent --resume {info.id} --task TEXT`")
 
 
 @session_app.command("delete")
-def delete_cmd(ses: str = typer.Argument(..., metavar="SES"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """Mark SES deleted; gc removes its refs after the grace period."""
-    info = _sessions().delete(ses)
-    if json_out:
-        emit_json({"session": info.id, "deleted": True})
+def delete_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    worktree: bool = typer.Option(
+        False, "--worktree",
+        help="Also remove the session's Git worktree and its kxen/NAME branch (refused if it has uncommitted changes)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, deleted, worktree, branch, commit} as JSON."),
+) -> None:
+    """Mark SES deleted; gc removes it after the grace period, until then `session undelete` restores it.
+
+    \b
+    Examples:
+      kxen-agent session delete ses_6508
+      kxen-agent session delete ses_6508 --worktree
+    """
+    from kxen_agent.store.gc import DEFAULT_PRUNE
+
+    sessions = _sessions()
+    ses = sessions.resolve_id(ses)
+    if worktree:
+        # The worktree must not vanish under a run working in it: take the session's lease.
+        from kxen_agent.runtime.lease import Lease, lease_ttl_s
+
+        lease_ttl_s()
+        with Lease.acquire(sessions.store, ses, purpose="delete"):
+            info, wt = sessions.delete(ses, worktree=True)
     else:
-        out(f"session {info.id} deleted (its objects are removed by `kxen-agent gc` after the grace period)")
+        info, wt = sessions.delete(ses)
+    if json_out:
+        emit_json({"session": info.id, "deleted": True, "worktree": wt.path if wt else None,
+                   "branch": wt.branch if wt else None, "commit": wt.commit if wt else None})
+        return
+    if wt is not None:
+        out(f"removed worktree {t(wt.path)} and branch {t(wt.branch)} (it was at {t(wt.commit or '?')})")
+    out(f"session {info.id} deleted; `kxen-agent session undelete {info.id}` restores it"
+        f"{' and its worktree' if wt else ''} until `kxen-agent gc` removes it (after {DEFAULT_PRUNE} by default)")
+
+
+@session_app.command("undelete")
+def undelete_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help="A deleted session's id or a unique prefix of one."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, deleted, worktree, problem} as JSON."),
+) -> None:
+    """Restore a deleted session before gc removes it (and the worktree `delete --worktree` removed).
+
+    \b
+    Example:
+      kxen-agent session undelete ses_6508
+    """
+    sessions = _sessions()
+    ses = sessions.resolve_id(ses, include_deleted=True)
+    info, wt, problem = sessions.undelete(ses)
+    if json_out:
+        emit_json({"session": info.id, "deleted": False, "worktree": wt.path if wt else None, "problem": problem})
+        return
+    out(f"session {info.id} restored, bound to {t(info.workspace.root)}")
+    if wt is not None and problem is None:
+        out(f"re-created worktree {t(wt.path)} on branch {t(wt.branch)} at {t(wt.commit or '?')}")
+    if problem is not None:
+        err(f"kxen-agent: warning: its worktree was not re-created: {t(problem, quote=False)}")
 
 
 @session_app.command("export")
 def export_cmd(
-    sessions: list[str] = typer.Argument(..., metavar="SES...", help="Sessions to export (forks share history in the bundle)."),
-    output: str = typer.Option(..., "--output", "-o", help="Bundle file; a .json name writes the JSON form."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="pack or json (default: by the file name)."),
-    json_out: bool = typer.Option(False, "--json"),
+    sessions: list[str] = typer.Argument(
+        ..., metavar="SES...", help="Sessions to export, ids or unique prefixes (forks share history in the bundle)."),
+    output: str = typer.Option(..., "--output", "-o", metavar="FILE", help="Bundle file; a .json name writes the JSON form."),
+    fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT", help="pack or json (default: by the file name)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print what was written as JSON: format, refs, objects, bytes, digest."),
     scan: bool = typer.Option(False, "--scan", help="Look for text that looks like a credential first; "
                               "refuse to write if there is any."),
     allow_secrets: bool = typer.Option(False, "--allow-secrets", help="With --scan: warn, then write anyway."),
 ) -> None:
-    """Write a self-contained, credential-free bundle of the sessions."""
-    from kxen_agent.errors import UsageError
+    """Write a self-contained, credential-free bundle of the sessions.
+
+    \b
+    Example:
+      kxen-agent session export ses_6508 --output session.bundle
+    """
+    from kxen_agent.session.sessions import SessionStore
     from kxen_agent.session.transfer import export_sessions, session_objects
 
     from ._render import Progress
@@ -221,10 +446,11 @@ def export_cmd(
 
     if allow_secrets and not scan:
         raise UsageError("--allow-secrets goes with --scan (it writes a bundle the scan found credentials in)")
-    store = Store.open(namespaces=(NS,))
+    store = _store()
+    full = [SessionStore(store).resolve_id(s) for s in sessions]
     if scan:
         found = SecretScan()
-        for obj in session_objects(store, sessions):
+        for obj in session_objects(store, full):
             found(obj)
         found.warn(f"export to {t(output)}")
         if found.hits and not allow_secrets:
@@ -232,7 +458,7 @@ def export_cmd(
                             "like credentials (listed above); nothing was written — remove them, or give "
                             "--allow-secrets to write the bundle anyway")
     prog = Progress("export", enabled=not json_out)
-    info = export_sessions(store, sessions, output, fmt=fmt, progress=prog)
+    info = export_sessions(store, full, output, fmt=fmt, progress=prog)
     prog.done()
     if json_out:
         emit_json(info.to_json())
@@ -242,14 +468,20 @@ def export_cmd(
 
 @session_app.command("import")
 def import_cmd(
-    bundle: str = typer.Argument(..., metavar="FILE"),
+    bundle: str = typer.Argument(..., metavar="FILE", help="A bundle written by `session export`."),
     workspace: list[str] = typer.Option(
         ..., "--workspace", "-w", metavar="DIR|SES=DIR",
         help="The workspace to bind the imported sessions to; SES=DIR binds one session elsewhere "
              "(a worktree fork: a worktree of its branch). Repeatable."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print what was imported as JSON: sessions and their fate, bindings, new objects."),
 ) -> None:
-    """Verify a bundle, import its sessions and bind them to WORKSPACE."""
+    """Verify a bundle, import its sessions and bind them to DIR.
+
+    \b
+    Example:
+      kxen-agent session import session.bundle --workspace /workspace/repo
+    """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
     from kxen_agent.session.transfer import import_sessions
 
@@ -257,7 +489,7 @@ def import_cmd(
 
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
     default, per_session = _workspaces(workspace)
-    store = Store.open(namespaces=(NS,))
+    store = _store()
     prog = Progress("import", enabled=not json_out)
     res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
                           acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
@@ -267,14 +499,13 @@ def import_cmd(
         return
     for ses, status in sorted(res.sessions.items()):
         out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")
-    where = t(res.workspace.root) if all(b == res.workspace for b in res.bindings.values()) else "DIR (as bound above)"
-    out(f"imported {t(bundle)}: {res.result.new_objects} new objects; "
-        f"resume with `kxen-agent --resume SES --workspace {where}`")
+    out(f"imported {t(bundle)}: {res.result.new_objects} new objects")
+    for ses in sorted(res.sessions):
+        out(f"resume with `kxen-agent --resume {t(ses)} --workspace {t(res.bindings[ses].root)}`")
 
 
 def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
     """``--workspace`` values: one DIR (the default binding), and SES=DIR for sessions bound elsewhere."""
-    from kxen_agent.errors import UsageError
     from kxen_agent.session.schema import SES_RE
 
     default: list[str] = []
@@ -293,3 +524,9 @@ def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
         raise UsageError(f"give exactly one --workspace DIR (the default binding), got {len(default)}; "
                          "bind single sessions elsewhere with --workspace SES=DIR")
     return default[0], per_session
+
+
+# push, pull, ls-remote: sessions through the workspace repository's Git remote.
+from .remote_cmds import register as _register_remote_cmds  # noqa: E402
+
+_register_remote_cmds(session_app)

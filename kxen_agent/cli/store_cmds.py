@@ -1,29 +1,43 @@
-"""``kxen-agent gc`` and ``kxen-agent bundle verify``.
+"""``kxen-agent fsck``, ``gc``, ``cat-object`` and ``bundle verify``: the plumbing.
 
-Registered on the main app by :func:`register` (main.py calls it; this
-module must not import main.py, which imports it). Each command calls the
-store library and renders text or ``--json``; errors are
+main.py loads these by name when one is run (:data:`~.main.COMMANDS`); this
+module must not import main.py, and it imports the store only inside the
+commands, so that listing them costs nothing. Each command calls the store
+library and renders text or ``--json``; errors are
 :class:`~kxen_agent.errors.KxenError` subclasses that main.py prints as one
 line and maps to an exit code.
 """
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import typer
 
-from kxen_agent.session.schema import SESSION_SCHEMA
-from kxen_agent.session.sessions import NS
-from kxen_agent.store import Store
-from kxen_agent.store.bundle import BundleInfo, verify_bundle
-from kxen_agent.store.gc import DEFAULT_PRUNE, gc as run_gc, parse_duration
+from ._render import Progress, dumps_json, emit_json, err, out, term_text as t, to_jsonable
 
-from ._render import Progress, emit_json, out, term_text as t
+if TYPE_CHECKING:
+    from kxen_agent.store import Store
+    from kxen_agent.store.bundle import BundleInfo
 
-__all__ = ["bundle_app", "register"]
+__all__ = ["bundle_app", "cat_object_cmd", "fsck_cmd", "gc_cmd", "register"]
 
+#: ``gc --prune``'s default, as git's ``gc.pruneExpire`` (the store's ``gc.DEFAULT_PRUNE``,
+#: repeated here so the help needs no store import; a test holds them equal).
+DEFAULT_PRUNE = "2w"
 
 # Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
-bundle_app = typer.Typer(help="Check bundles (session export/import files).", no_args_is_help=False)
+bundle_app = typer.Typer(
+    help="Check bundles (session export/import files).\n\n\b\nExample:\n  kxen-agent bundle verify session.bundle",
+    no_args_is_help=False, rich_markup_mode=None, add_completion=False)
+
+
+def _store() -> Store:
+    from kxen_agent.session.sessions import NS
+    from kxen_agent.store import Store
+
+    return Store.open(namespaces=(NS,))
 
 
 def _size(n: int) -> str:
@@ -34,42 +48,147 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
+def fsck_cmd(
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON report: counts, problems [{kind, where, message}], dangling, strayFiles."),
+) -> None:
+    """Verify every object, ref and reflog, and the closure between them.
+
+    Every object is re-hashed and its shape checked; exit 1 if anything is
+    wrong, each problem named on stderr.
+
+    \b
+    Example:
+      kxen-agent fsck
+    """
+    from kxen_agent.session.schema import SESSION_SCHEMA
+    from kxen_agent.store import fsck as run_fsck
+
+    store = _store()
+    prog = Progress("fsck", enabled=not json_out)
+    rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
+    prog.done()
+    if json_out:
+        emit_json(rep.to_json())
+    else:
+        # A problem line can quote what a damaged or hostile state dir holds (ref names, file names).
+        for p in rep.problems:
+            err(t(p.line(), quote=False))
+        for d in rep.dangling:
+            out(f"dangling object {d}")
+        for f in rep.stray_files:
+            # Temp files (an interrupted write's; gc removes those under objects/) and names no
+            # writer makes (objects_spec.md §11 steps 1, 6, 7): nothing reads either.
+            out(f"stray file {t(f)} (nothing reads it: the temp file of an interrupted or running "
+                "write, or a name no writer makes)")
+        status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
+        out(
+            f"fsck {t(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
+            f"{rep.refs} ref{'' if rep.refs == 1 else 's'} in {rep.groups} group{'' if rep.groups == 1 else 's'}, "
+            f"{rep.reachable} reachable, "
+            f"{len(rep.dangling)} dangling: {status}"
+        )
+    if not rep.clean:
+        raise typer.Exit(1)
+
+
+def cat_object_cmd(
+    oid: str = typer.Argument(..., metavar="ID",
+                              help="An object id or unique prefix (8+ hex digits); a msg_ id works too."),
+    json_out: bool = typer.Option(False, "--json", help="Print {id, kind, size, value} as JSON (links as hex)."),
+) -> None:
+    """Print one object (plumbing, like git cat-file -p).
+
+    \b
+    Examples:
+      kxen-agent cat-object 3f2a9c01
+      kxen-agent cat-object msg_3f2a9c01 --json
+    """
+    from kxen_agent.errors import UsageError
+    from kxen_agent.store import decode_body
+
+    text = oid.strip()
+    if text.startswith("msg_"):
+        text = text[len("msg_"):]  # a message id is its object's id (§14.1)
+    elif text[:4] in ("ses_", "run_") or text.startswith("op_"):
+        raise UsageError(f"{oid} names a session, run or operation, not an object; "
+                         "`kxen-agent session show`/`run show` print those")
+    store = _store()
+    obj = store.read_raw(store.resolve(text))
+    value = decode_body(obj)
+    if json_out:
+        body = value.decode("utf-8", "replace") if obj.kind == "blob" else to_jsonable(value)
+        emit_json({"id": obj.hex, "kind": obj.kind, "size": len(obj.body), "value": body})
+    elif obj.kind == "blob":
+        sys.stdout.buffer.write(value)
+    else:
+        out(f"{obj.kind} {obj.hex}")
+        out(dumps_json(to_jsonable(value), indent=2))
+
+
 def gc_cmd(
     prune: str = typer.Option(
         DEFAULT_PRUNE, "--prune", metavar="DURATION",
-        help="Remove unreachable objects older than this (2w, 3d, 12h, 30m, 0 or now; never to keep them).",
+        help="Remove unreachable objects and deleted sessions older than DURATION: 2w, 3d, 12h, 30m, 6mo, 1y, "
+             "2.weeks.ago; 0 or now for no grace; never to keep them.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON report."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON report: reachable, packedObjects, pruned, bytesBefore/After, packSkipped..."),
 ) -> None:
-    """Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."""
+    """Pack reachable objects; prune unreachable ones and deleted sessions past the grace period.
+
+    A pack that would not be smaller than the loose objects and packs it
+    replaces is not written: gc never grows the store.
+
+    \b
+    Examples:
+      kxen-agent gc
+      kxen-agent gc --prune=1y
+    """
+    from kxen_agent.store.gc import gc as run_gc, parse_duration
+
     parse_duration(prune)  # a bad value is a usage error before anything is opened
-    store = Store.open(namespaces=(NS,))
+    store = _store()
     prog = Progress("gc", enabled=not json_out)
     rep = run_gc(store, prune=prune, progress=prog)
     prog.done()
     if json_out:
         emit_json(rep.to_json())
         return
-    packed = f"packed {rep.packed} objects into pack-{rep.pack[:16]}" if rep.pack else "nothing to pack"
+    if rep.pack:
+        packed = f"packed {rep.packed} objects into pack-{rep.pack[:16]}"
+    elif rep.pack_skipped:
+        packed = f"wrote no pack ({rep.pack_skipped})"
+    else:
+        packed = "nothing to pack"
     out(
-        f"gc {store.root}: {rep.reachable} reachable; {packed}; removed {rep.loose_removed} packed loose copies, "
-        f"{rep.packs_removed} old packs; pruned {rep.pruned} unreachable objects older than {rep.prune}, "
+        f"gc {t(store.root)}: {rep.reachable} reachable; {packed}; removed {rep.loose_removed} packed loose copies, "
+        f"{rep.packs_removed} old packs; pruned {rep.pruned} unreachable objects older than {t(rep.prune)}, "
         f"kept {rep.kept_unreachable} younger; removed {len(rep.groups_removed)} deleted groups; "
-        f"{_size(rep.bytes_before)} -> {_size(rep.bytes_after)}"
+        f"{_size(rep.bytes_before)} -> {_size(rep.bytes_after)} on disk"
     )
     for g in rep.groups_removed:
         out(f"removed deleted group {t(g)}")
 
 
+@bundle_app.command("verify")
 def bundle_verify_cmd(
     file: str = typer.Argument(..., metavar="FILE", help="A bundle (pack or JSON form)."),
-    json_out: bool = typer.Option(False, "--json", help="Print what the bundle holds as JSON."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print what the bundle holds as JSON: format, version, refs, objects, digest."),
 ) -> None:
     """Check a bundle completely (no state dir needed): header, every object's hash and shape, the closure.
 
     Also warns, one line per hit on stderr, of text that looks like a
     credential (the exit status does not change).
+
+    \b
+    Example:
+      kxen-agent bundle verify session.bundle
     """
+    from kxen_agent.session.schema import SESSION_SCHEMA
+    from kxen_agent.store.bundle import verify_bundle
+
     from .secret_scan import SecretScan
 
     prog = Progress("verify", enabled=not json_out)
@@ -98,12 +217,7 @@ def _print_info(info: BundleInfo) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``gc`` and ``bundle verify`` to ``app`` (idempotent)."""
-    names = {c.name for c in app.registered_commands}
-    if "gc" not in names:
-        app.command("gc")(gc_cmd)
-    if not any(g.name == "bundle" for g in app.registered_groups):
-        app.add_typer(bundle_app, name="bundle")
+    """Nothing to do: main.py loads these commands by name (:data:`~.main.COMMANDS`).
 
-
-bundle_app.command("verify")(bundle_verify_cmd)
+    Kept for callers written when main.py registered them eagerly.
+    """

@@ -26,13 +26,58 @@ CLI's. Each module's docstring says what it owns and its limitations.
 
 from __future__ import annotations
 
-from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
-from .faults import FaultSpecError
-from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
-from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
-from .redaction import Hit, find_secrets, redact
-from .runner import TERMINAL, RunError, Runner, RunResult
-from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
+from typing import TYPE_CHECKING
+
+import kxen_agent.lazy
+
+if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
+    from .cancel import CANCEL_SIGNALS, CancelSetupError, OnSignal, cancel_on_signals
+    from .faults import FaultSpecError
+    from .lease import Lease, LeaseBusy, LeaseLost, lease_ttl_s
+    from .providers import AssistantTurn, OpenAIProvider, Provider, ProviderError, ScriptProvider, ToolCall, make_provider
+    from .redaction import Hit, find_secrets, redact
+    from .runner import TERMINAL, RunError, Runner, RunResult
+    from .tools import TOOLS, Tool, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
+
+# Name -> the module that defines it. Imported on first use (PEP 562), so
+# that importing one module of this package (the CLI's start-up: a read
+# command needs a few of them) does not import them all.
+_LAZY: dict[str, str] = {
+    "AssistantTurn": ".providers",
+    "CANCEL_SIGNALS": ".cancel",
+    "CancelSetupError": ".cancel",
+    "FaultSpecError": ".faults",
+    "Hit": ".redaction",
+    "Lease": ".lease",
+    "LeaseBusy": ".lease",
+    "LeaseLost": ".lease",
+    "OnSignal": ".cancel",
+    "OpenAIProvider": ".providers",
+    "Provider": ".providers",
+    "ProviderError": ".providers",
+    "RunError": ".runner",
+    "RunResult": ".runner",
+    "Runner": ".runner",
+    "ScriptProvider": ".providers",
+    "TERMINAL": ".runner",
+    "TOOLS": ".tools",
+    "Tool": ".tools",
+    "ToolCall": ".providers",
+    "ToolContext": ".tools",
+    "ToolOutcome": ".tools",
+    "ToolOutcomeUnknown": ".tools",
+    "cancel_on_signals": ".cancel",
+    "find_secrets": ".redaction",
+    "lease_ttl_s": ".lease",
+    "make_provider": ".providers",
+    "redact": ".redaction",
+    "tool_specs": ".tools",
+}
+
+
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
+
 
 __all__ = [
     "AssistantTurn",

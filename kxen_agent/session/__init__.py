@@ -16,28 +16,70 @@ public surface; everything else is reached through its module, and a name
 beginning with ``_`` is nobody's business outside this package.
 """
 
-from .agent_def import AgentDefinitionError, default_agent_definition, load_agent_definition, parse_agent_definition
-from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, SessionSchema
-from .sessions import (
-    BLOB_THRESHOLD,
-    Message,
-    SessionError,
-    SessionInfo,
-    SessionStore,
-    UnknownSession,
-    msg_id,
-    new_id,
-)
-from .transfer import ImportedSessions, export_sessions, import_sessions
-from .workspace import (
-    InvalidWorktreeName,
-    WorkspaceError,
-    WorkspaceIdentity,
-    WorkspaceMismatch,
-    WorkspaceNotFound,
-    check_binding,
-    inspect_workspace,
-)
+from typing import TYPE_CHECKING
+
+import kxen_agent.lazy
+
+if TYPE_CHECKING:  # the names below, for type checkers and readers; at run time they load on first use
+    from .agent_def import AgentDefinitionError, default_agent_definition, load_agent_definition, parse_agent_definition
+    from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, SessionSchema
+    from .sessions import (
+        BLOB_THRESHOLD,
+        Message,
+        SessionError,
+        SessionInfo,
+        SessionStore,
+        UnknownSession,
+        msg_id,
+        new_id,
+    )
+    from .transfer import ImportedSessions, export_sessions, import_sessions
+    from .workspace import (
+        InvalidWorktreeName,
+        WorkspaceError,
+        WorkspaceIdentity,
+        WorkspaceMismatch,
+        WorkspaceNotFound,
+        check_binding,
+        inspect_workspace,
+    )
+
+# Name -> the module that defines it. Imported on first use (PEP 562), so
+# that importing one module of this package (the CLI's start-up: a read
+# command needs a few of them) does not import them all.
+_LAZY: dict[str, str] = {
+    "AgentDefinitionError": ".agent_def",
+    "BLOB_THRESHOLD": ".sessions",
+    "ImportedSessions": ".transfer",
+    "InvalidWorktreeName": ".workspace",
+    "Message": ".sessions",
+    "RUN_RE": ".schema",
+    "SESSION_SCHEMA": ".schema",
+    "SES_RE": ".schema",
+    "SessionError": ".sessions",
+    "SessionInfo": ".sessions",
+    "SessionSchema": ".schema",
+    "SessionStore": ".sessions",
+    "UnknownSession": ".sessions",
+    "WorkspaceError": ".workspace",
+    "WorkspaceIdentity": ".workspace",
+    "WorkspaceMismatch": ".workspace",
+    "WorkspaceNotFound": ".workspace",
+    "check_binding": ".workspace",
+    "default_agent_definition": ".agent_def",
+    "export_sessions": ".transfer",
+    "import_sessions": ".transfer",
+    "inspect_workspace": ".workspace",
+    "load_agent_definition": ".agent_def",
+    "msg_id": ".sessions",
+    "new_id": ".sessions",
+    "parse_agent_definition": ".agent_def",
+}
+
+
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
+
 
 __all__ = [
     "AgentDefinitionError",

@@ -18,11 +18,11 @@ one ref transaction whatever the history's length.
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate
@@ -31,14 +31,23 @@ from kxen_agent.store.protocols import Repository
 from .schema import SES_RE, misplaced, put, read, text_blob
 from .workspace import (
     WorkspaceIdentity,
+    WorkspaceNotFound,
     check_binding,
+    check_fork_binding,
     create_worktree,
+    highest_missing_dir,
     inspect_workspace,
     remove_worktree,
+    rollback_worktree,
     validate_worktree_name,
+    worktree_location,
 )
 
+if TYPE_CHECKING:
+    from .worktrees import KxenWorktree
+
 __all__ = [
+    "AmbiguousPrefix",
     "BLOB_THRESHOLD",
     "Message",
     "SessionError",
@@ -47,6 +56,7 @@ __all__ = [
     "UnknownSession",
     "msg_id",
     "new_id",
+    "resolve_prefix",
 ]
 
 #: Message content longer than this (UTF-8 bytes) is stored in a blob object,
@@ -73,7 +83,45 @@ class SessionError(KxenError):
     """A session operation cannot be done as asked."""
 
 
+class AmbiguousPrefix(UsageError):
+    """An id prefix (``ses_``, ``run_``, ``op_``) names more than one thing; ``candidates`` are their ids."""
+
+    def __init__(self, what: str, prefix: str, candidates: list[str], where: str) -> None:
+        shown = ", ".join(candidates[:10]) + (f" and {len(candidates) - 10} more" if len(candidates) > 10 else "")
+        super().__init__(f"{what} id prefix {prefix} is ambiguous {where}: it matches {shown}; give more characters")
+        self.candidates = candidates
+
+
+#: The shortest id prefix accepted after the ``ses_``/``run_``/``op_`` tag, as Git's shortest abbreviation.
+MIN_PREFIX = 4
+_PREFIX_RE = {tag: re.compile(rf"{tag}_[0-9a-z]{{{MIN_PREFIX},40}}") for tag in ("ses", "run", "op")}
+
+
+def resolve_prefix(what: str, tag: str, text: str, ids: Callable[[], list[str]], where: str) -> str | None:
+    """The one id among ``ids()`` that ``text`` names (the id itself, or a unique prefix of it).
+
+    ``None`` when none matches (the caller says "not found" in its words);
+    :class:`AmbiguousPrefix` when several do; a text that is no ``tag_``
+    prefix of at least :data:`MIN_PREFIX` characters is a UsageError.
+    """
+    text = text.strip()
+    if not _PREFIX_RE[tag].fullmatch(text):
+        raise UsageError(f"{text!r} is not a {what} id (expected {tag}_ followed by at least {MIN_PREFIX} "
+                         "letters and digits: an id or a unique prefix of one)")
+    known = ids()
+    if text in known:
+        return text
+    found = sorted(i for i in known if i.startswith(text))
+    if len(found) > 1:
+        raise AmbiguousPrefix(what, text, found, where)
+    return found[0] if found else None
+
+
+
+
 def new_id(prefix: str) -> str:
+    import secrets  # here: a read command never makes an id, and the module costs start-up
+
     return f"{prefix}_{secrets.token_hex(10)}"
 
 
@@ -184,6 +232,37 @@ class SessionStore:
             raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by letters and digits)")
         return ses
 
+    def resolve_id(self, text: str, *, include_deleted: bool = False) -> str:
+        """The session id ``text`` names: a full id, or a unique prefix (``ses_6508``) as Git takes them.
+
+        UnknownSession if none matches; :class:`AmbiguousPrefix` (exit 2,
+        the candidates listed) if several do. A deleted session counts only
+        with ``include_deleted`` (``session undelete``).
+        """
+        text = text.strip()
+        if _SES_RE.fullmatch(text) and self._exists(text, include_deleted):
+            return text  # the common case: a full id, one ref file read
+
+        def ids() -> list[str]:
+            out = []
+            for group in self.store.refs.groups(NS):
+                sid = group.split("/", 1)[1]
+                if sid.startswith(text) and self._exists(sid, include_deleted):
+                    out.append(sid)
+            return out
+
+        found = resolve_prefix("session", "ses", text, ids, f"in state dir {self.store.root}")
+        if found is None:
+            raise UnknownSession(text, self.store.root)
+        return found
+
+    def _exists(self, ses: str, include_deleted: bool) -> bool:
+        try:
+            state = self.store.refs.read(self.group(ses))
+        except KxenError:
+            return True  # damaged: let get() name the damage
+        return "meta" in state.refs and (include_deleted or state.deleted_ns is None)
+
     def get(self, ses: str, *, include_deleted: bool = False) -> SessionInfo:
         self.check_id(ses)
         state = self.store.refs.read(self.group(ses))
@@ -216,6 +295,42 @@ class SessionStore:
                 on_damaged(group, e)
         out.sort(key=lambda s: (s.meta["createdNs"], s.id))
         return out
+
+    def activity_ns(self, info: SessionInfo) -> int:
+        """When the session last changed: its newest metadata or run state (wall clock, informative)."""
+        latest = max(info.meta["createdNs"], info.meta.get("revisedNs", 0))
+        for oid in info.runs.values():
+            st = read(self.store, oid, "run")
+            latest = max(latest, st.get("updatedNs", 0), st.get("startedNs", 0))
+        return latest
+
+    def latest_for_workspace(self, path: str) -> SessionInfo | None:
+        """The session last active among those bound to the workspace at ``path`` (``--continue``).
+
+        Bound means: recorded at ``path``'s realpath; failing that, recorded
+        with ``path``'s identity elsewhere (the checkout moved, or is another
+        clone: the resume then says how to rebind). Damaged sessions are
+        skipped.
+        """
+        root = os.path.realpath(path)
+        infos = self.list(on_damaged=lambda group, e: None)
+        here = [i for i in infos if i.meta["workspace"].get("root") == root]
+        if not here:
+            try:
+                identity = inspect_workspace(root).identity
+            except KxenError:
+                return None
+            here = [i for i in infos if i.meta["workspace"].get("identity") == identity]
+        best: tuple[int, str] | None = None
+        chosen = None
+        for info in here:
+            try:
+                key = (self.activity_ns(info), info.id)
+            except KxenError:
+                continue
+            if best is None or key > best:
+                best, chosen = key, info
+        return chosen
 
     def agent(self, info: SessionInfo) -> dict:
         return read(self.store, info.agent_oid, "agent")
@@ -451,30 +566,47 @@ class SessionStore:
             )
         return self.get(ses)
 
-    def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None) -> SessionInfo:
+    def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None,
+             workspace: str | None = None) -> SessionInfo:
         """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
 
         Never needs the parent's run lease: it reads immutable objects and
         one consistent snapshot of the parent's refs. A fork point that would
         split an assistant's tool calls from their results is refused, naming
         the nearest valid points. With ``worktree``, the new worktree starts
-        at the bound workspace's current HEAD.
+        at the bound workspace's current HEAD. With ``workspace`` (a
+        directory), the fork is bound to that checkout of the same repository
+        and subdirectory, on whatever branch it is (``git switch -c
+        feature-x``, then fork onto it): the metadata's reason is
+        ``fork-workspace``.
         """
+        if worktree is not None and workspace is not None:
+            raise UsageError("give either --worktree NAME (a new worktree) or --workspace DIR (an existing "
+                             "checkout), not both")
         parent = self.get(ses)
         point = self.resolve_message(parent, at) if at else parent.head
         if point is not None:
             self._check_fork_point(parent, point, explicit=at is not None)
-        workspace = parent.workspace
-        made_worktree = None
+        bound = parent.workspace
+        made: tuple[str, str, str, str] | None = None  # (repository, worktree path, branch, its highest new dir)
+        reason = "fork"
+        if workspace is not None:
+            current = inspect_workspace(workspace)
+            check_fork_binding(bound, current)
+            bound, reason = current, "fork-workspace"
         if worktree is not None:
             validate_worktree_name(worktree)
             # The worktree starts at the workspace's *current* HEAD (the
             # recorded one is only the HEAD at creation), and only from the
             # workspace the session is bound to.
-            current = inspect_workspace(workspace.root)
-            check_binding(workspace, current, rebind=False)
-            workspace = create_worktree(current, worktree)
-            made_worktree = workspace
+            current = inspect_workspace(bound.root)
+            check_binding(bound, current, rebind=False, session=ses)
+            repo = current.repo_root or current.root
+            # Undone from the repository it was added to, with the worktree's
+            # top directory: the new binding may be a subdirectory of it.
+            path = worktree_location(repo, worktree)
+            made = (repo, path, f"kxen/{worktree}", highest_missing_dir(path))
+            bound = create_worktree(current, worktree)
         try:
             new = new_id("ses")
             with self.store.writing():
@@ -483,12 +615,12 @@ class SessionStore:
                     self._meta(
                         new,
                         agent=parent.agent_oid,
-                        workspace=workspace,
+                        workspace=bound,
                         parent_id=parent.id,
                         branch_root_id=parent.meta["branchRootId"],
                         fork_point=msg_id(point) if point else None,
                         fork_kind="worktree" if worktree else "conversation",
-                        reason="fork",
+                        reason=reason,
                     ),
                 )
                 updates = [RefUpdate("meta", None, meta)]
@@ -496,8 +628,8 @@ class SessionStore:
                     updates.append(RefUpdate("head", None, point))
                 self.store.refs.transaction(self.group(new), updates, reason=f"session: fork of {ses}")
         except BaseException:
-            if made_worktree is not None:
-                remove_worktree(made_worktree.repo_root or made_worktree.root, made_worktree.root, f"kxen/{worktree}")
+            if made is not None:
+                rollback_worktree(*made)
             raise
         return self.get(new)
 
@@ -506,8 +638,13 @@ class SessionStore:
     def check_workspace(self, info: SessionInfo, path: str | None, *, rebind: bool) -> WorkspaceIdentity:
         """Check (and with ``rebind``, return) the workspace a resume would use."""
         recorded = info.workspace
+        if path is None and not os.path.isdir(recorded.root):
+            raise WorkspaceNotFound(
+                f"session {info.id} is bound to workspace {recorded.root}, which no longer exists; if it moved, "
+                f"bind the new path: kxen-agent --resume {info.id} --workspace NEW_PATH --rebind-workspace"
+            )
         current = inspect_workspace(path if path is not None else recorded.root)
-        check_binding(recorded, current, rebind=rebind)
+        check_binding(recorded, current, rebind=rebind, session=info.id)
         return current
 
     def rebind(self, ses: str, path: str, *, reason: str = "rebind", fence: int | None = None) -> SessionInfo:
@@ -547,11 +684,70 @@ class SessionStore:
 
     # ------------------------------------------------------------ delete / tree
 
-    def delete(self, ses: str) -> SessionInfo:
-        """Mark ``ses`` deleted; gc removes its refs after the grace period."""
+    def delete(self, ses: str, *, worktree: bool = False) -> tuple[SessionInfo, KxenWorktree | None]:
+        """Mark ``ses`` deleted; gc removes its refs after the grace period.
+
+        With ``worktree``, also remove the Git worktree the session is bound
+        to and its ``kxen/NAME`` branch, after checking that it is one kxen
+        made, that it has no uncommitted changes, and that no other live
+        session is bound to it; the branch's commit goes into the reflog
+        reason, so ``undelete`` can put the worktree back.
+        """
         info = self.get(ses)
-        self.store.refs.transaction(self.group(ses), [], reason="session: delete", deleted_ns=time.time_ns())
-        return info
+        removed = None
+        reason = "session: delete"
+        if worktree:
+            from .worktrees import find_kxen_worktree
+
+            ws = info.workspace
+            wt = find_kxen_worktree(ws)
+            others = [s.id for s in self.list(on_damaged=lambda g, e: None)
+                      if s.id != ses and s.meta["workspace"].get("repo_root") == wt.path]
+            if others:
+                raise SessionError(
+                    f"session {ses}'s worktree {wt.path} is also the workspace of {', '.join(others)}; delete "
+                    f"{'them' if len(others) > 1 else 'it'} first, or delete {ses} without --worktree"
+                )
+            remove_worktree(wt.main, wt.path, wt.branch)
+            removed = wt
+            # Percent-encoded: a reflog reason has no runs of whitespace (§6.1).
+            reason = (f"session: delete --worktree {_quote(wt.path)} {wt.branch} at {wt.commit or '-'} "
+                      f"of {_quote(wt.main)}")
+        # With a worktree, ``meta`` is "updated" to itself: a transaction
+        # without updates writes no reflog line, and this one's reason is
+        # what ``undelete`` re-creates the worktree from.
+        updates = [RefUpdate("meta", info.meta_oid, info.meta_oid)] if removed is not None else []
+        self.store.refs.transaction(self.group(ses), updates, reason=reason, deleted_ns=time.time_ns())
+        return info, removed
+
+    def undelete(self, ses: str) -> tuple[SessionInfo, KxenWorktree | None, str | None]:
+        """Clear the deleted marker of ``ses`` (before gc removed it): ``(info, worktree, problem)``.
+
+        If the delete removed the session's worktree, it is re-created on
+        its branch at the commit it was at (``worktree``); if that fails the
+        session is restored all the same and ``problem`` says why.
+        """
+        state = self.store.refs.read(self.group(ses))
+        if "meta" not in state.refs:
+            raise UnknownSession(ses, self.store.root)
+        if state.deleted_ns is None:
+            raise SessionError(f"session {ses} is not deleted; nothing to undelete")
+        wt = None
+        for e in reversed(self.store.refs.reflog(self.group(ses))):
+            if e.reason.startswith("session: delete"):
+                wt = _parse_worktree_reason(e.reason)
+                break
+        self.store.refs.transaction(self.group(ses), [], reason="session: undelete", deleted_ns=None)
+        info = self.get(ses)
+        problem = None
+        if wt is not None and not os.path.lexists(wt.path):
+            from .worktrees import restore_worktree
+
+            try:
+                restore_worktree(wt)
+            except KxenError as e:
+                problem = str(e)
+        return info, wt, problem
 
     def tree(self, ses: str) -> tuple[str, dict[str, list[str]], dict[str, SessionInfo]]:
         """(root id, children by parent id, infos) of the fork family of ``ses``."""
@@ -577,6 +773,28 @@ class SessionStore:
         if info.head is None:
             return 0
         return read(self.store, info.head, "message")["seq"] + 1
+
+
+_WORKTREE_REASON = re.compile(
+    r"session: delete --worktree (\S+) (kxen/\S+) at ([0-9a-f]{40}(?:[0-9a-f]{24})?|-) of (\S+)")
+
+
+def _quote(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(path, safe="/._-~+@:,=")
+
+
+def _parse_worktree_reason(reason: str) -> KxenWorktree | None:
+    from urllib.parse import unquote
+
+    from .worktrees import KxenWorktree
+
+    m = _WORKTREE_REASON.fullmatch(reason)
+    if m is None:
+        return None
+    commit = None if m.group(3) == "-" else m.group(3)
+    return KxenWorktree(unquote(m.group(4)), unquote(m.group(1)), m.group(2), commit)
 
 
 def _acyclic(root: str, children: dict[str, list[str]], family: dict[str, SessionInfo]) -> dict[str, list[str]]:

@@ -5,7 +5,10 @@ bound to?" and the creation/removal of the Git worktrees that forks run in.
 It talks to Git only through the ``git`` CLI (never by reading ``.git``), and
 it never commits, resets, checks out or otherwise touches the user's files:
 the only Git state it changes is a ``kxen/NAME`` branch and its worktree,
-both created by :func:`create_worktree` and undone by :func:`remove_worktree`.
+both created by :func:`create_worktree` and undone by :func:`remove_worktree`
+(or :func:`rollback_worktree` after a failure; :mod:`.worktrees` finds them
+again for ``session delete --worktree`` and ``undelete``). A mismatch names
+the part of the identity that differs (:func:`identity_difference`).
 
 Workspace identity (v1)
 -----------------------
@@ -40,29 +43,42 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import shutil
-import subprocess
-import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Mapping
-
-import blake3
+from typing import TYPE_CHECKING, Any, Mapping
 
 from kxen_agent.errors import KxenError, UsageError
 
+if TYPE_CHECKING:
+    import subprocess
+
+# subprocess, shutil, urllib.parse and blake3 are imported where they are
+# used: reading a session's binding (every read command) needs none of them.
+
 __all__ = [
+    "InvalidWorkspace",
     "InvalidWorktreeName",
+    "WORKTREE_BRANCH_PREFIX",
     "WorkspaceError",
     "WorkspaceIdentity",
     "WorkspaceMismatch",
     "WorkspaceNotFound",
+    "branch_exists",
     "check_binding",
+    "check_fork_binding",
     "create_worktree",
+    "git",
+    "git_error_line",
+    "git_failed",
+    "highest_missing_dir",
+    "identity_difference",
     "inspect_workspace",
     "normalize_remote_url",
     "remove_worktree",
+    "rollback_worktree",
     "strip_credentials",
+    "superproject_top",
     "validate_worktree_name",
+    "worktree_location",
     "worktree_path",
 ]
 
@@ -94,6 +110,10 @@ class WorkspaceNotFound(WorkspaceError, UsageError):
     """The workspace path given does not exist or is not a directory."""
 
 
+class InvalidWorkspace(WorkspaceError, UsageError):
+    """The directory given cannot be a workspace (say, it lies outside its repository's work tree)."""
+
+
 class InvalidWorktreeName(WorkspaceError, UsageError):
     """A worktree name was refused, or the worktree cannot be created where asked."""
 
@@ -102,14 +122,19 @@ class WorkspaceMismatch(WorkspaceError):
     """The current workspace is not the one the session was bound to.
 
     ``field`` is what differs (``identity``, ``branch``, ``head`` or ``root``);
-    ``recorded`` and ``current`` are the two values.
+    ``recorded`` and ``current`` are the two values; ``part`` says which part
+    of an identity differs.
     """
 
-    def __init__(self, message: str, *, field: str, recorded: str | None, current: str | None) -> None:
+    def __init__(self, message: str, *, field: str, recorded: str | None, current: str | None,
+                 part: str | None = None) -> None:
         super().__init__(message)
         self.field = field
         self.recorded = recorded
         self.current = current
+        #: For ``field == "identity"``: which part of the identity differs
+        #: (``kind``, ``remote``, ``root-commits``, ``subdirectory``, ``path``), see :func:`identity_difference`.
+        self.part = part
 
 
 @dataclass(frozen=True)
@@ -187,7 +212,9 @@ def _git_env() -> dict[str, str]:
     return env
 
 
-def _git(cwd: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+def git(cwd: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    import subprocess
+
     cmd = ["git"] + (["-C", cwd] if cwd is not None else []) + list(args)
     try:
         return subprocess.run(
@@ -204,13 +231,24 @@ def _git(cwd: str | None, *args: str) -> subprocess.CompletedProcess[str]:
         raise WorkspaceError("git executable not found on PATH; install Git to use workspaces") from None
 
 
-def _first_line(text: str) -> str:
+def git_error_line(text: str) -> str:
+    """The line of git's stderr that says what went wrong.
+
+    Git prints progress first ("Preparing worktree (new branch ...)",
+    "Cloning into ...") and then the reason as ``fatal: ...`` or
+    ``error: ...``, sometimes followed by consequences ("fatal: clone of
+    ... failed" after "fatal: transport 'file' not allowed"): the first
+    such line is the cause, else the last line at all.
+    """
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else "(no output)"
+    for line in lines:
+        if line.startswith(("fatal:", "error:")):
+            return line
+    return lines[-1] if lines else "(no output)"
 
 
-def _git_failed(what: str, proc: subprocess.CompletedProcess[str]) -> WorkspaceError:
-    return WorkspaceError(f"{what} failed (git exit {proc.returncode}): {_first_line(proc.stderr)}")
+def git_failed(what: str, proc: subprocess.CompletedProcess[str]) -> WorkspaceError:
+    return WorkspaceError(f"{what} failed (git exit {proc.returncode}): {git_error_line(proc.stderr)}")
 
 
 def _enc(text: str) -> bytes:
@@ -218,10 +256,14 @@ def _enc(text: str) -> bytes:
 
 
 def _identity(tag: str, key: str, rel: str) -> str:
+    import blake3
+
     return blake3.blake3(b"kxen-ws-v1\0" + _enc(tag) + b"\0" + _enc(key) + b"\0" + _enc(rel)).hexdigest()
 
 
 def _remote_hash(normalized_url: str) -> str:
+    import blake3
+
     return blake3.blake3(b"kxen-remote-v1\0" + _enc(normalized_url)).hexdigest()
 
 
@@ -275,6 +317,8 @@ def normalize_remote_url(url: str) -> str:
     scp-like ``git@host:org/repo.git`` becomes ``host/org/repo``. Local paths
     and ``file://`` URLs become ``file:`` + the normalized path as written.
     """
+    import urllib.parse
+
     url = url.strip()
     scheme_match = _URL_SCHEME.match(url)
     if scheme_match:
@@ -350,39 +394,48 @@ def inspect_workspace(path: str) -> WorkspaceIdentity:
         shown = root.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         raise WorkspaceError(f"workspace {shown} is not a UTF-8 path, which a session cannot record; "
                              "rename the directory (or the parent) whose name is not UTF-8") from None
-    top = _git(root, "rev-parse", "--show-toplevel")
+    top = git(root, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         if "not a git repository" in top.stderr:
             return WorkspaceIdentity(root, _identity("dir", root, "."), None, None, None, None)
-        if _git(root, "rev-parse", "--git-dir").returncode == 0:
+        if git(root, "rev-parse", "--git-dir").returncode == 0:
             raise WorkspaceError(
                 f"workspace {root} is inside a Git directory or a bare repository, not a work tree; "
                 "pass a checked-out directory"
             )
-        raise _git_failed(f"inspecting workspace {root}: git rev-parse --show-toplevel", top)
+        raise git_failed(f"inspecting workspace {root}: git rev-parse --show-toplevel", top)
     repo_root = os.path.realpath(top.stdout.rstrip("\n"))
     rel = os.path.relpath(root, repo_root)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        # core.worktree (or GIT_WORK_TREE in the repository's config) puts
+        # the work tree elsewhere: the files git tracks are not under root,
+        # so the session's tools would not see them, and a worktree fork
+        # could not place the subdirectory.
+        raise InvalidWorkspace(
+            f"workspace {root} is outside its repository's work tree {repo_root} (core.worktree of its "
+            f"repository points there); run in {repo_root} (or a directory in it) instead"
+        )
     rel = "." if rel == "." else rel.replace(os.sep, "/")
 
-    head_proc = _git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}")
+    head_proc = git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}")
     head = head_proc.stdout.strip() if head_proc.returncode == 0 else None
-    branch_proc = _git(root, "symbolic-ref", "--short", "-q", "HEAD")
+    branch_proc = git(root, "symbolic-ref", "--short", "-q", "HEAD")
     branch = branch_proc.stdout.strip() if branch_proc.returncode == 0 else None
     if branch_proc.returncode not in (0, 1):
-        raise _git_failed(f"reading the branch of {root}", branch_proc)
+        raise git_failed(f"reading the branch of {root}", branch_proc)
 
-    remote_proc = _git(root, "config", "--get", "remote.origin.url")
+    remote_proc = git(root, "config", "--get", "remote.origin.url")
     if remote_proc.returncode not in (0, 1):
-        raise _git_failed(f"reading remote.origin.url of {root}", remote_proc)
+        raise git_failed(f"reading remote.origin.url of {root}", remote_proc)
     remote_url = remote_proc.stdout.strip() if remote_proc.returncode == 0 else ""
 
     if remote_url:
         key = normalize_remote_url(remote_url)
         return WorkspaceIdentity(root, _identity("git-remote", key, rel), repo_root, _remote_hash(key), branch, head)
     if head is not None:
-        roots_proc = _git(root, "rev-list", "--max-parents=0", "HEAD")
+        roots_proc = git(root, "rev-list", "--max-parents=0", "HEAD")
         if roots_proc.returncode != 0:
-            raise _git_failed(f"listing the root commits of {root}", roots_proc)
+            raise git_failed(f"listing the root commits of {root}", roots_proc)
         key = "\n".join(sorted(roots_proc.stdout.split()))
         return WorkspaceIdentity(root, _identity("git-roots", key, rel), repo_root, None, branch, head)
     return WorkspaceIdentity(root, _identity("git-unborn", repo_root, rel), repo_root, None, branch, head)
@@ -391,28 +444,85 @@ def inspect_workspace(path: str) -> WorkspaceIdentity:
 # -- binding --------------------------------------------------------------------------------
 
 
-def check_binding(recorded: WorkspaceIdentity, current: WorkspaceIdentity, *, rebind: bool) -> None:
+def _kind(ws: WorkspaceIdentity) -> str:
+    """The identity's TAG (module docstring), as far as a record tells it."""
+    if ws.repo_root is None:
+        return "dir"
+    if ws.remote_hash is not None:
+        return "git-remote"
+    return "git-roots" if ws.head is not None else "git-unborn"
+
+
+def _rel(ws: WorkspaceIdentity) -> str:
+    if ws.repo_root is None:
+        return "."
+    rel = os.path.relpath(ws.root, ws.repo_root)
+    return "." if rel == "." else rel.replace(os.sep, "/")
+
+
+def identity_difference(recorded: WorkspaceIdentity, current: WorkspaceIdentity) -> tuple[str, str]:
+    """``(part, words)``: which part of two different identities differs, and how to say it.
+
+    ``part`` is ``kind`` (a Git repository against a plain directory),
+    ``remote`` (the origin remote, or that only one has one),
+    ``subdirectory`` (same repository, another directory in it),
+    ``root-commits`` (remote-less repositories with different histories) or
+    ``path`` (a plain directory, or a repository without commits, which are
+    identified by their path). Only the record's fields are used, so it
+    works for a record read back from a session.
+    """
+    rk, ck = _kind(recorded), _kind(current)
+    if (rk == "dir") != (ck == "dir"):
+        what = ("the session's workspace was a plain directory, this one is in a Git repository" if rk == "dir"
+                else "this directory is not in a Git repository, the session's workspace was")
+        return "kind", what
+    if rk == "dir":
+        return "path", "a plain directory (not in Git) is identified by its path, and this is another one"
+    if recorded.remote_hash and current.remote_hash and recorded.remote_hash != current.remote_hash:
+        return "remote", (f"its origin remote differs (remote hash {recorded.remote_hash[:12]} -> "
+                          f"{current.remote_hash[:12]})")
+    if bool(recorded.remote_hash) != bool(current.remote_hash):
+        if recorded.remote_hash:
+            return "remote", ("the session's repository has an origin remote and this one has none; "
+                              f"add the same origin (git -C {current.repo_root} remote add origin URL)")
+        return "remote", ("this repository has an origin remote and the session's had none (a clone of a "
+                          "repository without a remote gets its source's path as origin; "
+                          f"git -C {current.repo_root} remote remove origin makes it match)")
+    if _rel(recorded) != _rel(current):
+        return "subdirectory", (f"the subdirectory differs: the session works in '{_rel(recorded)}' of its "
+                                f"repository, this is '{_rel(current)}'")
+    if "git-unborn" in (rk, ck):
+        return "path", ("a repository without commits is identified by its path; commit once (or add an origin "
+                        "remote) before moving it")
+    if rk == "git-roots":
+        return "root-commits", "its root commits differ (not the same history)"
+    return "identity", f"its identity differs ({recorded.identity[:12]} -> {current.identity[:12]})"
+
+
+def check_binding(recorded: WorkspaceIdentity, current: WorkspaceIdentity, *, rebind: bool,
+                  session: str | None = None) -> None:
     """Refuse (WorkspaceMismatch) unless ``current`` may continue a session bound to ``recorded``.
 
     Identity must match (``rebind`` cannot change it); the branch must match
     when one was recorded; the recorded HEAD must be the current HEAD or one
     of its ancestors; a different root is accepted only with ``rebind``.
+    ``session`` (its id) goes into the hints, so they name a command to run.
     """
+    ses = session or "SES"
+    fork_hint = (f"fork the session onto it (kxen-agent session fork {ses} --workspace {current.root})"
+                 if session else f"fork the session onto it (session fork --workspace {current.root})")
     if recorded.identity != current.identity:
-        if recorded.remote_hash and current.remote_hash and recorded.remote_hash != current.remote_hash:
-            what = f"its origin remote differs (remote hash {recorded.remote_hash[:12]} -> {current.remote_hash[:12]})"
-        else:
-            what = f"its identity differs ({recorded.identity[:12]} -> {current.identity[:12]})"
+        part, what = identity_difference(recorded, current)
         raise WorkspaceMismatch(
             f"workspace {current.root} is not the session's workspace {recorded.root}: {what}; "
             "--rebind-workspace cannot change that, run from a checkout of the same repository and subdirectory",
-            field="identity", recorded=recorded.identity, current=current.identity,
+            field="identity", recorded=recorded.identity, current=current.identity, part=part,
         )
     if recorded.branch is not None and current.branch != recorded.branch:
         now = f"branch '{current.branch}'" if current.branch is not None else "a detached HEAD"
         raise WorkspaceMismatch(
             f"workspace {current.root} is on {now} but the session is bound to branch '{recorded.branch}'; "
-            f"switch back (git -C {current.root} switch {recorded.branch}) or fork the session",
+            f"switch back (git -C {current.root} switch {recorded.branch}) or {fork_hint}",
             field="branch", recorded=recorded.branch, current=current.branch,
         )
     if recorded.head is not None and current.head != recorded.head:
@@ -422,12 +532,12 @@ def check_binding(recorded: WorkspaceIdentity, current: WorkspaceIdentity, *, re
                 "fetch or check out that history first",
                 field="head", recorded=recorded.head, current=None,
             )
-        proc = _git(current.root, "merge-base", "--is-ancestor", recorded.head, current.head)
+        proc = git(current.root, "merge-base", "--is-ancestor", recorded.head, current.head)
         if proc.returncode == 1:
             raise WorkspaceMismatch(
                 f"workspace {current.root}: HEAD {current.head[:12]} does not descend from the session's HEAD "
                 f"{recorded.head[:12]} (history rewound or rewritten); check out a descendant of "
-                f"{recorded.head[:12]} or fork the session",
+                f"{recorded.head[:12]} or {fork_hint}",
                 field="head", recorded=recorded.head, current=current.head,
             )
         if proc.returncode != 0:
@@ -437,10 +547,29 @@ def check_binding(recorded: WorkspaceIdentity, current: WorkspaceIdentity, *, re
                 field="head", recorded=recorded.head, current=current.head,
             )
     if recorded.root != current.root and not rebind:
+        how = (f"kxen-agent --resume {session} --workspace {current.root} --rebind-workspace" if session
+               else f"pass --workspace {current.root} --rebind-workspace")
         raise WorkspaceMismatch(
             f"workspace moved: the session is bound to {recorded.root}, not {current.root}; "
-            f"pass --workspace {current.root} --rebind-workspace to bind it to the new path",
+            f"to bind it to the new path: {how}",
             field="root", recorded=recorded.root, current=current.root,
+        )
+
+
+def check_fork_binding(parent: WorkspaceIdentity, current: WorkspaceIdentity) -> None:
+    """Refuse (WorkspaceMismatch) binding a fork of a session bound to ``parent`` to ``current``.
+
+    The fork may live on another branch of the same repository (that is
+    what it is for: ``git switch -c feature-x``, then fork the session onto
+    it), at another HEAD, or in another checkout of it; but the identity
+    (repository and subdirectory) must be the parent's, as for a rebind.
+    """
+    if parent.identity != current.identity:
+        part, what = identity_difference(parent, current)
+        raise WorkspaceMismatch(
+            f"workspace {current.root} is not in the session's repository {parent.repo_root or parent.root}: "
+            f"{what}; a fork binds to another branch or checkout of the same repository and subdirectory only",
+            field="identity", recorded=parent.identity, current=current.identity, part=part,
         )
 
 
@@ -463,20 +592,20 @@ def validate_worktree_name(name: str) -> None:
         raise InvalidWorktreeName(f"worktree name {name!r} is invalid; {rule}")
     if ".." in name or name.endswith(".lock") or name.endswith("."):
         raise InvalidWorktreeName(f"worktree name {name!r} is invalid: no '..', no trailing '.' or '.lock'; {rule}")
-    proc = _git(None, "check-ref-format", "--branch", WORKTREE_BRANCH_PREFIX + name)
+    proc = git(None, "check-ref-format", "--branch", WORKTREE_BRANCH_PREFIX + name)
     if proc.returncode != 0:
         raise InvalidWorktreeName(f"worktree name {name!r} is not a valid Git branch name component; {rule}")
 
 
-def _branch_exists(repo_root: str, branch: str) -> bool:
-    proc = _git(repo_root, "rev-parse", "--verify", "-q", "refs/heads/" + branch)
+def branch_exists(repo_root: str, branch: str) -> bool:
+    proc = git(repo_root, "rev-parse", "--verify", "-q", "refs/heads/" + branch)
     return proc.returncode == 0
 
 
 def _registered_worktrees(repo_root: str) -> set[str]:
-    proc = _git(repo_root, "worktree", "list", "--porcelain")
+    proc = git(repo_root, "worktree", "list", "--porcelain")
     if proc.returncode != 0:
-        raise _git_failed(f"listing the worktrees of {repo_root}", proc)
+        raise git_failed(f"listing the worktrees of {repo_root}", proc)
     return {
         os.path.realpath(line[len("worktree "):])
         for line in proc.stdout.splitlines()
@@ -484,12 +613,52 @@ def _registered_worktrees(repo_root: str) -> set[str]:
     }
 
 
+def superproject_top(repo_root: str) -> str | None:
+    """The work tree of the outermost superproject when ``repo_root`` is a submodule's, else None."""
+    top = None
+    cur = repo_root
+    for _ in range(64):  # submodules nest; a loop here would be a broken repository
+        proc = git(cur, "rev-parse", "--show-superproject-working-tree")
+        sup = proc.stdout.strip() if proc.returncode == 0 else ""
+        if not sup:
+            return top
+        top = cur = os.path.realpath(sup)
+    return top
+
+
+def worktree_location(repo_root: str, name: str) -> str:
+    """Where :func:`create_worktree` puts worktree ``name`` of the repository at ``repo_root``.
+
+    :func:`worktree_path` of the repository, unless it is a submodule: then
+    beside the outermost superproject, at the submodule's place in what
+    would be that superproject's worktree ``name``
+    (``<super>.worktrees/<name>/<path of the submodule>``), so nothing is
+    created inside the superproject's work tree (where it would show as
+    untracked files).
+    """
+    top = superproject_top(repo_root)
+    if top is None:
+        return worktree_path(repo_root, name)
+    return os.path.join(worktree_path(top, name), os.path.relpath(repo_root, top))
+
+
+def highest_missing_dir(path: str) -> str:
+    """The highest of ``path`` and its ancestors that does not exist: what creating ``path`` creates."""
+    created = path
+    while not os.path.lexists(os.path.dirname(created)):
+        created = os.path.dirname(created)
+    return created
+
+
 def create_worktree(workspace: WorkspaceIdentity, name: str) -> WorkspaceIdentity:
-    """Check out ``workspace.head`` on a new branch ``kxen/NAME`` in :func:`worktree_path`.
+    """Check out ``workspace.head`` on a new branch ``kxen/NAME`` in :func:`worktree_location`.
 
     Returns the identity of the new worktree, bound to the same subdirectory
-    as ``workspace``. On any failure nothing is left behind: no worktree, no
-    branch, no directory.
+    as ``workspace``. A repository with submodules gets them initialised in
+    the worktree (``git submodule update --init --recursive``, with the
+    user's Git configuration: a submodule URL Git may not fetch fails the
+    fork). On any failure nothing is left behind: no worktree, no branch, no
+    directory.
     """
     validate_worktree_name(name)
     if workspace.repo_root is None:
@@ -498,23 +667,32 @@ def create_worktree(workspace: WorkspaceIdentity, name: str) -> WorkspaceIdentit
         raise InvalidWorktreeName(f"workspace {workspace.root} has no commits; commit once before creating a worktree")
     repo_root = workspace.repo_root
     branch = WORKTREE_BRANCH_PREFIX + name
-    path = worktree_path(repo_root, name)
-    if _branch_exists(repo_root, branch):
+    path = worktree_location(repo_root, name)
+    if branch_exists(repo_root, branch):
         raise InvalidWorktreeName(
             f"branch {branch} already exists in {repo_root}; choose another worktree name or delete the branch"
         )
     if os.path.lexists(path):
         raise InvalidWorktreeName(f"worktree path {path} already exists; choose another name or remove it")
-    parent = os.path.dirname(path)
-    parent_existed = os.path.lexists(parent)
+    # The highest directory this call creates (git creates the leading ones):
+    # the rollback removes up to it, and nothing that was there before.
+    created = highest_missing_dir(path)
     rel = os.path.relpath(workspace.root, repo_root)
     if rel == ".." or rel.startswith(".." + os.sep) or not _COMMIT_ID.fullmatch(workspace.head):
         raise WorkspaceError(f"workspace record for {workspace.root} is inconsistent (root outside repo_root or bad head); re-inspect it")
     target = path if rel == "." else os.path.join(path, rel)
     try:
-        proc = _git(repo_root, "worktree", "add", "-b", branch, path, workspace.head)
+        proc = git(repo_root, "worktree", "add", "-b", branch, path, workspace.head)
         if proc.returncode != 0:
-            raise _git_failed(f"creating worktree {path}: git worktree add", proc)
+            raise git_failed(f"creating worktree {path}: git worktree add", proc)
+        if os.path.exists(os.path.join(path, ".gitmodules")):
+            proc = git(path, "submodule", "update", "--init", "--recursive")
+            if proc.returncode != 0:
+                raise WorkspaceError(
+                    f"initialising the submodules of worktree {path} failed (git exit {proc.returncode}): "
+                    f"{git_error_line(proc.stderr)}; nothing was created — make the submodules' URLs fetchable "
+                    "here (a local path needs Git's protocol.file.allow), then retry"
+                )
         if not os.path.isdir(target):
             raise WorkspaceError(
                 f"workspace subdirectory {rel} is not tracked at {workspace.head[:12]}, so worktree {name} "
@@ -523,25 +701,39 @@ def create_worktree(workspace: WorkspaceIdentity, name: str) -> WorkspaceIdentit
         return inspect_workspace(target)
     except BaseException:
         # Everything below was created by this call (both checked absent above).
-        _rollback_worktree(repo_root, path, branch, parent if not parent_existed else None)
+        rollback_worktree(repo_root, path, branch, created)
         raise
 
 
-def _rollback_worktree(repo_root: str, path: str, branch: str, created_parent: str | None) -> None:
+def rollback_worktree(repo_root: str, path: str, branch: str, created: str | None = None) -> None:
+    """Undo :func:`create_worktree` as far as it got, best effort, never raising a WorkspaceError.
+
+    ``repo_root`` is the repository the worktree was added to (never the
+    worktree itself: git cannot remove the worktree it runs in, nor delete
+    the branch checked out there); ``path`` the worktree's top directory;
+    ``created`` the highest directory the creation made (removed if empty).
+    """
     try:
         remove_worktree(repo_root, path, branch)
     except WorkspaceError:
         pass  # the steps below are the fallback; the original error is the one to report
     if os.path.lexists(path):
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)
-        _git(repo_root, "worktree", "prune")
-    if _branch_exists(repo_root, branch):
-        _git(repo_root, "branch", "-D", branch)
-    if created_parent is not None:
-        try:
-            os.rmdir(created_parent)
-        except OSError:
-            pass  # not empty: other worktrees appeared meanwhile, keep it
+        git(repo_root, "worktree", "prune")
+    if branch_exists(repo_root, branch):
+        git(repo_root, "branch", "-D", branch)
+    if created is not None and created != path:
+        d = os.path.dirname(path)
+        while True:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break  # not empty: other worktrees appeared meanwhile, keep it
+            if d == created:
+                break
+            d = os.path.dirname(d)
 
 
 def remove_worktree(repo_root: str, path: str, branch: str) -> None:
@@ -551,11 +743,11 @@ def remove_worktree(repo_root: str, path: str, branch: str) -> None:
     WorkspaceError naming what could not be removed.
     """
     if os.path.realpath(path) in _registered_worktrees(repo_root):
-        proc = _git(repo_root, "worktree", "remove", "--force", path)
+        proc = git(repo_root, "worktree", "remove", "--force", path)
         if proc.returncode != 0:
-            raise _git_failed(f"removing worktree {path}", proc)
-    _git(repo_root, "worktree", "prune")
-    if _branch_exists(repo_root, branch):
-        proc = _git(repo_root, "branch", "-D", branch)
+            raise git_failed(f"removing worktree {path}", proc)
+    git(repo_root, "worktree", "prune")
+    if branch_exists(repo_root, branch):
+        proc = git(repo_root, "branch", "-D", branch)
         if proc.returncode != 0:
-            raise _git_failed(f"deleting branch {branch} in {repo_root}", proc)
+            raise git_failed(f"deleting branch {branch} in {repo_root}", proc)

@@ -17,18 +17,60 @@ through one :class:`FileIO` (:mod:`.fsio`).
 name what else each offers the layers above.
 """
 
-from .bundle import BadBundle, BundleInfo, BundleRefused, ImportResult, export_bundle, import_bundle, verify_bundle
+import sys as _sys
+import types as _types
+import typing as _typing
+
+import kxen_agent.lazy
+
 from .codec import DecodeError, EncodeError
-from .fsck import FsckReport, Problem, fsck
 from .fsio import OS_IO, FaultyIO, FileIO, IOFaultSpecError, TracingIO
-from .gc import GcAborted, GcReport, gc
 from .locks import FileLock, LockBusy, StoreLock, file_lock, lock_for, store_lock
-from .memory import MemoryRefStore, MemoryStore
 from .objects import KINDS, MAX_OBJECT_SIZE, CorruptObject, ObjectId, RawObject, decode_body, encode_object
-from .pack import BadPack, PackReader, PackWriter
 from .protocols import ExclusiveLock, ObjectStore, RefContainer, Repository
 from .refs import ANY, BadRefName, CorruptRef, RefConflict, RefUpdate, StaleFence
 from .repo import AmbiguousId, MissingObject, StateDirError, Store, default_state_dir
+
+if _typing.TYPE_CHECKING:  # loaded on first use (below): bundles and the memory store are not needed to read a session
+    from .bundle import BadBundle, BundleInfo, BundleRefused, ImportResult, export_bundle, import_bundle, verify_bundle
+    from .fsck import FsckReport, Problem, fsck
+    from .gc import GcAborted, GcReport, gc
+    from .memory import MemoryRefStore, MemoryStore
+    from .pack import BadPack, PackReader, PackWriter
+
+# Name -> the module that defines it, imported on first use (PEP 562): the
+# CLI's read commands start without importing bundles, fsck, gc or packs.
+_LAZY = {
+    "BadBundle": ".bundle", "BundleInfo": ".bundle", "BundleRefused": ".bundle", "ImportResult": ".bundle",
+    "export_bundle": ".bundle", "import_bundle": ".bundle", "verify_bundle": ".bundle",
+    "FsckReport": ".fsck", "Problem": ".fsck", "fsck": ".fsck",
+    "GcAborted": ".gc", "GcReport": ".gc", "gc": ".gc",
+    "MemoryRefStore": ".memory", "MemoryStore": ".memory",
+    "BadPack": ".pack", "PackReader": ".pack", "PackWriter": ".pack",
+}
+
+
+class _Package(_types.ModuleType):
+    """This package's module type: ``fsck`` and ``gc`` name the functions, never their modules.
+
+    Importing a submodule binds it as an attribute of its package; for
+    ``kxen_agent.store.fsck`` and ``kxen_agent.store.gc`` that name is the
+    function's, which must win (as it did when this package imported them
+    eagerly). The modules stay in ``sys.modules``, so ``from
+    kxen_agent.store.gc import parse_duration`` works as ever.
+    """
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in ("fsck", "gc") and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())
+del kxen_agent  # bound by the import above; not a name of this package
 
 __all__ = [
     "ANY",

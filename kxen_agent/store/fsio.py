@@ -45,7 +45,6 @@ import errno as _errno
 import mmap
 import os
 import re
-import secrets
 import threading
 from dataclasses import dataclass
 from typing import IO, BinaryIO, Callable, Iterator
@@ -287,7 +286,8 @@ class FileIO:
 
     def write_tmp(self, directory: str, data: bytes, *, sync: bool = True, prefix: str = "tmp_") -> str:
         """Create a new uniquely named file in ``directory`` holding ``data``."""
-        path = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}")
+        # os.urandom, not secrets.token_hex: the secrets module costs every command's start-up.
+        path = os.path.join(directory, f"{prefix}{os.urandom(8).hex()}")
         self._op("create", path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._did("create", path)

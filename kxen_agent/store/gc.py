@@ -50,8 +50,21 @@ __all__ = ["BadDuration", "DEFAULT_PRUNE", "GcAborted", "GcReport", "MAX_PRUNE_S
 #: The default grace period, as git's ``gc.pruneExpire``.
 DEFAULT_PRUNE = "2w"
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(?:\d+[smhdw])+")
+# Unit names as ``git gc --prune`` takes them ("2.weeks.ago") and as people
+# write them ("1y", "6mo", "12h"); a month is 30 days and a year 365, as in
+# Git's approxidate.
+_UNITS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400,
+    "mo": 30 * 86400, "month": 30 * 86400, "months": 30 * 86400,
+    "y": 365 * 86400, "year": 365 * 86400, "years": 365 * 86400,
+}
+_TERM = r"(\d+)\.?\s*(" + "|".join(sorted(_UNITS, key=len, reverse=True)) + r")"
+_DURATION = re.compile(rf"(?:{_TERM}[\s.,]*)+?(?:ago)?")
+_TERM_RE = re.compile(_TERM)
 
 
 class BadDuration(UsageError):
@@ -72,8 +85,9 @@ MAX_PRUNE_S = 36525 * 86400
 
 
 def parse_duration(text: str) -> float | None:
-    """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``,
-    combinations (``1d12h``), ``0`` or ``now`` (no grace), ``never`` (None)."""
+    """Seconds of a ``--prune`` value: ``2w``, ``3d``, ``12h``, ``30m``, ``45s``, ``6mo``, ``1y``,
+    spelt out (``2weeks``, ``1 year``, git's ``2.weeks.ago``), combined (``1d12h``,
+    ``1y6mo``), ``0`` or ``now`` (no grace), ``never`` (None)."""
     t = text.strip().lower()
     if t in ("now", "0"):
         return 0.0
@@ -82,16 +96,17 @@ def parse_duration(text: str) -> float | None:
     shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
     if not _DURATION.fullmatch(t):
         raise BadDuration(
-            f"invalid --prune value {shown}: give a duration like 2w, 3d, 12h, 30m, 45s, or 'now', '0', 'never'"
+            f"invalid --prune value {shown}: give a duration like 2w, 3d, 12h, 30m, 45s, 6mo, 1y "
+            "(or 2.weeks.ago), or 'now', '0', 'never'"
         )
     # Any number of digits matches; a grace past 100 years is a typo or a way
     # to say "never" (and a long enough one overflows float or int parsing).
     total = 0
-    for n, u in re.findall(r"(\d+)([smhdw])", t):
+    for n, u in _TERM_RE.findall(t):
         total += (int(n) if len(n.lstrip("0")) <= 12 else MAX_PRUNE_S + 1) * _UNITS[u]
     if total > MAX_PRUNE_S:
         raise BadDuration(f"--prune value {shown} is longer than 100 years; give a shorter duration "
-                          "(2w, 3d, 12h...), or --prune=never to keep every unreachable object")
+                          "(2w, 3d, 1y...), or --prune=never to keep every unreachable object")
     return float(total)
 
 
@@ -109,8 +124,11 @@ class GcReport:
     packs_removed: int = 0
     groups_removed: list[str] = field(default_factory=list)
     tmp_removed: int = 0
+    #: Disk usage of ``objects/`` before and after (allocated blocks, as ``du`` counts).
     bytes_before: int = 0
     bytes_after: int = 0
+    #: Why no pack was written although there was something to pack (it would not have been smaller).
+    pack_skipped: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -128,6 +146,7 @@ class GcReport:
             "tmpRemoved": self.tmp_removed,
             "bytesBefore": self.bytes_before,
             "bytesAfter": self.bytes_after,
+            "packSkipped": self.pack_skipped,
         }
 
 
@@ -204,12 +223,19 @@ def _closure(
                 stack.append((child, f"object {oid.hex()}"))
 
 
+def _allocated(st: os.stat_result) -> int:
+    """The bytes a file takes on disk, as ``du`` counts them: its blocks (a 70-byte loose object
+    takes a whole 4 KiB block), or its size where the file system reports no blocks."""
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else blocks * 512
+
+
 def _disk_usage(store: Store, path: str) -> int:
     total = 0
     for dirpath, _dirs, files in store.io.walk(path):
         for f in files:
             try:
-                total += store.io.lstat(os.path.join(dirpath, f)).st_size
+                total += _allocated(store.io.lstat(os.path.join(dirpath, f)))
             except FileNotFoundError:
                 pass
     return total
@@ -230,6 +256,7 @@ def gc(
     progress: Callable[[int], None] | None = None,
     now: float | None = None,
     lock_timeout: float | None = None,
+    always_pack: bool = False,
 ) -> GcReport:
     """Pack reachable objects, prune expired unreachable ones, drop expired deleted groups.
 
@@ -237,6 +264,9 @@ def gc(
     or ``"never"`` prunes nothing. ``now`` overrides the clock (tests).
     ``lock_timeout``: how long phase 2 waits for writers to leave
     :meth:`Store.writing` (default: the store's lock timeout).
+    ``always_pack``: write the pack even when it is not smaller than what it
+    replaces (tests of the pack mechanics on a handful of objects; the CLI
+    never sets it).
     """
     grace = parse_duration(prune) if isinstance(prune, str) else (None if prune is None else float(prune))
     label = prune if isinstance(prune, str) else ("never" if grace is None else f"{grace:g}s")
@@ -253,7 +283,7 @@ def gc(
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
-        sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress)
+        sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
     store.reload_packs()
     rep.bytes_after = _disk_usage(store, objects_dir)
@@ -267,7 +297,7 @@ class _Phase1:
     new_pack: str | None  # name of the pack written, if any
 
 
-def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1:
+def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pack: bool = False) -> _Phase1:
     store.reload_packs()
     roots = _roots(store, cutoff_ns)
     reachable: set[ObjectId] = set()
@@ -302,6 +332,42 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
     else:
         best = None
         dictionary = sample_dictionary(store.read_raw, small[1:], small[0])
+
+    # What the new pack replaces: the old packs, and the loose copies of the
+    # objects it holds (phase 2 removes both), counted as disk usage (blocks).
+    # A pack that is not smaller than that is not written: one or two objects
+    # (a pack and its index take two blocks at least), or objects already
+    # packed as well as they can be (a dictionary that does not pay for
+    # itself), would only grow the store.
+    replaced = sum(_file_size(store, p.path) + _file_size(store, p.path[: -len(".pack")] + ".idx")
+                   for p in old_packs)
+    replaced += sum(_file_size(store, store.loose.path(oid)) for oid in store.loose.iter_ids() if oid in reachable)
+    sealed = _write_pack(store, order, best, dictionary, progress)
+    if always_pack:
+        replaced = _pack_disk_size(sealed) + 1
+    if _pack_disk_size(sealed) >= replaced and dictionary is not None:
+        # The dictionary itself can be what does not pay: try without it.
+        sealed.discard()
+        sealed = _write_pack(store, order, None, None, None)
+    if _pack_disk_size(sealed) >= replaced:
+        rep.pack_skipped = (f"a pack of {len(order)} objects ({_pack_disk_size(sealed)} bytes on disk) "
+                            f"would not be smaller than what it replaces ({replaced} bytes)")
+        sealed.discard()
+        return _Phase1(reachable, [], None)
+    try:
+        info = sealed.commit()
+    except BaseException:
+        sealed.discard()
+        raise
+    rep.packed = info.count
+    rep.pack = info.name
+    store.reload_packs()
+    return _Phase1(reachable, old_packs, info.name)
+
+
+def _write_pack(store: Store, order: list[ObjectId], best: PackReader | None, dictionary: bytes | None,
+                progress: Callable[[int], None] | None):
+    """Write ``order`` into a sealed (not yet visible) pack; the caller commits or discards it."""
     with store.pack_writer(dictionary) as w:
         for oid in order:
             try:
@@ -315,16 +381,19 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress) -> _Phase1
                 w.add(store.read_raw(oid))
             if progress:
                 progress(1)
-        sealed = w.seal()
-        try:
-            info = sealed.commit()
-        except BaseException:
-            sealed.discard()
-            raise
-    rep.packed = info.count
-    rep.pack = info.name
-    store.reload_packs()
-    return _Phase1(reachable, old_packs, info.name)
+        return w.seal()
+
+
+def _file_size(store: Store, path: str) -> int:
+    try:
+        return _allocated(store.io.lstat(path))
+    except FileNotFoundError:
+        return 0
+
+
+def _pack_disk_size(sealed, block: int = 4096) -> int:
+    """What a sealed pack and its index would take on disk (whole blocks, as :func:`_allocated`)."""
+    return sum(-(-n // block) * block for n in (sealed.size, len(sealed.index)))
 
 
 def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:

@@ -41,7 +41,6 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-import fasteners
 
 from kxen_agent.errors import KxenError
 
@@ -73,6 +72,8 @@ class FileLock:
     def __init__(self, path: str) -> None:
         self.path = path
         self._thread_lock = threading.Lock()
+        import fasteners  # here: a command that takes no lock does not pay for its import
+
         self._ipl = fasteners.InterProcessLock(path)
 
     def acquire(self, timeout: float | None = None, io: FileIO | None = None) -> None:
@@ -169,6 +170,8 @@ class StoreLock:
 
     def __init__(self, path: str, gate_path: str) -> None:
         self.path = path
+        import fasteners
+
         self._ipl = fasteners.InterProcessReaderWriterLock(path)
         self._gate = FileLock(gate_path)  # only this object opens the gate file
         self._cond = threading.Condition()

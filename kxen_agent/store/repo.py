@@ -402,13 +402,16 @@ class Store:
         removed it) is skipped; one that does not open is kept as a
         :class:`~.pack.BrokenPack` so fsck names it and reads go on.
         """
-        from .pack import BadPack, BrokenPack, PackReader
-
         old = {getattr(p, "path", id(p)): p for p in self.packs if p not in self._pinned}
         try:
             names = sorted(self.io.listdir(self.pack_dir))
         except FileNotFoundError:
             names = []
+        if not old and not any(n.startswith("pack-") and n.endswith(".idx") for n in names):
+            self.packs = list(self._pinned)
+            return  # no pack: the pack code is not even imported (the CLI's start-up)
+        from .pack import BadPack, BrokenPack, PackReader
+
         packs: list[ObjectSource] = []
         for name in names:
             if not (name.startswith("pack-") and name.endswith(".idx")):

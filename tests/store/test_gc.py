@@ -15,12 +15,21 @@ from kxen_agent.cli import main as cli_main
 from kxen_agent.cli.store_cmds import register
 from kxen_agent.store import Store, fsck
 from kxen_agent.store.fsio import TracingIO
-from kxen_agent.store.gc import BadDuration, GcAborted, gc, parse_duration
+from kxen_agent.store.gc import BadDuration, GcAborted, gc as gc_as_the_cli_runs_it, parse_duration
 from kxen_agent.store.locks import LockBusy
 from kxen_agent.store.objects import encode_object
 from kxen_agent.store.refs import RefUpdate
 
 DAY = 86400.0
+
+
+def gc(store: Store, **kw):
+    """gc as these tests of the pack mechanics need it: it always writes its pack.
+
+    Their stores hold a handful of objects, which the CLI's gc leaves loose
+    (a pack would not be smaller); ``test_gc_never_grows_*`` test that rule.
+    """
+    return gc_as_the_cli_runs_it(store, always_pack=True, **kw)
 
 
 def history(store: Store, group: str, n: int, *, tag: str = "", head: bytes | None = None) -> list[bytes]:
@@ -72,7 +81,7 @@ def test_prune_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "2", "w", "2x", "-1d", "1.5d", "2 w", "yesterday"])
+@pytest.mark.parametrize("text", ["", "2", "w", "2x", "-1d", "1.5d", "2 ww", "yesterday"])
 def test_bad_prune_durations_are_usage_errors(text):
     with pytest.raises(BadDuration, match="invalid --prune value"):
         parse_duration(text)
@@ -503,8 +512,41 @@ def test_gc_command(tmp_path, capsys, monkeypatch):
     assert code == 0 and err == ""
     rep = json.loads(out)
     assert rep["packedObjects"] == 6 and rep["keptUnreachable"] == 2 and rep["prune"] == "2w"
+    assert rep["packSkipped"] is None and rep["bytesAfter"] < rep["bytesBefore"]
     assert set(rep) >= {"stateDir", "reachable", "pack", "looseRemoved", "pruned", "groupsRemoved", "bytesBefore", "bytesAfter"}
     code, out, err = _cli(capsys, monkeypatch, root, "gc", "--prune=now")
     assert code == 0 and "pruned 2 unreachable objects" in out and err == ""
     code, out, err = _cli(capsys, monkeypatch, root, "gc", "--prune=fortnight")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "invalid --prune value" in err
+
+def _bytes(store: Store) -> int:
+    """Disk usage of the objects, as du counts it (the measure gc decides and reports by)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(os.path.join(store.root, "objects")):
+        total += sum(os.lstat(os.path.join(dirpath, f)).st_blocks * 512 for f in files)
+    return total
+
+
+def test_gc_never_grows_the_store(tmp_path):
+    # One message and its blob: two loose blocks, which a pack and its index cannot beat.
+    tiny = Store(str(tmp_path / "tiny"))
+    history(tiny, "ses/a", 1)
+    before = _bytes(tiny)
+    rep = gc_as_the_cli_runs_it(tiny)
+    assert rep.pack is None and "would not be smaller" in rep.pack_skipped
+    assert _bytes(tiny) == before == rep.bytes_before == rep.bytes_after
+    assert fsck(tiny).clean
+    # A conversation's worth: the pack is smaller, and written.
+    store = Store(str(tmp_path / "s"))
+    history(store, "ses/a", 200)
+    before = _bytes(store)
+    rep = gc_as_the_cli_runs_it(store)
+    assert rep.pack is not None and rep.pack_skipped is None and rep.bytes_after == _bytes(store) < before
+    # Already packed: gc again writes nothing; with a few loose objects more it never grows the store.
+    rep = gc_as_the_cli_runs_it(store)
+    assert rep.pack is None and rep.bytes_after == rep.bytes_before
+    history(store, "ses/b", 2, tag="b")
+    before = _bytes(store)
+    rep = gc_as_the_cli_runs_it(store)
+    assert rep.bytes_after <= before and _bytes(store) == rep.bytes_after
+    assert fsck(store).clean
