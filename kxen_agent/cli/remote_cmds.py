@@ -39,9 +39,16 @@ def push_cmd(
         ..., metavar="SES...", help="Sessions to push, ids or unique prefixes (each to its workspace's remote)."),
     remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
     with_branch: bool = typer.Option(False, "--with-branch", help="Also push a worktree fork's kxen/NAME branch."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {pushes: [{remote, sessions, commits, newObjects, branches}]} as JSON."),
 ) -> None:
-    """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental."""
+    """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental.
+
+    \b
+    Examples:
+      kxen-agent session push ses_6508
+      kxen-agent session push ses_6508 --remote backup --with-branch
+    """
     from kxen_agent.session.remote import push_sessions
     from kxen_agent.session.sessions import SessionStore
 
@@ -78,9 +85,15 @@ def pull_cmd(
         [], "--workspace", "-w", metavar="DIR|SES=DIR",
         help="The workspace a new session is bound to (default: the current directory; its repository names "
              "the remote); SES=DIR binds one session elsewhere (a worktree fork: a worktree of its branch)."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {remote, sessions, newObjects, workspaces} as JSON."),
 ) -> None:
-    """Fetch sessions, verify every object, then fast-forward them here (or create them, bound to DIR)."""
+    """Fetch sessions, verify every object, then fast-forward them here (or create them, bound to DIR).
+
+    \b
+    Example:
+      kxen-agent session pull ses_6508d1c2e0f4a9b7c3d5 --workspace /workspace/repo
+    """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
     from kxen_agent.session.remote import pull_sessions
 
@@ -103,9 +116,15 @@ def ls_remote_cmd(
     remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
     workspace: Optional[str] = typer.Option(None, "--workspace", "-w", metavar="DIR",
                                             help="The repository whose remote to list (default: the current directory)."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {remote, sessions: [{id, commit, head, run, runStatus, lease, local...}]} as JSON."),
 ) -> None:
-    """The sessions on the remote: heads, forks, last run and lease, without fetching their histories."""
+    """The sessions on the remote: heads, forks, last run and lease, without fetching their histories.
+
+    \b
+    Example:
+      kxen-agent session ls-remote --remote origin
+    """
     from kxen_agent.session.remote import ls_remote
 
     listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)

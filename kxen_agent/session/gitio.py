@@ -45,6 +45,7 @@ import blake3
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import OS_IO
+from kxen_agent.store.locks import file_lock
 from kxen_agent.store.gitmap import GitObject, encode_pack, hex40, kxen_id_of_path
 
 from .workspace import normalize_remote_url, strip_credentials
@@ -64,6 +65,8 @@ __all__ = [
 #: Where the mirror lives in a state dir, and where it keeps what each remote was last seen to hold.
 MIRROR_DIR = "git"
 SEEN_PREFIX = "refs/kxen-seen/"
+#: The lock file (in the mirror) every writer of the mirror's refs holds (fasteners: released when its process dies).
+WRITE_LOCK = "kxen-write.lock"
 #: Past this many packs in the mirror, adopting one more repacks it into one.
 MAX_PACKS = 48
 #: Commands of ours never run the workspace's hooks, maintenance or signing.
@@ -213,6 +216,13 @@ def _absolute(url: str, base: str | None) -> str:
 # ---------------------------------------------------------------- the mirror
 
 
+def _remove_stale(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class Mirror:
     """The state dir's bare Git repository (see the module docstring)."""
 
@@ -272,7 +282,15 @@ class Mirror:
         for group, old, new in updates:
             lines.append(f"update {SEEN_PREFIX}{key}/{group} {new.hex()} {old.hex() if old else zero}")
         lines += ["prepare", "commit", ""]
-        run_git(["update-ref", "--stdin"], git_dir=self.path, input="\n".join(lines).encode("ascii"))
+        # Every writer of the mirror's refs holds this lock, and it dies with its
+        # process: a Git lock file found under it is a killed writer's (a push
+        # killed inside `git update-ref`), which Git would refuse forever and
+        # leave every later push asking for a pull that cannot record either.
+        with file_lock(os.path.join(self.path, WRITE_LOCK)):
+            for group, _old, _new in updates:
+                _remove_stale(os.path.join(self.path, *f"{SEEN_PREFIX}{key}/{group}.lock".split("/")))
+            _remove_stale(os.path.join(self.path, "packed-refs.lock"))
+            run_git(["update-ref", "--stdin"], git_dir=self.path, input="\n".join(lines).encode("ascii"))
 
     def adopt(self, bench: "Workbench") -> int:
         """Copy the packs ``bench`` wrote or fetched into the mirror, durably, index last; how many."""

@@ -396,6 +396,18 @@ def _pack_disk_size(sealed, block: int = 4096) -> int:
     return sum(-(-n // block) * block for n in (sealed.size, len(sealed.index)))
 
 
+def _remove_packs(store: Store, bases: list[str]) -> int:
+    """Remove packs, every index first and durably so (§11: a power loss may keep a later unlink and
+    lose an earlier one; an index left without its pack is ``corrupt-pack``); how many were there."""
+    if not bases:
+        return 0
+    removed = [_unlink(store, base + ".idx") for base in bases]
+    store.io.fsync_dir(store.pack_dir)
+    removed = [_unlink(store, base + ".pack") or r for base, r in zip(bases, removed)]
+    store.io.fsync_dir(store.pack_dir)
+    return sum(map(int, removed))
+
+
 def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progress, lock_timeout) -> None:
     with store.pruning(lock_timeout):
         store.reload_packs()
@@ -415,10 +427,7 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
             _closure(store, roots.refs, reachable, None, strict=True)
         except GcAborted:
             if p1.new_pack:
-                base = os.path.join(store.pack_dir, f"pack-{p1.new_pack}")
-                _unlink(store, base + ".idx")
-                _unlink(store, base + ".pack")
-                store.io.fsync_dir(store.pack_dir)
+                _remove_packs(store, [os.path.join(store.pack_dir, f"pack-{p1.new_pack}")])
                 rep.packed, rep.pack = 0, None
             raise
         _closure(store, roots.logged, reachable, None, strict=False)
@@ -464,13 +473,7 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
                             rep.pruned += 1
                         if progress:
                             progress(1)
-            for old in olds:
-                base = old.path[: -len(".pack")]
-                removed = _unlink(store, base + ".idx")  # the index first: the pack is gone
-                removed = _unlink(store, base + ".pack") or removed
-                rep.packs_removed += int(removed)
-            if olds:
-                store.io.fsync_dir(store.pack_dir)
+            rep.packs_removed += _remove_packs(store, [old.path[: -len(".pack")] for old in olds])
             store.reload_packs()
 
         # 3. Loose objects: packed copies go; unreachable ones go once expired.

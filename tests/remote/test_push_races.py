@@ -139,3 +139,22 @@ def test_a_push_killed_at_random_points_leaves_old_or_new(served: Remote, tmp_pa
 @pytest.mark.slow
 def test_a_push_killed_at_random_points_many_times(served: Remote, tmp_path: Path) -> None:
     _kill_rounds(served, tmp_path, rounds=25, seed=1414)
+
+
+def test_a_killed_writers_git_lock_file_does_not_wedge_the_session(served: Remote, tmp_path: Path) -> None:
+    """A push killed inside `git update-ref` leaves `<ref>.lock` in the state dir's mirror. Git refuses
+    that ref while the file is there; the next push and pull must still record what they saw."""
+    a = make_machine(tmp_path, "a", served)
+    store = Store.open(str(a.state), namespaces=("sessions",))
+    ses = _long_session(store, str(a.ws), 20)
+    push_sessions(store, [ses])
+    seen_refs = a.state / "git" / "refs" / "kxen-seen"
+    planted = [p.with_name(p.name + ".lock") for p in seen_refs.rglob("*") if p.is_file()]
+    assert planted, "the push recorded no last-seen ref"
+    for lock in planted + [a.state / "git" / "packed-refs.lock"]:
+        lock.write_text("")  # what the killed writer left
+    _append(store, ses, 5, start=20)
+    assert push_sessions(store, [ses])[0].sessions[ses] == "updated"
+    # Recorded: the next push finds the remote as this state dir last saw it.
+    assert push_sessions(store, [ses])[0].sessions[ses] == "up-to-date"
+    assert not [p for p in planted if p.exists()]

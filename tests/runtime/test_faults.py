@@ -91,14 +91,15 @@ def test_crash_at_point_then_resume(point: str, cli: Cli, workspace: Path, tmp_p
         "run:after-final-message": ["Settled"],
     }[point]
     assert states == expected_states, before
+    # Its process is gone and holds no lease: shown as interrupted (stored: running, or completed unsettled).
     if point.startswith("run:"):
-        assert (before["status"], before["settled"], before["result"]) == ("completed", False, FINAL)
+        assert (before["status"], before["settled"], before["result"]) == ("interrupted", False, FINAL)
         if point == "run:after-result":
             # The run is not finished until it is settled: no new task yet.
             p = cli.resume(ses, "--task", "next", expect=1)
             assert "settlement was interrupted" in p.err and f"--resume {ses}" in p.err, str(p)
     else:
-        assert before["status"] == "running"
+        assert (before["status"], before["settled"]) == ("interrupted", False)
     crash_log = cli.log(ses)
     tool_msgs = [m for m in crash_log if m["role"] == "tool"]
     assert len(tool_msgs) == (1 if point in ("tool:after-turn", "run:after-result", "run:after-final-message") else 0)

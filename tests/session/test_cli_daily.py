@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kxen_agent.cli.run_cmds import DEMO_AGENT
 from tests.helpers import CLI_TIMEOUT_S, KXEN_AGENT, Cli, Proc, write_agent
 
 BYTES_REPR = re.compile(r"(?<![\w'])b'")  # a path shown as Python bytes: b'/tmp/x'
@@ -37,6 +38,8 @@ def kx(tmp_path: Path) -> Cli:
     for k in env:  # inherited GIT_* variables must not point the tests at another repository
         c.env.pop(k, None)
     c.env.update({"GIT_CONFIG_GLOBAL": str(gitconfig), "GIT_CONFIG_NOSYSTEM": "1", **GIT_ID})
+    # A user who has configured a default agent (README: the default agent): the bundled scripted one.
+    c.env["KXEN_AGENT_AGENT"] = str(DEMO_AGENT)
     yield c
     c.kill_spawned()
 
@@ -236,7 +239,7 @@ def test_every_command_help_teaches() -> None:
     from kxen_agent.cli.main import COMMANDS
 
     allowed = {"SES", "SES...", "RUN", "[RUN]", "[RUN] OP", "MSG", "FILE", "DIR", "DIR|SES=DIR", "TEXT", "NAME",
-               "DURATION", "WHEN", "FORMAT", "ID"}
+               "DURATION", "WHEN", "FORMAT", "ID", "MODEL", "URL", "NAME_OR_URL"}
     seen = 0
     for path, cmd in _commands():
         where = "kxen-agent " + " ".join(path)
