@@ -17,7 +17,6 @@ from typing import Optional
 
 import typer
 
-from kxen_agent.session.schema import SES_RE
 from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 
@@ -73,7 +72,9 @@ def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
     """``--workspace`` values as ``session import`` reads them, the current directory being the default DIR."""
     from .session_cmds import _workspaces as import_workspaces
 
-    if all(v.partition("=")[1] and SES_RE.fullmatch(v.partition("=")[0]) for v in values):
+    from kxen_agent.session.sessions import is_id_or_prefix
+
+    if all(v.partition("=")[1] and is_id_or_prefix("ses", v.partition("=")[0]) for v in values):
         values = [*values, os.getcwd()]
     return import_workspaces(values)
 

@@ -506,13 +506,13 @@ def import_cmd(
 
 def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
     """``--workspace`` values: one DIR (the default binding), and SES=DIR for sessions bound elsewhere."""
-    from kxen_agent.session.schema import SES_RE
+    from kxen_agent.session.sessions import is_id_or_prefix
 
     default: list[str] = []
     per_session: dict[str, str] = {}
     for v in values:
         ses, eq, d = v.partition("=")
-        if eq and SES_RE.fullmatch(ses):
+        if eq and is_id_or_prefix("ses", ses):  # an id or a unique prefix of one of the bundle's sessions
             if not d:
                 raise UsageError(f"--workspace {t(ses, quote=False)}= names no directory; give SES=DIR")
             if ses in per_session:

@@ -63,7 +63,7 @@ from kxen_agent.store.objects import (
 
 from .gitio import Mirror, PushRejected, PushUpdate, Remote, RemoteUnreachable, Workbench, resolve_remote
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
-from .sessions import NS, SessionStore, UnknownSession, msg_id
+from .sessions import NS, SessionStore, UnknownSession, msg_id, resolve_prefix
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
 __all__ = [
@@ -640,10 +640,12 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
     for ses in ids:
         if not SES_RE.fullmatch(ses):
             raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by letters and digits)")
-    chosen = {ses: inspect_workspace(d) for ses, d in (workspaces or {}).items()}
-    unknown = sorted(set(chosen) - set(ids))
-    if unknown:
-        raise UsageError(f"--workspace {unknown[0]}=DIR names a session that is not pulled; name it among SES")
+    chosen = {}
+    for text, d in (workspaces or {}).items():  # SES=DIR: one of the pulled sessions, or a unique prefix of one
+        ses = resolve_prefix("session", "ses", text, lambda: ids, "among the sessions pulled")
+        if ses is None:
+            raise UsageError(f"--workspace {text}=DIR names a session that is not pulled; name it among SES")
+        chosen[ses] = inspect_workspace(d)
     default = inspect_workspace(workspace)
     r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
     mirror = Mirror(store.root)

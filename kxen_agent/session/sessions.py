@@ -119,6 +119,11 @@ def resolve_prefix(what: str, tag: str, text: str, ids: Callable[[], list[str]],
 
 
 
+def is_id_or_prefix(tag: str, text: str) -> bool:
+    """Whether ``text`` has the shape of a ``tag_`` id or of a prefix :func:`resolve_prefix` takes."""
+    return bool(_PREFIX_RE[tag].fullmatch(text.strip()))
+
+
 def new_id(prefix: str) -> str:
     import secrets  # here: a read command never makes an id, and the module costs start-up
 

@@ -28,7 +28,7 @@ from kxen_agent.store.bundle import (BundleInfo, ImportResult, bundle_objects, e
 from kxen_agent.store.objects import RawObject, decode_stored
 
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
-from .sessions import NS, SessionStore
+from .sessions import NS, SessionStore, resolve_prefix
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
 __all__ = ["ImportedSessions", "export_sessions", "import_sessions", "session_objects"]
@@ -90,7 +90,8 @@ def import_sessions(store: Store, path: str, workspace: str, *,
     running run.
     """
     default = inspect_workspace(workspace)
-    chosen = {ses: inspect_workspace(d) for ses, d in (workspaces or {}).items()}
+    given = {ses: inspect_workspace(d) for ses, d in (workspaces or {}).items()}
+    chosen: dict[str, WorkspaceIdentity] = {}  # by full id, once the header names the sessions
 
     def judge_refs(refs: Mapping[str, Mapping[str, bytes]]) -> None:
         # What the header shows is judged before any object is read: a bundle
@@ -99,10 +100,15 @@ def import_sessions(store: Store, path: str, workspace: str, *,
             ns, _, ses = group.partition("/")
             if ns != NS or not SES_RE.fullmatch(ses):
                 raise UsageError(f"bundle {path} holds ref group {group!r}, which is not a session; nothing imported")
-        unknown = sorted(set(chosen) - {g.partition("/")[2] for g in refs})
-        if unknown:
-            raise UsageError(f"bundle {path} holds no session {unknown[0]} (it holds "
-                             f"{', '.join(sorted(g.partition('/')[2] for g in refs))}); nothing imported")
+        held = sorted(g.partition("/")[2] for g in refs)
+        for text, where in given.items():  # SES=DIR: an id or a unique prefix of one of the bundle's sessions
+            ses = resolve_prefix("session", "ses", text, lambda: held, f"in bundle {path}")
+            if ses is None:
+                raise UsageError(f"bundle {path} holds no session {text} (it holds {', '.join(held)}); "
+                                 "nothing imported")
+            if ses in chosen:
+                raise UsageError(f"--workspace {text}=DIR names session {ses} again; give each session once")
+            chosen[ses] = where
         for group, names in refs.items():
             ses = group.partition("/")[2]
             if "meta" not in names:

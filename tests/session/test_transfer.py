@@ -371,7 +371,12 @@ def test_a_family_with_a_worktree_fork_imports_with_a_binding_per_session(tmp_pa
     # The fork's branch came with the clone (origin/kxen/alt): a worktree of it is the fork's new home.
     alt = tmp_path / "B-alt"
     git(checkout, "worktree", "add", "-q", str(alt), "kxen/alt")
-    res = dst("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", f"{fork}={alt}",
+    # SES=DIR takes a unique prefix of one of the bundle's sessions, as every SES does.
+    other = "ses_" + next(c * 4 for c in "0123456789abcdef" if not fork[4:].startswith(c) and not ses[4:].startswith(c))
+    err = dst.refused("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", f"{other}={alt}")
+    assert "holds no session" in err and fork in err, err
+    assert not dst.state_dir.exists()
+    res = dst("session", "import", str(bundle), "--workspace", str(checkout), "--workspace", f"{fork[:10]}={alt}",
               "--json", expect=0).json()
     assert res["sessions"] == {ses: "created", fork: "created"}, res
     assert res["workspaces"] == {ses: os.path.realpath(checkout), fork: os.path.realpath(alt)}, res
