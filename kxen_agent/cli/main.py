@@ -137,7 +137,7 @@ def root(
         None, "--model", metavar="MODEL",
         help="With --resume/--continue: the model for this run (default: the run's recorded one, or the agent's)."),
     base_url: Optional[str] = typer.Option(
-        None, "--base-url", metavar="URL", help="With --resume/--continue: the endpoint for this run (openai provider)."),
+        None, "--base-url", metavar="URL", help="With --resume/--continue: the endpoint for this run (openai and anthropic providers)."),
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="With --resume/--continue: no live output or progress, only the result."),
     events: bool = typer.Option(

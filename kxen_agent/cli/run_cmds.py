@@ -224,7 +224,7 @@ def run_cmd(
         False, "--json", help="Print one JSON object: {session, run, status, turn, model, result, error, unknownOps, settled}."),
     model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="The model for this run (default: the agent's)."),
     base_url: Optional[str] = typer.Option(
-        None, "--base-url", metavar="URL", help="The endpoint for this run (openai provider; default: the agent's)."),
+        None, "--base-url", metavar="URL", help="The endpoint for this run (openai and anthropic providers; default: the agent's)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Show no live output or progress, only the result."),
     events: bool = typer.Option(False, "--events", help="Write JSON Lines events to stdout as the run goes (not with --json)."),
     remote_lease: bool = typer.Option(

@@ -10,11 +10,11 @@ API key's value either, only the name of the variable that holds it.
 Format (paths relative to the definition file)::
 
     name = "demo"
-    provider = "script"                  # or "openai"
+    provider = "script"                  # or "openai", "anthropic"
     script = "steps.json"                # script provider only
-    model = "gpt-4.1-mini"               # required for openai
+    model = "gpt-4.1-mini"               # required for openai and anthropic
     base_url = "http://127.0.0.1:8000/v1"
-    api_key_env = "OPENAI_API_KEY"
+    api_key_env = "OPENAI_API_KEY"       # default without base_url: OPENAI_API_KEY / ANTHROPIC_API_KEY
     system = "You are a careful coding agent."
     tools = ["shell", "read_file", "write_file", "edit_file", "list_files"]
     [policy]
@@ -23,11 +23,15 @@ Format (paths relative to the definition file)::
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
 
-The lock is format version :data:`LOCK_VERSION` (2, ``objects_spec.md``
-§14.2): it records ``version`` and ``policy.env_keep``. A lock without
-``version`` is version 1, written before the shell tool dropped
-credential-looking variables: it keeps its meaning (:func:`env_keep_of`
-says None: the shell keeps every variable but the API key's).
+The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
+§14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+the ``anthropic`` provider (from 3). A lock without ``version`` is version
+1, written before the shell tool dropped credential-looking variables: it
+keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
+variable but the API key's). ``api_key_env`` defaults to the provider's
+usual variable (:data:`DEFAULT_KEY_ENV`) only when the definition sets no
+``base_url`` (the provider's own endpoint); the default is written into the
+lock, so a lock's meaning never depends on the kxen-agent reading it.
 
 Limitations: seconds must be whole milliseconds (``0.0005`` is refused, not
 rounded) so the stored value is exactly what was written. A definition file
@@ -54,6 +58,7 @@ from kxen_agent.store import codec
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
 __all__ = [
+    "DEFAULT_KEY_ENV",
     "DEFAULT_SYSTEM",
     "KNOWN_TOOLS",
     "MAX_DEFINITION_BYTES",
@@ -76,7 +81,10 @@ MAX_DEFINITION_BYTES = 1 << 20
 MAX_STEPS_BYTES = 16 << 20
 
 KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
-PROVIDERS = ("script", "openai")
+PROVIDERS = ("script", "openai", "anthropic")
+#: The variable holding the key of a provider's own endpoint: the lock's
+#: ``api_key_env`` when the definition names none and sets no ``base_url``.
+DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_SYSTEM = "You are a careful coding agent."
 
 TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy")
@@ -93,8 +101,9 @@ _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
 _POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep")
 
-#: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``.
-LOCK_VERSION = 2
+#: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
+#: 3 the ``anthropic`` provider.
+LOCK_VERSION = 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
 _ENV_KEEP_MAX = 256
@@ -438,6 +447,9 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             source, "api_key_env",
             "expected an environment variable NAME like OPENAI_API_KEY (A-Z, 0-9, _), not the key itself",
         )
+    if api_key_env is None and base_url is None and provider in DEFAULT_KEY_ENV:
+        # The provider's own endpoint wants its usual key; a custom one gets a key only from a variable named.
+        api_key_env = DEFAULT_KEY_ENV[provider]
     system = _string(source, doc, "system", non_empty=False)
     tools = _tools(source, doc)
     policy = _policy(source, doc)

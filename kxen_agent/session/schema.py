@@ -133,10 +133,10 @@ def _agent(v: Any) -> Links:
 
     f = _Fields(v, "an agent lock")
     f.text("name")
-    provider = f.text("provider", one_of=("script", "openai"))
+    provider = f.text("provider", one_of=("script", "openai", "anthropic"))
     model = f.text("model")
-    if provider == "openai" and not model:
-        raise SchemaViolation("key 'model' is empty, but the provider is 'openai'")
+    if provider in ("openai", "anthropic") and not model:
+        raise SchemaViolation(f"key 'model' is empty, but the provider is {provider!r}")
     f.text("base_url", null=True)
     f.text("api_key_env", null=True)
     f.text("system")
@@ -153,6 +153,8 @@ def _agent(v: Any) -> Links:
     if version > LOCK_VERSION:
         raise SchemaViolation(f"agent lock version {version} is newer than this kxen-agent reads ({LOCK_VERSION}); "
                               "upgrade kxen-agent")
+    if provider == "anthropic" and version < 3:
+        raise SchemaViolation(f"provider 'anthropic' needs a version-3 lock, not version {version}")
     p = _Fields(f.d.get("policy"), "key 'policy'")
     p.int("max_turns", low=1)
     p.int("tool_timeout_ms", low=1)

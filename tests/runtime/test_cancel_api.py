@@ -215,10 +215,10 @@ def test_refused_outside_the_main_thread_and_changes_nothing(previous):
 # --- public surfaces ---------------------------------------------------------
 
 RUNTIME_API = {
-    "AssistantTurn", "CANCEL_SIGNALS", "CancelSetupError", "FaultSpecError", "Lease", "LeaseBusy",
+    "AssistantTurn", "CANCEL_SIGNALS", "CancelSetupError", "FaultSpecError", "Hit", "Lease", "LeaseBusy",
     "LeaseLost", "OnSignal", "OpenAIProvider", "Provider", "ProviderError", "RunError", "RunResult",
     "Runner", "ScriptProvider", "TERMINAL", "TOOLS", "Tool", "ToolCall", "ToolContext", "ToolOutcome",
-    "ToolOutcomeUnknown", "cancel_on_signals", "lease_ttl_s", "make_provider", "redact", "tool_specs",
+    "ToolOutcomeUnknown", "cancel_on_signals", "find_secrets", "lease_ttl_s", "make_provider", "redact", "tool_specs",
 }
 
 
