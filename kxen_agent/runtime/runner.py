@@ -47,6 +47,7 @@ from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.protocols import Repository
 
+from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
@@ -130,6 +131,8 @@ class Runner:
         self.fault = fault
         #: What the run is doing now (read from other threads: a signal's note).
         self.activity = Activity("step")
+        #: Decides calls that ``[policy] approve`` lists (the CLI sets a terminal's; default: refuse them).
+        self.approver: Approver = refuse_without_terminal
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
 
     def emit(self, event: RunEvent) -> None:
@@ -751,6 +754,9 @@ class _RunCtx:
                 self.execute(assistant, call, allowed, policy)
                 continue
             state = e["state"]
+            if state == "Decided":  # the answer is durable: never asked again
+                self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
+                continue
             if state == "Started":
                 tool = TOOLS.get(e["tool"])
                 if _refusal(call, allowed) is not None:
@@ -803,13 +809,17 @@ class _RunCtx:
         if canceled:
             self.end("canceled", error="canceled by the user")
 
-    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None) -> None:
+    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
+                decided: dict | None = None) -> None:
         name = call["name"]
         tool = TOOLS.get(name)
         op = op or new_id("op")
         base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
                 "arguments": call["arguments"], "message": assistant.oid,
                 "sideEffects": bool(tool.side_effects) if tool else False}
+        if (_refusal(call, allowed) is None and needs_approval(self.agent, name, base["sideEffects"])
+                and not approve_call(self, base, decided)):
+            return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
         self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))

@@ -22,13 +22,15 @@ Format (paths relative to the definition file)::
     tool_timeout_s = 120                 # > 0 .. 86400, int or float, ms precision
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
+    approve = ["shell", "write_file"]    # tools whose calls wait for a yes on the terminal (default: none)
 
 The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
 §14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
-variable but the API key's). ``api_key_env`` defaults to the provider's
+variable but the API key's); version 3 also records ``policy.approve``.
+``api_key_env`` defaults to the provider's
 usual variable (:data:`DEFAULT_KEY_ENV`) only when the definition sets no
 ``base_url`` (the provider's own endpoint); the default is written into the
 lock, so a lock's meaning never depends on the kxen-agent reading it.
@@ -64,6 +66,7 @@ __all__ = [
     "MAX_DEFINITION_BYTES",
     "MAX_STEPS_BYTES",
     "PROVIDERS",
+    "SIDE_EFFECT_TOOLS",
     "AgentDefinitionError",
     "LOCK_VERSION",
     "base_url_problem",
@@ -81,6 +84,8 @@ MAX_DEFINITION_BYTES = 1 << 20
 MAX_STEPS_BYTES = 16 << 20
 
 KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
+#: The tools that can change something (§14.6 ``sideEffects``): the only ones ``approve`` may list.
+SIDE_EFFECT_TOOLS = ("shell", "write_file", "edit_file")
 PROVIDERS = ("script", "openai", "anthropic")
 #: The variable holding the key of a provider's own endpoint: the lock's
 #: ``api_key_env`` when the definition names none and sets no ``base_url``.
@@ -99,10 +104,10 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep")
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve")
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
-#: 3 the ``anthropic`` provider.
+#: 3 the ``anthropic`` provider and ``policy.approve``.
 LOCK_VERSION = 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
@@ -328,7 +333,28 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
     for toml_key, lock_key, low, high, exclusive in _POLICY_SECONDS:
         policy[lock_key] = _seconds_to_ms(source, f"policy.{toml_key}", values[toml_key], low, high, exclusive)
     policy["env_keep"] = _env_keep(source, table.get("env_keep", []))
+    policy["approve"] = _approve(source, table.get("approve", []))
     return policy
+
+
+def _approve(source: str, tools: Any) -> list[str]:
+    """``[policy] approve``: the tools whose calls wait for a person's yes (tools with side effects only)."""
+    key = "policy.approve"
+    if not isinstance(tools, list):
+        raise AgentDefinitionError(source, key, f"expected an array of tool names, got {_type_name(tools)}")
+    out: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, str):
+            raise AgentDefinitionError(source, key, f"expected tool names (strings), got {_type_name(tool)}")
+        if tool not in KNOWN_TOOLS:
+            raise AgentDefinitionError(source, key, f"unknown tool {tool!r} (expected any of: {', '.join(SIDE_EFFECT_TOOLS)})")
+        if tool not in SIDE_EFFECT_TOOLS:
+            raise AgentDefinitionError(source, key, f"{tool!r} changes nothing, so its calls never ask; remove it "
+                                       f"(tools that can: {', '.join(SIDE_EFFECT_TOOLS)})")
+        if tool in out:
+            raise AgentDefinitionError(source, key, f"tool {tool!r} is listed twice; list each tool once")
+        out.append(tool)
+    return out
 
 
 def _env_keep(source: str, keep: Any) -> list[str]:
@@ -561,6 +587,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
             "tool_timeout_ms": _POLICY_DEFAULTS["tool_timeout_s"] * 1000,
             "cancel_window_ms": _POLICY_DEFAULTS["cancel_window_s"] * 1000,
             "env_keep": [],
+            "approve": [],
         },
         "script": script,
     }

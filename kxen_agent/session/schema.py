@@ -37,8 +37,10 @@ _run_id = RUN_RE.fullmatch
 _SECTION = {"agent": "14.2", "session": "14.3", "message": "14.4", "run": "14.5", "journal": "14.6"}
 
 RUN_STATUSES = ("running", "input_required", "completed", "failed", "canceled")
-OP_STATES = ("Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
-OP_SOURCES = ("tool", "recovery", "cancel", "human")
+OP_STATES = ("Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
+OP_SOURCES = ("tool", "recovery", "cancel", "human", "policy")
+APPROVALS = ("yes", "no")
+APPROVERS = ("user", "user-always", "--yes", "no-terminal")
 ROLES = ("user", "assistant", "tool")
 FORK_KINDS = (None, "conversation", "worktree")
 
@@ -129,7 +131,8 @@ def _names(values: tuple) -> str:
 # ---------------------------------------------------------------- kinds
 
 def _agent(v: Any) -> Links:
-    from .agent_def import KNOWN_TOOLS, LOCK_VERSION, AgentDefinitionError, canonical_steps_json, validate_script_steps
+    from .agent_def import (KNOWN_TOOLS, LOCK_VERSION, SIDE_EFFECT_TOOLS, AgentDefinitionError, canonical_steps_json,
+                            validate_script_steps)
 
     f = _Fields(v, "an agent lock")
     f.text("name")
@@ -164,6 +167,11 @@ def _agent(v: Any) -> Links:
         if type(keep) is not list or any(type(k) is not str for k in keep):
             raise SchemaViolation(f"key 'policy.env_keep' must be an array of text in a version-{version} lock, "
                                   f"not {_type_name(keep)}")
+    if version >= 3 and "approve" in p.d:
+        approve = p.d["approve"]
+        if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
+            raise SchemaViolation("key 'policy.approve' must be an array of the tools with side effects "
+                                  f"({', '.join(SIDE_EFFECT_TOOLS)})")
     script = f.text("script", null=True)
     if provider == "script":
         if script is None:
@@ -324,7 +332,10 @@ def _journal(v: Any) -> Links:
         raise SchemaViolation("both 'output' and 'outputBlob' are present")
     f.text("output", optional=True)
     f.link("outputBlob", "blob", optional=True)
-    f.bool("isError", optional=state in ("Started", "OutcomeUnknown"))
+    f.bool("isError", optional=state in ("Decided", "Started", "OutcomeUnknown"))
+    # §14.6: the approval of a call that needed one, from its Decided entry on.
+    f.text("approval", one_of=APPROVALS, optional=state != "Decided")
+    f.text("approver", one_of=APPROVERS, optional=state != "Decided")
     f.text("note", optional=True)
     f.link("previous", "journal", optional=True)
     f.int("timeNs")

@@ -37,7 +37,8 @@ FINAL = "all done"
 KNOWN_POINTS = ("provider:mid-stream", "provider:after-response", "tool:after-outcome", "tool:after-turn",
                 "run:after-result", "run:after-final-message")
 UNKNOWN_POINTS = ("tool:after-started", "tool:after-effect")
-assert set(KNOWN_POINTS + UNKNOWN_POINTS) == set(POINTS)
+# approval:after-decided is passed only with [policy] approve: tests/runtime/test_approvals.py crashes there.
+assert set(KNOWN_POINTS + UNKNOWN_POINTS) == set(POINTS) - {"approval:after-decided"}
 
 
 class Crash(BaseException):
