@@ -48,6 +48,7 @@ from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.protocols import Repository
 
 from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
+from .compaction import provider_history
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
@@ -600,7 +601,7 @@ class _RunCtx:
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
-        history = [m.to_provider() for m in self.sessions.history(self.info.head)]
+        history = provider_history(self)  # from the latest compaction on; compacts first when over budget
         messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1

@@ -23,13 +23,15 @@ Format (paths relative to the definition file)::
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
     approve = ["shell", "write_file"]    # tools whose calls wait for a yes on the terminal (default: none)
+    context_tokens = 100000              # compact the model's view above this (default: never; not script)
 
 The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
 §14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
-variable but the API key's); version 3 also records ``policy.approve``.
+variable but the API key's); version 3 also records ``policy.approve``
+and ``policy.context_tokens``.
 ``api_key_env`` defaults to the provider's
 usual variable (:data:`DEFAULT_KEY_ENV`) only when the definition sets no
 ``base_url`` (the provider's own endpoint); the default is written into the
@@ -104,10 +106,11 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve")
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens")
+_CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
-#: 3 the ``anthropic`` provider and ``policy.approve``.
+#: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``.
 LOCK_VERSION = 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
@@ -334,6 +337,17 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
         policy[lock_key] = _seconds_to_ms(source, f"policy.{toml_key}", values[toml_key], low, high, exclusive)
     policy["env_keep"] = _env_keep(source, table.get("env_keep", []))
     policy["approve"] = _approve(source, table.get("approve", []))
+    tokens = table.get("context_tokens")
+    if tokens is not None:
+        low, high = _CONTEXT_TOKENS_RANGE
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise AgentDefinitionError(source, "policy.context_tokens", f"expected an integer, got {_type_name(tokens)}")
+        if not low <= tokens <= high:
+            raise AgentDefinitionError(source, "policy.context_tokens", f"{tokens} is out of range (must be {low} to {high})")
+        if doc.get("provider") == "script":
+            raise AgentDefinitionError(source, "policy.context_tokens", "the script provider replays its steps by "
+                                       "the history it is shown, which compaction shortens; remove it")
+    policy["context_tokens"] = tokens
     return policy
 
 
@@ -588,6 +602,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
             "cancel_window_ms": _POLICY_DEFAULTS["cancel_window_s"] * 1000,
             "env_keep": [],
             "approve": [],
+            "context_tokens": None,
         },
         "script": script,
     }

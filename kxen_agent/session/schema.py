@@ -41,7 +41,7 @@ OP_STATES = ("Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
 OP_SOURCES = ("tool", "recovery", "cancel", "human", "policy")
 APPROVALS = ("yes", "no")
 APPROVERS = ("user", "user-always", "--yes", "no-terminal")
-ROLES = ("user", "assistant", "tool")
+ROLES = ("user", "assistant", "tool", "compaction")
 FORK_KINDS = (None, "conversation", "worktree")
 
 Links = list[tuple[ObjectId, str]]
@@ -167,6 +167,8 @@ def _agent(v: Any) -> Links:
         if type(keep) is not list or any(type(k) is not str for k in keep):
             raise SchemaViolation(f"key 'policy.env_keep' must be an array of text in a version-{version} lock, "
                                   f"not {_type_name(keep)}")
+    if version >= 3 and p.d.get("context_tokens") is not None:
+        p.int("context_tokens", low=1)
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
@@ -273,6 +275,12 @@ def _message_slow(v: Any) -> Links:
         if role != "assistant":
             raise SchemaViolation(f"a {role} message carries tool calls")
     f.text("toolCallId", optional=True)
+    # §14.4: a compaction message names the last message its summary covers; no other message does.
+    f.link("through", "message", optional=role != "compaction")
+    if role != "compaction" and "through" in f.d:
+        raise SchemaViolation(f"a {role} message carries 'through' (only a compaction message does)")
+    if role == "compaction" and "toolCallId" in f.d:
+        raise SchemaViolation("a compaction message carries 'toolCallId'")
     return f.links
 
 
@@ -298,6 +306,7 @@ def _run(v: Any) -> Links:
     f.text("requestedModel", optional=True)
     f.text("baseUrl", null=True, optional=True)
     f.text("retryOf", optional=True, match=RUN_RE)
+    f.int("compactedTurn", optional=True)
     if "usage" in f.d:
         _usage(f.d["usage"], "usage", ("turns",))
     if f.d.get("turnUsage") is not None:

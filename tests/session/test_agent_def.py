@@ -73,7 +73,7 @@ def test_script_definition_with_defaults(tmp_path: Path) -> None:
         "api_key_env": None,
         "system": DEFAULT_SYSTEM,
         "tools": list(KNOWN_TOOLS),
-        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": []},
+        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None},
         "script": json.dumps(STEPS, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
     }
     assert only_plain_values(body)
@@ -91,7 +91,7 @@ def test_full_definition(tmp_path: Path) -> None:
     body = load_agent_definition(write(tmp_path, toml))
     assert body["model"] == "replay-1" and body["system"] == "Be brief."
     assert body["tools"] == ["read_file", "shell"]  # order kept
-    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0, "env_keep": [], "approve": []}
+    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0, "env_keep": [], "approve": [], "context_tokens": None}
     assert only_plain_values(body)
 
 
@@ -162,7 +162,7 @@ def test_default_agent_definition() -> None:
     body = default_agent_definition([{"content": "hello"}])
     assert body["provider"] == "script" and body["model"] == "script"
     assert body["tools"] == list(KNOWN_TOOLS) and body["system"] == DEFAULT_SYSTEM
-    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": []}
+    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None}
     assert body["script"] == '[{"content":"hello"}]'
     assert only_plain_values(body)
     with pytest.raises(AgentDefinitionError, match="non-empty"):

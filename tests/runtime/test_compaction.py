@@ -1,0 +1,191 @@
+"""Compaction (``[policy] context_tokens``, §14.4 ``compaction`` messages): the
+installed CLI against a local Chat Completions server (``fake_openai``): a
+view over the budget is summarized by a provider step, the next request starts
+from the summary, the full history stays (log, fork before the compaction),
+the reported usage counts, crashes in the middle of a compaction, and
+``session compact [--at MSG]``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kxen_agent.runtime.compaction import SUMMARY_PREFIX, SUMMARY_REQUEST, provider_view, view_tokens
+from kxen_agent.session.agent_def import AgentDefinitionError, parse_agent_definition
+from kxen_agent.session.sessions import SessionStore
+from kxen_agent.store.memory import MemoryStore
+from tests.helpers import Cli, write_agent
+
+from .fake_openai import FakeOpenAI, Reply
+
+BIG = "python3 -c \"print('x' * 6000)\""
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as s:
+        yield s
+
+
+def agent(tmp_path: Path, server: FakeOpenAI, context_tokens: int | None = 1000) -> Path:
+    policy = {} if context_tokens is None else {"context_tokens": context_tokens}
+    return write_agent(tmp_path / "agent", None, provider="openai", model="gpt-test", base_url=server.base_url,
+                       tools=["shell"], policy=policy)
+
+
+def roles(body: dict) -> list[str]:
+    return [m["role"] for m in body["messages"]]
+
+
+def run(cli: Cli, workspace: Path, agent_path: Path, **kw) -> dict:
+    return cli.run_json(workspace, "make a big output", agent_path, **kw).json()
+
+
+def test_a_view_over_the_budget_is_compacted_and_the_full_history_stays(cli: Cli, server: FakeOpenAI, workspace: Path,
+                                                                          tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": BIG}))])
+    server.reply_content("SUMMARY: printed 6000 x; nothing left but to answer")
+    server.reply_content("done")
+    res = run(cli, workspace, agent(tmp_path, server), expect=0)
+    assert (res["status"], res["result"], res["turn"]) == ("completed", "done", 2)
+
+    first, summary, second = server.chat_requests()
+    assert roles(first) == ["system", "user"]
+    assert roles(summary) == ["system", "user", "assistant", "tool", "user"]
+    assert summary["messages"][-1]["content"] == SUMMARY_REQUEST
+    assert roles(second) == ["system", "user"], "the view starts from the compaction"
+    assert second["messages"][1]["content"] == SUMMARY_PREFIX + "SUMMARY: printed 6000 x; nothing left but to answer"
+
+    log = cli.log(res["session"])
+    assert [m["role"] for m in log] == ["user", "assistant", "tool", "compaction", "assistant"]
+    assert log[3]["through"] == log[2]["id"] and log[3]["run"] == res["run"]
+    assert len(log[2]["content"]) > 6000, "the summarized tool output is still in the session"
+    cli.fsck_clean()
+
+    # A fork before the compaction has the full view.
+    fork = cli("session", "fork", res["session"], "--at", log[2]["id"], "--json", expect=0).json()
+    server.clear()
+    server.reply_content("SUMMARY: the fork's")
+    server.reply_content("seen everything")
+    before = len(server.chat_requests())
+    cli.resume(fork["id"], "--task", "and now?", expect=0)
+    asked, answered = server.chat_requests()[before:]
+    # Over the budget again, so it compacts: from the full history, not from the parent's summary.
+    assert roles(asked) == ["system", "user", "assistant", "tool", "user", "user"]
+    assert "x" * 6000 in asked["messages"][3]["content"] and asked["messages"][-1]["content"] == SUMMARY_REQUEST
+    assert roles(answered) == ["system", "user"]
+
+
+def test_reported_usage_counts_even_when_the_text_is_short(cli: Cli, server: FakeOpenAI, workspace: Path,
+                                                           tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": "echo hi"}))],
+                            usage={"prompt_tokens": 1500, "completion_tokens": 20, "total_tokens": 1520})
+    server.reply_content("SUMMARY: said hi")
+    server.reply_content("done")
+    res = run(cli, workspace, agent(tmp_path, server), expect=0)
+    assert res["status"] == "completed"
+    assert [m["role"] for m in cli.log(res["session"])] == ["user", "assistant", "tool", "compaction", "assistant"]
+    show = cli.run_show(res["session"], res["run"])
+    assert show["usage"]["turns"] == 3, "the summary's tokens are counted with the run's"
+
+
+def test_no_budget_no_compaction(cli: Cli, server: FakeOpenAI, workspace: Path, tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": BIG}))])
+    server.reply_content("done")
+    res = run(cli, workspace, agent(tmp_path, server, context_tokens=None), expect=0)
+    assert [m["role"] for m in cli.log(res["session"])] == ["user", "assistant", "tool", "assistant"]
+    assert len(server.chat_requests()) == 2
+
+
+@pytest.mark.parametrize("point", ["compaction:after-response", "compaction:after-message"])
+def test_a_crash_in_the_middle_of_a_compaction(cli: Cli, server: FakeOpenAI, workspace: Path, tmp_path: Path,
+                                               point: str) -> None:
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": BIG}))])
+    server.reply_content("SUMMARY: one")
+    if point == "compaction:after-response":
+        server.reply_content("SUMMARY: two")  # asked again after the crash: the first was never durable
+    server.reply_content("done")
+    crashed = cli.run_json(workspace, "make a big output", agent(tmp_path, server), env={"KXEN_AGENT_FAULT": point})
+    assert crashed.killed, str(crashed)
+    [s] = cli.sessions()
+    res = cli.resume(s["id"], expect=0).json()
+    assert res["result"] == "done"
+    log = cli.log(s["id"])
+    assert [m["role"] for m in log] == ["user", "assistant", "tool", "compaction", "assistant"]
+    summaries = [b for b in server.chat_requests() if b["messages"][-1]["content"] == SUMMARY_REQUEST]
+    if point == "compaction:after-response":
+        assert len(summaries) == 2 and log[3]["content"] == "SUMMARY: two"
+    else:
+        assert len(summaries) == 1 and log[3]["content"] == "SUMMARY: one"
+    assert len(server.chat_requests()) == 3 + len(summaries) - 1
+    cli.fsck_clean()
+
+
+def test_session_compact_on_demand_and_at_a_message(cli: Cli, server: FakeOpenAI, workspace: Path,
+                                                    tmp_path: Path) -> None:
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": "echo one"}))])
+    server.reply_content("first answer")
+    res = run(cli, workspace, agent(tmp_path, server, context_tokens=None), expect=0)
+    log = cli.log(res["session"])
+    # Through the assistant message that asked for the call: its result would lose its call.
+    p = cli("session", "compact", res["session"], "--at", log[1]["id"])
+    assert p.rc == 2 and "part them from their calls" in p.err and len(p.err.strip().splitlines()) == 1, str(p)
+
+    server.clear()
+    server.reply_content("SUMMARY: the first task")
+    server.reply_content("second answer")
+    out = cli("session", "compact", res["session"], "--at", log[2]["id"], "--json", expect=0).json()
+    assert out["through"] == log[2]["id"] and out["summarized"] == 3
+    req = server.chat_requests()[-1]
+    assert roles(req) == ["system", "user", "assistant", "tool", "user"] and req["messages"][-1]["content"] == SUMMARY_REQUEST
+    nxt = cli.resume(res["session"], "--task", "second task", expect=0).json()
+    assert nxt["result"] == "second answer"
+    body = server.chat_requests()[-1]
+    # The summary, the message after --at (kept whole), the new task.
+    assert [(m["role"], m["content"]) for m in body["messages"][1:]] == [
+        ("user", SUMMARY_PREFIX + "SUMMARY: the first task"), ("assistant", "first answer"), ("user", "second task")]
+    assert [m["role"] for m in cli.log(res["session"])] == ["user", "assistant", "tool", "assistant", "compaction",
+                                                           "user", "assistant"]
+    cli.fsck_clean()
+
+
+def test_session_compact_refuses_the_script_provider(cli: Cli, workspace: Path, tmp_path: Path) -> None:
+    script = write_agent(tmp_path / "s", [{"content": "hi"}])
+    res = cli.run_json(workspace, "hi", script, expect=0).json()
+    p = cli("session", "compact", res["session"])
+    assert p.rc == 2 and "script provider" in p.err and "Traceback" not in p.err, str(p)
+
+
+def test_provider_view_and_estimate_in_process() -> None:
+    store = MemoryStore("view")
+    sessions = SessionStore(store)
+    head = sessions.append_messages(None, [{"role": "user", "content": "task"},
+                                           {"role": "assistant", "content": "a1"},
+                                           {"role": "user", "content": "more"}])
+    first = sessions.history(head)
+    head = sessions.append_messages(head, [{"role": "compaction", "content": "S", "through": first[1].oid},
+                                           {"role": "assistant", "content": "a2"}])
+    view = provider_view(sessions.history(head))
+    assert view == [{"role": "user", "content": SUMMARY_PREFIX + "S"}, {"role": "user", "content": "more"},
+                    {"role": "assistant", "content": "a2"}]
+    assert provider_view(first) == [m.to_provider() for m in first]
+    assert view_tokens("", [{"role": "user", "content": "x" * 400}], []) == (400 + 2) // 4 + 4
+    assert view_tokens("", [], [], reported=5000) == 5000
+
+
+@pytest.mark.parametrize(("policy", "why"), [
+    ("context_tokens = 10", "out of range"),
+    ("context_tokens = \"big\"", "expected an integer"),
+])
+def test_bad_context_tokens_are_refused(policy: str, why: str) -> None:
+    with pytest.raises(AgentDefinitionError, match=why):
+        parse_agent_definition(f'name = "a"\nprovider = "openai"\nmodel = "m"\n[policy]\n{policy}\n', ".", "a.toml")
+
+
+def test_context_tokens_with_the_script_provider_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "steps.json").write_text('[{"content": "hi"}]')
+    with pytest.raises(AgentDefinitionError, match="script provider replays its steps"):
+        parse_agent_definition('name = "a"\nprovider = "script"\nscript = "steps.json"\n[policy]\n'
+                               'context_tokens = 5000\n', str(tmp_path), "a.toml")
