@@ -164,3 +164,16 @@ def test_ctrl_c_during_a_slow_model_call_aborts_it(bench_factory, tmp_path):  # 
         wait_for(lambda: server.abandoned, "the server to see the connection close", timeout=5)
         assert server.abandoned[0] - t0 < 1.0, "the request is aborted (its connection closed) within 1 s"
         assert len(server.requests) == 1, "a canceled call is not retried"
+
+
+def test_a_missing_sdk_is_reported_before_a_session_exists(cli: Cli, state_dir: Path, server: FakeAnthropic,
+                                                            workspace: Path, tmp_path: Path) -> None:
+    shadow = tmp_path / "no-anthropic" / "anthropic"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'anthropic'\", name='anthropic')\n")
+    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(anthropic_agent(tmp_path, server)),
+            env={"PYTHONPATH": str(shadow.parent)}, expect=1)
+    lines = p.err.strip().splitlines()
+    assert len(lines) == 1 and "the anthropic provider needs the anthropic package, which is not installed" in lines[0]
+    assert "[anthropic]" in lines[0].split("install it with: ", 1)[1], lines[0]
+    assert not state_dir.exists() and server.requests == []

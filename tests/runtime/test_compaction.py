@@ -189,3 +189,54 @@ def test_context_tokens_with_the_script_provider_is_refused(tmp_path: Path) -> N
     with pytest.raises(AgentDefinitionError, match="script provider replays its steps"):
         parse_agent_definition('name = "a"\nprovider = "script"\nscript = "steps.json"\n[policy]\n'
                                'context_tokens = 5000\n', str(tmp_path), "a.toml")
+
+
+class _LongModel:
+    """An in-process model: reads a 3 KB file turn after turn, summarizes when asked, answers at the end."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
+        self.requests: list[tuple[bool, list[dict], list[dict]]] = []  # (a summary request?, messages, tools)
+        self.model, self.base_url = "long", None
+
+    def complete(self, messages, tools, *, cancel=None, on_text=None):
+        from kxen_agent.runtime.providers import AssistantTurn, ToolCall, Usage
+
+        summary = messages[-1]["content"] == SUMMARY_REQUEST
+        self.requests.append((summary, messages, tools))
+        if summary:
+            return AssistantTurn("SUMMARY: reading big.txt again and again", (), "long", "stop", Usage(10, 5))
+        done = sum(1 for s, _, _ in self.requests if not s)
+        if done > self.turns:
+            return AssistantTurn("finished", (), "long", "stop", Usage(10, 1))
+        return AssistantTurn(None, (ToolCall(f"c{done}", "read_file", '{"path": "big.txt"}'),), "long",
+                             "tool_calls", Usage(10, 1))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_long_run_keeps_every_request_within_the_budget(tmp_path: Path) -> None:
+    """The per-turn workload: 30 turns each adding a 3 KB tool result; every model request stays within
+    context_tokens (a summary request exceeds it by at most the turn that crossed it), the history keeps all."""
+    from kxen_agent.runtime.runner import Runner
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.txt").write_text("y" * 3000)
+    budget = 4000
+    lock = parse_agent_definition(f'name = "long"\nprovider = "openai"\nmodel = "long"\ntools = ["read_file"]\n'
+                                  f'[policy]\nmax_turns = 100\ncontext_tokens = {budget}\n', str(tmp_path), "a.toml")
+    model = _LongModel(30)
+    store = MemoryStore("long")
+    res = Runner(store, providers=lambda lock, endpoint: model).start(str(ws), "read big.txt 30 times", lock)
+    assert res.status == "completed" and res.result == "finished"
+    sizes = [(s, view_tokens(m[0]["content"], m[1:], t)) for s, m, t in model.requests]
+    normal = [n for s, n in sizes if not s]
+    summaries = [n for s, n in sizes if s]
+    assert len(normal) == 31 and len(summaries) >= 5, (len(normal), len(summaries))
+    assert max(normal) <= budget, sizes
+    assert max(summaries) <= budget + 3000 // 4 + 100, sizes
+    history = SessionStore(store).history(SessionStore(store).get(res.session).head)
+    assert sum(1 for m in history if m.role == "tool") == 30, "every tool result is still in the session"
+    assert sum(1 for m in history if m.role == "compaction") == len(summaries)
