@@ -238,7 +238,7 @@ def show_cmd(
 def log_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     json_out: bool = typer.Option(
-        False, "--json", help="Stream JSON Lines, one message each: {id, seq, role, run, content, toolCalls, toolCallId}."),
+        False, "--json", help="Stream JSON Lines, one message each: {id, seq, role, run, content, toolCalls, toolCallId[, through]}."),
 ) -> None:
     """The session's messages, oldest first (streamed).
 
@@ -263,6 +263,9 @@ def log_cmd(
                 out(f"    {line}")
         for c in m.tool_calls:
             out(f"    -> {t(c['name'])} {t(str(c['arguments']))}  [{t(c['id'])}]")
+        if m.through is not None:
+            out(f"    (summarizes the history through {t(m.to_json()['through'][:16])}; the model is shown this "
+                "summary in place of those messages)")
 
 
 @session_app.command("compact")

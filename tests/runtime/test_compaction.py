@@ -62,6 +62,8 @@ def test_a_view_over_the_budget_is_compacted_and_the_full_history_stays(cli: Cli
     assert [m["role"] for m in log] == ["user", "assistant", "tool", "compaction", "assistant"]
     assert log[3]["through"] == log[2]["id"] and log[3]["run"] == res["run"]
     assert len(log[2]["content"]) > 6000, "the summarized tool output is still in the session"
+    text = cli("session", "log", res["session"], expect=0).out
+    assert f"summarizes the history through {log[2]['id'][:16]}" in text
     cli.fsck_clean()
 
     # A fork before the compaction has the full view.
