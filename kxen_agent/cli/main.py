@@ -176,7 +176,7 @@ def root(
     if resume is None and not continue_:
         if any([task, task_file, workspace, rebind_workspace, retry, model, base_url, quiet, events, remote_lease,
                 remote, yes]):
-            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease at the top "
+            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes at the top "
                              "level need --resume SES or --continue (or use `kxen-agent run` for a new session)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
