@@ -148,9 +148,16 @@ def test_session_compact_on_demand_and_at_a_message(cli: Cli, server: FakeOpenAI
     # The summary, the message after --at (kept whole), the new task.
     assert [(m["role"], m["content"]) for m in body["messages"][1:]] == [
         ("user", SUMMARY_PREFIX + "SUMMARY: the first task"), ("assistant", "first answer"), ("user", "second task")]
-    assert [m["role"] for m in cli.log(res["session"])] == ["user", "assistant", "tool", "assistant", "compaction",
-                                                           "user", "assistant"]
+    roles_kept = ["user", "assistant", "tool", "assistant", "compaction", "user", "assistant"]
+    assert [m["role"] for m in cli.log(res["session"])] == roles_kept
     cli.fsck_clean()
+    # Export and import carry the whole history, the compaction message included.
+    bundle = tmp_path / "s.bundle"
+    cli("session", "export", res["session"], "--output", str(bundle), expect=0)
+    cli("bundle", "verify", str(bundle), expect=0)
+    other = Cli(tmp_path / "state2")
+    other("session", "import", str(bundle), "--workspace", str(workspace), expect=0)
+    assert [m["role"] for m in other.log(res["session"])] == roles_kept
 
 
 def test_session_compact_refuses_the_script_provider(cli: Cli, workspace: Path, tmp_path: Path) -> None:
