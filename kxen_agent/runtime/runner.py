@@ -7,8 +7,9 @@ steps is the seed's:
 
 1. the assistant message that asks for tool calls is in the Session before
    any of them starts (a crash never calls the provider twice for a turn);
-2. per call: ``Started`` is durable before the side effect; when the tool
-   returns, ``OutcomeKnown`` (with the outcome) is durable;
+2. per call: a decision (``Decided``, :mod:`.approvals`) when the lock's
+   ``approve`` lists the tool, then ``Started`` is durable before the side
+   effect; when the tool returns, ``OutcomeKnown`` (with the outcome) is durable;
 3. then the turn's tool messages are written into the Session, then every
    op of the turn is ``Settled``;
 4. the final answer: the terminal result is saved in the run, then the
@@ -756,7 +757,8 @@ class _RunCtx:
                 continue
             state = e["state"]
             if state == "Decided":  # the answer is durable: never asked again
-                self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
+                if not self.r.cancel.is_set():
+                    self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
                 continue
             if state == "Started":
                 tool = TOOLS.get(e["tool"])
@@ -786,7 +788,7 @@ class _RunCtx:
         msgs = []
         for call in assistant.tool_calls:
             e = by_call.get(call["id"])
-            if e is None:
+            if e is None or e["state"] == "Decided":
                 out = "[not run: the run was canceled before this call started]"
             else:
                 out = self.r.entry_output(e) or ""
