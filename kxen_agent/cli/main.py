@@ -137,7 +137,7 @@ def root(
         None, "--model", metavar="MODEL",
         help="With --resume/--continue: the model for this run (default: the run's recorded one, or the agent's)."),
     base_url: Optional[str] = typer.Option(
-        None, "--base-url", metavar="URL", help="With --resume/--continue: the endpoint for this run (openai provider)."),
+        None, "--base-url", metavar="URL", help="With --resume/--continue: the endpoint for this run (openai and anthropic providers)."),
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="With --resume/--continue: no live output or progress, only the result."),
     events: bool = typer.Option(
@@ -147,6 +147,9 @@ def root(
         help="With --resume/--continue: hold the session's lease on its Git remote and push every durable step."),
     remote: Optional[str] = typer.Option(
         None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
+    yes: bool = typer.Option(
+        False, "--yes", "-y",
+        help="With --resume/--continue: approve every call the agent's [policy] approve lists, without asking."),
     version: bool = typer.Option(
         False, "--version", is_eager=True, callback=_version, help="Print the version and exit."),
 ) -> None:
@@ -172,15 +175,15 @@ def root(
         raise UsageError("give either --resume SES or --continue, not both")
     if resume is None and not continue_:
         if any([task, task_file, workspace, rebind_workspace, retry, model, base_url, quiet, events, remote_lease,
-                remote]):
-            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease at the top "
+                remote, yes]):
+            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes at the top "
                              "level need --resume SES or --continue (or use `kxen-agent run` for a new session)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     from .run_cmds import resume_cmd
 
     more = dict(retry=retry, model=model, base_url=base_url, quiet=quiet, events=events,
-                remote_lease=remote_lease, remote=remote)
+                remote_lease=remote_lease, remote=remote, yes=yes)
 
     if continue_:
         from kxen_agent.session.sessions import NS, SessionStore

@@ -162,11 +162,16 @@ def cancellation(view: View, activity: Callable[[], object] = lambda: None) -> A
 
 
 def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool, quiet: bool,
-            remote: Callable[[threading.Event], AbstractContextManager[RemoteLeaseScope | None]] | None = None) -> None:
+            remote: Callable[[threading.Event], AbstractContextManager[RemoteLeaseScope | None]] | None = None,
+            yes: bool = False) -> None:
     """Run ``call`` with a runner wired to the signals and the view these flags choose, then render its result.
 
     ``remote(cancel)``: the ``--remote-lease`` scope (None: not asked for) that makes the runner.
+    ``yes``: calls that ``[policy] approve`` lists are approved without asking (``--yes``); else asked
+    on the terminal, or refused when standard input is not one.
     """
+    from kxen_agent.runtime.approvals import TerminalApprover
+
     if events and json_out:
         raise UsageError("--events and --json both write stdout; give one (--events ends with a run_finished "
                          "event carrying the --json result document)")
@@ -179,6 +184,7 @@ def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool
         if rl is not None:
             rl.on_event = view.note
         runner = rl.runner(store, **kw) if rl is not None else Runner(store, **kw)  # type: ignore[arg-type]
+        runner.approver = TerminalApprover(assume_yes=yes)
         runners.append(runner)
         try:
             res = call(runner)
@@ -224,13 +230,15 @@ def run_cmd(
         False, "--json", help="Print one JSON object: {session, run, status, turn, model, result, error, unknownOps, settled}."),
     model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="The model for this run (default: the agent's)."),
     base_url: Optional[str] = typer.Option(
-        None, "--base-url", metavar="URL", help="The endpoint for this run (openai provider; default: the agent's)."),
+        None, "--base-url", metavar="URL", help="The endpoint for this run (openai and anthropic providers; default: the agent's)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Show no live output or progress, only the result."),
     events: bool = typer.Option(False, "--events", help="Write JSON Lines events to stdout as the run goes (not with --json)."),
     remote_lease: bool = typer.Option(
         False, "--remote-lease", help="Hold the session's lease on its Git remote and push every durable step."),
     remote: Optional[str] = typer.Option(
         None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
+    yes: bool = typer.Option(
+        False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
@@ -256,14 +264,14 @@ def run_cmd(
     lock = load_agent_definition(agent or default_agent())
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
     execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url),
-            json_out=json_out, events=events, quiet=quiet,
+            json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel, workspace=workspace))
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
                rebind: bool, json_out: bool, *, retry: bool = False, model: Optional[str] = None,
                base_url: Optional[str] = None, quiet: bool = False, events: bool = False,
-               remote_lease: bool = False, remote: Optional[str] = None) -> None:
+               remote_lease: bool = False, remote: Optional[str] = None, yes: bool = False) -> None:
     text = read_task(task, task_file)
     if retry and text is not None:
         raise UsageError("--retry re-attempts the last run's task; give either --retry or --task/--task-file")
@@ -275,7 +283,7 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
     # A new run (a task, a retry) is named at its start: the remote lease is claimed then, with the name; else now.
     execute(lambda runner: runner.resume(ses, task=text, workspace=workspace, rebind=rebind, retry=retry,
                                          model=model, base_url=base_url),
-            json_out=json_out, events=events, quiet=quiet,
+            json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel,
                                                      claim_now=text is None and not retry))
 
@@ -338,6 +346,7 @@ def show_cmd(
             "outcome": None if e["state"] in ("Started", "OutcomeUnknown") and e.get("source") != "human"
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
+            "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
         })
     endpoint = runner.endpoint_of(info, st)
     doc = {
@@ -367,12 +376,22 @@ def show_cmd(
     out(f"journal ({len(journal)} operation(s)):")
     for j in journal:
         out(f"  {t(j['op'])}  {t(j['state']):<14} {t(j['tool'])} {t(str(j['arguments']))}")
+        if j["approval"] is not None:
+            out(f"      {approval_line(j['approval'])}")
         if j["outcome"] is not None:
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
         elif j["state"] == "OutcomeUnknown":
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
+
+
+def approval_line(approval: dict) -> str:
+    """``approved by the user`` ... for a §14.6 approval (who decided a call that needed a yes)."""
+    by = {"user": "by the user", "user-always": "by the user (always, for this run)", "--yes": "by --yes",
+          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)"}.get(approval["by"],
+                                                                                        t(approval["by"]))
+    return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
 
 
 def usage_line(usage: dict | None) -> str:

@@ -1,4 +1,4 @@
-"""``kxen-agent session ...``: list, show, log, tree, fork, delete, undelete, export, import.
+"""``kxen-agent session ...``: list, show, log, compact, tree, fork, delete, undelete, export, import.
 
 Loaded by main.py when ``session`` is run (:data:`~.main.COMMANDS`); the
 library is imported inside each command, so ``session --help`` and the
@@ -238,7 +238,7 @@ def show_cmd(
 def log_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     json_out: bool = typer.Option(
-        False, "--json", help="Stream JSON Lines, one message each: {id, seq, role, run, content, toolCalls, toolCallId}."),
+        False, "--json", help="Stream JSON Lines, one message each: {id, seq, role, run, content, toolCalls, toolCallId[, through]}."),
 ) -> None:
     """The session's messages, oldest first (streamed).
 
@@ -263,6 +263,43 @@ def log_cmd(
                 out(f"    {line}")
         for c in m.tool_calls:
             out(f"    -> {t(c['name'])} {t(str(c['arguments']))}  [{t(c['id'])}]")
+        if m.through is not None:
+            out(f"    (summarizes the history through {t(m.to_json()['through'][:16])}; the model is shown this "
+                "summary in place of those messages)")
+
+
+@session_app.command("compact")
+def compact_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    at: Optional[str] = typer.Option(
+        None, "--at", metavar="MSG", help="Summarize the history through this message (default: all of it)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, message, through, summarized, usage} as JSON."),
+) -> None:
+    """Ask the session's model to summarize its history, and show the model that summary from now on.
+
+    The summary is a `compaction` message on the session's head; the full
+    history stays (`session log`, `fork --at`, export see everything).
+
+    \b
+    Examples:
+      kxen-agent session compact ses_6508
+      kxen-agent session compact ses_6508 --at msg_191a788f
+    """
+    from kxen_agent.runtime.cancel import cancel_on_signals
+    from kxen_agent.runtime.compaction import compact_session
+    from kxen_agent.runtime.runner import Runner
+
+    runner = Runner(_store(), on_event=lambda line: err(f"kxen-agent: {t(line, quote=False)}"))
+    ses = runner.sessions.resolve_id(ses)
+    with cancel_on_signals() as cancel:
+        runner.cancel = cancel
+        res = compact_session(runner, ses, at)
+    if json_out:
+        emit_json(res)
+        return
+    out(f"session {res['session']}: {res['summarized']} message(s) through {res['through']} summarized in "
+        f"{res['message']} (usage: {usage_line(res['usage'])})")
 
 
 @session_app.command("tree")

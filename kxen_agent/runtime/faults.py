@@ -23,6 +23,9 @@ POINTS = (
     # --events): the first piece of text has been shown, the rest has not come.
     "provider:mid-stream",
     "provider:after-response",
+    "compaction:after-response",
+    "compaction:after-message",
+    "approval:after-decided",
     "tool:after-started",
     "tool:after-effect",
     "tool:after-outcome",

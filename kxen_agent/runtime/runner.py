@@ -7,8 +7,9 @@ steps is the seed's:
 
 1. the assistant message that asks for tool calls is in the Session before
    any of them starts (a crash never calls the provider twice for a turn);
-2. per call: ``Started`` is durable before the side effect; when the tool
-   returns, ``OutcomeKnown`` (with the outcome) is durable;
+2. per call: a decision (``Decided``, :mod:`.approvals`) when the lock's
+   ``approve`` lists the tool, then ``Started`` is durable before the side
+   effect; when the tool returns, ``OutcomeKnown`` (with the outcome) is durable;
 3. then the turn's tool messages are written into the Session, then every
    op of the turn is ``Settled``;
 4. the final answer: the terminal result is saved in the run, then the
@@ -47,6 +48,8 @@ from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.protocols import Repository
 
+from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
+from .compaction import provider_history
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
@@ -130,6 +133,8 @@ class Runner:
         self.fault = fault
         #: What the run is doing now (read from other threads: a signal's note).
         self.activity = Activity("step")
+        #: Decides calls that ``[policy] approve`` lists (the CLI sets a terminal's; default: refuse them).
+        self.approver: Approver = refuse_without_terminal
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
 
     def emit(self, event: RunEvent) -> None:
@@ -597,7 +602,7 @@ class _RunCtx:
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
-        history = [m.to_provider() for m in self.sessions.history(self.info.head)]
+        history = provider_history(self)  # from the latest compaction on; compacts first when over budget
         messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1
@@ -751,6 +756,10 @@ class _RunCtx:
                 self.execute(assistant, call, allowed, policy)
                 continue
             state = e["state"]
+            if state == "Decided":  # the answer is durable: never asked again
+                if not self.r.cancel.is_set():
+                    self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
+                continue
             if state == "Started":
                 tool = TOOLS.get(e["tool"])
                 if _refusal(call, allowed) is not None:
@@ -779,7 +788,7 @@ class _RunCtx:
         msgs = []
         for call in assistant.tool_calls:
             e = by_call.get(call["id"])
-            if e is None:
+            if e is None or e["state"] == "Decided":
                 out = "[not run: the run was canceled before this call started]"
             else:
                 out = self.r.entry_output(e) or ""
@@ -803,13 +812,17 @@ class _RunCtx:
         if canceled:
             self.end("canceled", error="canceled by the user")
 
-    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None) -> None:
+    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
+                decided: dict | None = None) -> None:
         name = call["name"]
         tool = TOOLS.get(name)
         op = op or new_id("op")
         base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
                 "arguments": call["arguments"], "message": assistant.oid,
                 "sideEffects": bool(tool.side_effects) if tool else False}
+        if (_refusal(call, allowed) is None and needs_approval(self.agent, name, base["sideEffects"])
+                and not approve_call(self, base, decided)):
+            return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
         self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))

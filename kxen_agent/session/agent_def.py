@@ -10,11 +10,11 @@ API key's value either, only the name of the variable that holds it.
 Format (paths relative to the definition file)::
 
     name = "demo"
-    provider = "script"                  # or "openai"
+    provider = "script"                  # or "openai", "anthropic"
     script = "steps.json"                # script provider only
-    model = "gpt-4.1-mini"               # required for openai
+    model = "gpt-4.1-mini"               # required for openai and anthropic
     base_url = "http://127.0.0.1:8000/v1"
-    api_key_env = "OPENAI_API_KEY"
+    api_key_env = "OPENAI_API_KEY"       # default without base_url: OPENAI_API_KEY / ANTHROPIC_API_KEY
     system = "You are a careful coding agent."
     tools = ["shell", "read_file", "write_file", "edit_file", "list_files"]
     [policy]
@@ -22,12 +22,20 @@ Format (paths relative to the definition file)::
     tool_timeout_s = 120                 # > 0 .. 86400, int or float, ms precision
     cancel_window_s = 5                  # 0 .. 3600, int or float, ms precision
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
+    approve = ["shell", "write_file"]    # tools whose calls wait for a yes on the terminal (default: none)
+    context_tokens = 100000              # compact the model's view above this (default: never; not script)
 
-The lock is format version :data:`LOCK_VERSION` (2, ``objects_spec.md``
-§14.2): it records ``version`` and ``policy.env_keep``. A lock without
-``version`` is version 1, written before the shell tool dropped
-credential-looking variables: it keeps its meaning (:func:`env_keep_of`
-says None: the shell keeps every variable but the API key's).
+The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
+§14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+the ``anthropic`` provider (from 3). A lock without ``version`` is version
+1, written before the shell tool dropped credential-looking variables: it
+keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
+variable but the API key's); version 3 also records ``policy.approve``
+and ``policy.context_tokens``.
+``api_key_env`` defaults to the provider's
+usual variable (:data:`DEFAULT_KEY_ENV`) only when the definition sets no
+``base_url`` (the provider's own endpoint); the default is written into the
+lock, so a lock's meaning never depends on the kxen-agent reading it.
 
 Limitations: seconds must be whole milliseconds (``0.0005`` is refused, not
 rounded) so the stored value is exactly what was written. A definition file
@@ -54,11 +62,13 @@ from kxen_agent.store import codec
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
 __all__ = [
+    "DEFAULT_KEY_ENV",
     "DEFAULT_SYSTEM",
     "KNOWN_TOOLS",
     "MAX_DEFINITION_BYTES",
     "MAX_STEPS_BYTES",
     "PROVIDERS",
+    "SIDE_EFFECT_TOOLS",
     "AgentDefinitionError",
     "LOCK_VERSION",
     "base_url_problem",
@@ -76,7 +86,12 @@ MAX_DEFINITION_BYTES = 1 << 20
 MAX_STEPS_BYTES = 16 << 20
 
 KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
-PROVIDERS = ("script", "openai")
+#: The tools that can change something (§14.6 ``sideEffects``): the only ones ``approve`` may list.
+SIDE_EFFECT_TOOLS = ("shell", "write_file", "edit_file")
+PROVIDERS = ("script", "openai", "anthropic")
+#: The variable holding the key of a provider's own endpoint: the lock's
+#: ``api_key_env`` when the definition names none and sets no ``base_url``.
+DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_SYSTEM = "You are a careful coding agent."
 
 TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy")
@@ -91,10 +106,12 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep")
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens")
+_CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
-#: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``.
-LOCK_VERSION = 2
+#: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
+#: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``.
+LOCK_VERSION = 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
 _ENV_KEEP_MAX = 256
@@ -319,7 +336,39 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
     for toml_key, lock_key, low, high, exclusive in _POLICY_SECONDS:
         policy[lock_key] = _seconds_to_ms(source, f"policy.{toml_key}", values[toml_key], low, high, exclusive)
     policy["env_keep"] = _env_keep(source, table.get("env_keep", []))
+    policy["approve"] = _approve(source, table.get("approve", []))
+    tokens = table.get("context_tokens")
+    if tokens is not None:
+        low, high = _CONTEXT_TOKENS_RANGE
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise AgentDefinitionError(source, "policy.context_tokens", f"expected an integer, got {_type_name(tokens)}")
+        if not low <= tokens <= high:
+            raise AgentDefinitionError(source, "policy.context_tokens", f"{tokens} is out of range (must be {low} to {high})")
+        if doc.get("provider") == "script":
+            raise AgentDefinitionError(source, "policy.context_tokens", "the script provider replays its steps by "
+                                       "the history it is shown, which compaction shortens; remove it")
+    policy["context_tokens"] = tokens
     return policy
+
+
+def _approve(source: str, tools: Any) -> list[str]:
+    """``[policy] approve``: the tools whose calls wait for a person's yes (tools with side effects only)."""
+    key = "policy.approve"
+    if not isinstance(tools, list):
+        raise AgentDefinitionError(source, key, f"expected an array of tool names, got {_type_name(tools)}")
+    out: list[str] = []
+    for tool in tools:
+        if not isinstance(tool, str):
+            raise AgentDefinitionError(source, key, f"expected tool names (strings), got {_type_name(tool)}")
+        if tool not in KNOWN_TOOLS:
+            raise AgentDefinitionError(source, key, f"unknown tool {tool!r} (expected any of: {', '.join(SIDE_EFFECT_TOOLS)})")
+        if tool not in SIDE_EFFECT_TOOLS:
+            raise AgentDefinitionError(source, key, f"{tool!r} changes nothing, so its calls never ask; remove it "
+                                       f"(tools that can: {', '.join(SIDE_EFFECT_TOOLS)})")
+        if tool in out:
+            raise AgentDefinitionError(source, key, f"tool {tool!r} is listed twice; list each tool once")
+        out.append(tool)
+    return out
 
 
 def _env_keep(source: str, keep: Any) -> list[str]:
@@ -438,6 +487,9 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             source, "api_key_env",
             "expected an environment variable NAME like OPENAI_API_KEY (A-Z, 0-9, _), not the key itself",
         )
+    if api_key_env is None and base_url is None and provider in DEFAULT_KEY_ENV:
+        # The provider's own endpoint wants its usual key; a custom one gets a key only from a variable named.
+        api_key_env = DEFAULT_KEY_ENV[provider]
     system = _string(source, doc, "system", non_empty=False)
     tools = _tools(source, doc)
     policy = _policy(source, doc)
@@ -549,6 +601,8 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
             "tool_timeout_ms": _POLICY_DEFAULTS["tool_timeout_s"] * 1000,
             "cancel_window_ms": _POLICY_DEFAULTS["cancel_window_s"] * 1000,
             "env_keep": [],
+            "approve": [],
+            "context_tokens": None,
         },
         "script": script,
     }

@@ -37,9 +37,11 @@ _run_id = RUN_RE.fullmatch
 _SECTION = {"agent": "14.2", "session": "14.3", "message": "14.4", "run": "14.5", "journal": "14.6"}
 
 RUN_STATUSES = ("running", "input_required", "completed", "failed", "canceled")
-OP_STATES = ("Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
-OP_SOURCES = ("tool", "recovery", "cancel", "human")
-ROLES = ("user", "assistant", "tool")
+OP_STATES = ("Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
+OP_SOURCES = ("tool", "recovery", "cancel", "human", "policy")
+APPROVALS = ("yes", "no")
+APPROVERS = ("user", "user-always", "--yes", "no-terminal")
+ROLES = ("user", "assistant", "tool", "compaction")
 FORK_KINDS = (None, "conversation", "worktree")
 
 Links = list[tuple[ObjectId, str]]
@@ -129,14 +131,15 @@ def _names(values: tuple) -> str:
 # ---------------------------------------------------------------- kinds
 
 def _agent(v: Any) -> Links:
-    from .agent_def import KNOWN_TOOLS, LOCK_VERSION, AgentDefinitionError, canonical_steps_json, validate_script_steps
+    from .agent_def import (KNOWN_TOOLS, LOCK_VERSION, SIDE_EFFECT_TOOLS, AgentDefinitionError, canonical_steps_json,
+                            validate_script_steps)
 
     f = _Fields(v, "an agent lock")
     f.text("name")
-    provider = f.text("provider", one_of=("script", "openai"))
+    provider = f.text("provider", one_of=("script", "openai", "anthropic"))
     model = f.text("model")
-    if provider == "openai" and not model:
-        raise SchemaViolation("key 'model' is empty, but the provider is 'openai'")
+    if provider in ("openai", "anthropic") and not model:
+        raise SchemaViolation(f"key 'model' is empty, but the provider is {provider!r}")
     f.text("base_url", null=True)
     f.text("api_key_env", null=True)
     f.text("system")
@@ -153,6 +156,8 @@ def _agent(v: Any) -> Links:
     if version > LOCK_VERSION:
         raise SchemaViolation(f"agent lock version {version} is newer than this kxen-agent reads ({LOCK_VERSION}); "
                               "upgrade kxen-agent")
+    if provider == "anthropic" and version < 3:
+        raise SchemaViolation(f"provider 'anthropic' needs a version-3 lock, not version {version}")
     p = _Fields(f.d.get("policy"), "key 'policy'")
     p.int("max_turns", low=1)
     p.int("tool_timeout_ms", low=1)
@@ -162,6 +167,13 @@ def _agent(v: Any) -> Links:
         if type(keep) is not list or any(type(k) is not str for k in keep):
             raise SchemaViolation(f"key 'policy.env_keep' must be an array of text in a version-{version} lock, "
                                   f"not {_type_name(keep)}")
+    if version >= 3 and p.d.get("context_tokens") is not None:
+        p.int("context_tokens", low=1)
+    if version >= 3 and "approve" in p.d:
+        approve = p.d["approve"]
+        if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
+            raise SchemaViolation("key 'policy.approve' must be an array of the tools with side effects "
+                                  f"({', '.join(SIDE_EFFECT_TOOLS)})")
     script = f.text("script", null=True)
     if provider == "script":
         if script is None:
@@ -263,6 +275,12 @@ def _message_slow(v: Any) -> Links:
         if role != "assistant":
             raise SchemaViolation(f"a {role} message carries tool calls")
     f.text("toolCallId", optional=True)
+    # §14.4: a compaction message names the last message its summary covers; no other message does.
+    f.link("through", "message", optional=role != "compaction")
+    if role != "compaction" and "through" in f.d:
+        raise SchemaViolation(f"a {role} message carries 'through' (only a compaction message does)")
+    if role == "compaction" and "toolCallId" in f.d:
+        raise SchemaViolation("a compaction message carries 'toolCallId'")
     return f.links
 
 
@@ -288,6 +306,7 @@ def _run(v: Any) -> Links:
     f.text("requestedModel", optional=True)
     f.text("baseUrl", null=True, optional=True)
     f.text("retryOf", optional=True, match=RUN_RE)
+    f.int("compactedTurn", optional=True)
     if "usage" in f.d:
         _usage(f.d["usage"], "usage", ("turns",))
     if f.d.get("turnUsage") is not None:
@@ -322,7 +341,10 @@ def _journal(v: Any) -> Links:
         raise SchemaViolation("both 'output' and 'outputBlob' are present")
     f.text("output", optional=True)
     f.link("outputBlob", "blob", optional=True)
-    f.bool("isError", optional=state in ("Started", "OutcomeUnknown"))
+    f.bool("isError", optional=state in ("Decided", "Started", "OutcomeUnknown"))
+    # §14.6: the approval of a call that needed one, from its Decided entry on.
+    f.text("approval", one_of=APPROVALS, optional=state != "Decided")
+    f.text("approver", one_of=APPROVERS, optional=state != "Decided")
     f.text("note", optional=True)
     f.link("previous", "journal", optional=True)
     f.int("timeNs")

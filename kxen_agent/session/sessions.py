@@ -146,6 +146,8 @@ class Message:
     tool_calls: list[dict]
     tool_call_id: str | None
     parent: bytes | None
+    #: A ``compaction`` message's last summarized message (§14.4); None for the other roles.
+    through: bytes | None = None
 
     @property
     def id(self) -> str:
@@ -168,6 +170,7 @@ class Message:
             "content": self.content,
             "toolCalls": self.tool_calls,
             "toolCallId": self.tool_call_id,
+            **({"through": msg_id(self.through)} if self.through is not None else {}),
         }
 
 
@@ -356,6 +359,7 @@ class SessionStore:
             tool_calls=v.get("toolCalls", []),
             tool_call_id=v.get("toolCallId"),
             parent=v.get("parent"),
+            through=v.get("through"),
         )
 
     def iter_back(self, head: bytes | None) -> Iterator[Message]:
@@ -396,7 +400,7 @@ class SessionStore:
         seq = 0 if parent is None else read(self.store, parent, "message")["seq"] + 1
         return self._put_message(parent, seq, role, content, run, tool_calls, tool_call_id)
 
-    def _put_message(self, parent, seq, role, content, run, tool_calls, tool_call_id) -> bytes:
+    def _put_message(self, parent, seq, role, content, run, tool_calls, tool_call_id, through=None) -> bytes:
         v: dict[str, Any] = {"seq": seq, "role": role}
         if parent is not None:
             v["parent"] = parent
@@ -412,6 +416,8 @@ class SessionStore:
             ]
         if tool_call_id is not None:
             v["toolCallId"] = tool_call_id
+        if through is not None:
+            v["through"] = through
         return put(self.store, "message", v)
 
     def append_messages(self, parent: bytes | None, messages: list[dict]) -> bytes | None:
@@ -422,7 +428,8 @@ class SessionStore:
             for m in messages:
                 seq += 1
                 head = self._put_message(
-                    head, seq, m["role"], m.get("content"), m.get("run"), m.get("tool_calls"), m.get("tool_call_id")
+                    head, seq, m["role"], m.get("content"), m.get("run"), m.get("tool_calls"), m.get("tool_call_id"),
+                    m.get("through"),
                 )
         return head
 

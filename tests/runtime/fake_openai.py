@@ -91,6 +91,13 @@ class FakeOpenAI:
         self.gate = threading.Event()
         self._lock = threading.Lock()
         self._queue: list[Reply] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-openai", daemon=True)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        """The request handler class (a subclass of this server speaks another API by replacing it)."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -153,15 +160,9 @@ class FakeOpenAI:
                 self.wfile.write(b"0\r\n\r\n")
 
             def _reset(self) -> None:
-                # SO_LINGER 0: close() sends a reset, as a crashed server or a cut cable does.
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.connection.close()
-                self.close_connection = True
+                reset(self)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-openai", daemon=True)
+        return Handler
 
     @property
     def base_url(self) -> str:
@@ -250,6 +251,13 @@ class FakeOpenAI:
                     return True
             if time.monotonic() >= deadline:
                 return False
+
+
+def reset(handler: BaseHTTPRequestHandler) -> None:
+    """Close the handler's connection with a reset (SO_LINGER 0), as a crashed server or a cut cable does."""
+    handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    handler.connection.close()
+    handler.close_connection = True
 
 
 def _pieces(text: str) -> list[str]:

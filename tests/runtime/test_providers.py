@@ -186,7 +186,7 @@ def test_model_endpoint_overrides_recorded_and_lock(monkeypatch):
         with pytest.raises(UsageError, match=why):
             model_endpoint(LOCK, **bad)
     script = {"name": "s", "provider": "script", "model": "script", "base_url": None}
-    with pytest.raises(UsageError, match="--base-url applies to the openai provider"):
+    with pytest.raises(UsageError, match="--base-url applies to the openai and anthropic providers"):
         model_endpoint(script, base_url="http://h/v1")
     assert model_endpoint(script, model="named") == ModelEndpoint("named", None)
 

@@ -208,7 +208,7 @@ def test_model_and_base_url_per_run_recorded_and_shown(okey: Cli, server: FakeOp
     script = write_agent(tmp_path / "script", [{"content": "x"}])
     p = okey("run", "--workspace", str(workspace), "--task", "t", "--agent", str(script), "--base-url",
              server.base_url, expect=2)
-    assert "applies to the openai provider" in one_error_line(p)
+    assert "applies to the openai and anthropic providers" in one_error_line(p)
 
 
 def test_an_overridden_endpoint_never_gets_a_default_key(cli: Cli, server: FakeOpenAI, workspace: Path,

@@ -302,7 +302,7 @@ def test_an_unfinished_run_moved_elsewhere_can_be_pointed_at_a_new_endpoint(benc
 def test_bad_overrides_are_refused_before_anything_is_written(bench: Bench) -> None:
     with pytest.raises(UsageError, match="--base-url"):
         bench.start(FakeModel([final("x")]), base_url="file:///etc/passwd")
-    with pytest.raises(UsageError, match="--base-url applies to the openai provider"):
+    with pytest.raises(UsageError, match="--base-url applies to the openai and anthropic providers"):
         Runner(bench.store).start(str(bench.ws), "t", default_agent_definition([{"content": "x"}]),
                                   base_url="http://h/v1")
     assert SessionStore(bench.store).list() == []

@@ -37,7 +37,9 @@ FINAL = "all done"
 KNOWN_POINTS = ("provider:mid-stream", "provider:after-response", "tool:after-outcome", "tool:after-turn",
                 "run:after-result", "run:after-final-message")
 UNKNOWN_POINTS = ("tool:after-started", "tool:after-effect")
-assert set(KNOWN_POINTS + UNKNOWN_POINTS) == set(POINTS)
+# Passed only with [policy] approve or context_tokens: test_approvals.py and test_compaction.py crash there.
+assert set(KNOWN_POINTS + UNKNOWN_POINTS) == set(POINTS) - {"approval:after-decided", "compaction:after-response",
+                                                            "compaction:after-message"}
 
 
 class Crash(BaseException):

@@ -59,13 +59,13 @@ def only_plain_values(value: Any) -> bool:
 
 def test_constants() -> None:
     assert KNOWN_TOOLS == ("shell", "read_file", "write_file", "edit_file", "list_files")
-    assert PROVIDERS == ("script", "openai")
+    assert PROVIDERS == ("script", "openai", "anthropic")
 
 
 def test_script_definition_with_defaults(tmp_path: Path) -> None:
     body = load_agent_definition(write(tmp_path, BASIC))
     assert body == {
-        "version": 2,
+        "version": 3,
         "name": "demo",
         "provider": "script",
         "model": "script",
@@ -73,7 +73,7 @@ def test_script_definition_with_defaults(tmp_path: Path) -> None:
         "api_key_env": None,
         "system": DEFAULT_SYSTEM,
         "tools": list(KNOWN_TOOLS),
-        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": []},
+        "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None},
         "script": json.dumps(STEPS, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
     }
     assert only_plain_values(body)
@@ -91,7 +91,7 @@ def test_full_definition(tmp_path: Path) -> None:
     body = load_agent_definition(write(tmp_path, toml))
     assert body["model"] == "replay-1" and body["system"] == "Be brief."
     assert body["tools"] == ["read_file", "shell"]  # order kept
-    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0, "env_keep": []}
+    assert body["policy"] == {"max_turns": 3, "tool_timeout_ms": 500, "cancel_window_ms": 0, "env_keep": [], "approve": [], "context_tokens": None}
     assert only_plain_values(body)
 
 
@@ -162,7 +162,7 @@ def test_default_agent_definition() -> None:
     body = default_agent_definition([{"content": "hello"}])
     assert body["provider"] == "script" and body["model"] == "script"
     assert body["tools"] == list(KNOWN_TOOLS) and body["system"] == DEFAULT_SYSTEM
-    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": []}
+    assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None}
     assert body["script"] == '[{"content":"hello"}]'
     assert only_plain_values(body)
     with pytest.raises(AgentDefinitionError, match="non-empty"):
@@ -204,7 +204,7 @@ def test_not_utf8(tmp_path: Path) -> None:
 # Each case: TOML text, expected key in the message (None for file-level), a phrase.
 ERROR_CASES = [
     (BASIC + 'colour = "blue"\n', "colour", "unknown key (expected one of: name, provider"),
-    ('name = "d"\nprovider = "foo"\n', "provider", "unknown provider 'foo' (expected one of: script, openai)"),
+    ('name = "d"\nprovider = "foo"\n', "provider", "unknown provider 'foo' (expected one of: script, openai, anthropic)"),
     ('provider = "script"\nscript = "steps.json"\n', "name", "missing"),
     ('name = "d"\nscript = "steps.json"\n', "provider", "missing"),
     (BASIC + 'tools = ["shell", "browser"]\n', "tools", "unknown tool 'browser'"),
@@ -324,7 +324,7 @@ def test_loading_writes_nothing(tmp_path: Path) -> None:
 def test_env_keep(tmp_path: Path) -> None:
     """[policy] env_keep (§14.2): variable names or * patterns, each once; never the provider key's variable."""
     body = load_agent_definition(write(tmp_path, BASIC + '[policy]\nenv_keep = ["GITHUB_TOKEN", "AWS_*"]\n'))
-    assert body["version"] == 2 and body["policy"]["env_keep"] == ["GITHUB_TOKEN", "AWS_*"]
+    assert body["version"] == 3 and body["policy"]["env_keep"] == ["GITHUB_TOKEN", "AWS_*"]
     for value, why in (('"GITHUB_TOKEN"', "expected an array"), ('["A B"]', "is not a variable name"),
                        ('["X", "X"]', "listed twice"), ("[1]", "expected variable names")):
         with pytest.raises(AgentDefinitionError, match=rf"key 'policy.env_keep': .*{why}"):

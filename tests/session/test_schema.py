@@ -376,14 +376,22 @@ def test_an_agent_lock_whose_script_is_not_plain_json(made, tmp_path: Path, scri
 
 
 def test_agent_lock_versions(made) -> None:
-    """§14.2: version 2 needs policy.env_keep; no version is version 1; a newer version is refused."""
+    """§14.2: version 2 on needs policy.env_keep; no version is version 1; a newer version is refused;
+    the anthropic provider needs version 3."""
     _, _, objs = made
     (lock,) = {oid: value for oid, kind, value in objs if kind == "agent"}.values()
-    assert lock["version"] == 2 and lock["policy"]["env_keep"] == []
+    assert lock["version"] == 3 and lock["policy"]["env_keep"] == []
+    check("agent", {**lock, "version": 2})
+    claude = {**lock, "provider": "anthropic", "model": "claude-x", "script": None}
+    check("agent", claude)
+    with pytest.raises(SchemaViolation, match="provider 'anthropic' needs a version-3 lock, not version 2"):
+        check("agent", {**claude, "version": 2})
+    with pytest.raises(SchemaViolation, match="key 'model' is empty, but the provider is 'anthropic'"):
+        check("agent", {**claude, "model": ""})
     v1 = {k: v for k, v in lock.items() if k != "version"}
     v1["policy"] = {k: v for k, v in lock["policy"].items() if k != "env_keep"}
     check("agent", v1)
     with pytest.raises(SchemaViolation, match="'policy.env_keep' must be an array of text"):
         check("agent", {**lock, "policy": v1["policy"]})
-    with pytest.raises(SchemaViolation, match="agent lock version 3 is newer than this kxen-agent reads"):
-        check("agent", {**lock, "version": 3})
+    with pytest.raises(SchemaViolation, match="agent lock version 4 is newer than this kxen-agent reads"):
+        check("agent", {**lock, "version": 4})

@@ -9,6 +9,9 @@ Split by concept:
 - :mod:`.script`: :class:`ScriptProvider`, a deterministic offline model;
 - :mod:`.openai_compat`: :class:`OpenAIProvider`, any Chat Completions
   endpoint, cancellable mid-request and streamed on request;
+- :mod:`.anthropic`: :class:`AnthropicProvider`, the Anthropic Messages
+  API with tool use, cancellable and streamed like the OpenAI one;
+- :mod:`.http_base`: what the two share (key, client, cancellation, scrubbing);
 - :mod:`.bridge`: the event loop that makes a request abandonable;
 - :mod:`.factory`: :func:`make_provider`, the run's :func:`model_endpoint`,
   and :func:`require_sdk` with the install command that fits.
@@ -16,18 +19,21 @@ Split by concept:
 No provider retries, stores anything or decides about a run: a provider
 returns one turn or raises, and the runtime decides. Internal tool calls
 are flat ``{"id", "name", "arguments"}``; only the OpenAI provider knows
-OpenAI's nested form.
+OpenAI's nested form, and only the Anthropic provider its content blocks.
 """
 
 from __future__ import annotations
 
+from .anthropic import DEFAULT_ANTHROPIC_URL, AnthropicProvider
 from .base import AssistantTurn, ModelEndpoint, OnText, Provider, ProviderCanceled, ProviderError, ToolCall, Usage
 from .factory import ProviderUnavailable, install_command, make_provider, model_endpoint, require_sdk
 from .openai_compat import DEFAULT_BASE_URL, OpenAIProvider
 from .script import SCRIPT_FINISHED, ScriptProvider
 
 __all__ = [
+    "AnthropicProvider",
     "AssistantTurn",
+    "DEFAULT_ANTHROPIC_URL",
     "DEFAULT_BASE_URL",
     "ModelEndpoint",
     "OnText",

@@ -23,6 +23,7 @@ from typing import Any
 from kxen_agent.errors import UsageError
 from kxen_agent.session.agent_def import base_url_problem
 
+from .anthropic import AnthropicProvider
 from .base import ModelEndpoint, Provider, ProviderError
 from .openai_compat import OpenAIProvider
 from .script import ScriptProvider
@@ -31,7 +32,9 @@ __all__ = ["ProviderUnavailable", "install_command", "make_provider", "missing_s
            "require_sdk"]
 
 # The optional extra that carries each provider's SDK (pyproject.toml), and the module it provides.
-_SDK = {"openai": ("openai", "openai")}
+_SDK = {"openai": ("openai", "openai"), "anthropic": ("anthropic", "anthropic")}
+# The providers that call an endpoint (``base_url``), with the endpoint a lock without one calls.
+_ENDPOINT_PROVIDERS = ("openai", "anthropic")
 
 
 class ProviderUnavailable(ProviderError):
@@ -60,8 +63,8 @@ def model_endpoint(lock: Mapping[str, Any], *, model: str | None = None, base_ur
                          "give the name the provider knows, e.g. --model gpt-4.1-mini")
     kind = lock.get("provider")
     if base_url is not None:
-        if kind != "openai":
-            raise UsageError(f"--base-url applies to the openai provider; agent {lock.get('name')!r} uses the "
+        if kind not in _ENDPOINT_PROVIDERS:
+            raise UsageError(f"--base-url applies to the openai and anthropic providers; agent {lock.get('name')!r} uses the "
                              f"{kind} provider, which calls no endpoint; leave --base-url out")
         problem = base_url_problem(base_url)
         if problem is not None:
@@ -78,13 +81,17 @@ def model_endpoint(lock: Mapping[str, Any], *, model: str | None = None, base_ur
         from .openai_compat import DEFAULT_BASE_URL
 
         chosen_url = DEFAULT_BASE_URL
+    if kind == "anthropic" and chosen_url is None:
+        from .anthropic import DEFAULT_ANTHROPIC_URL
+
+        chosen_url = DEFAULT_ANTHROPIC_URL
     return ModelEndpoint(chosen_model, chosen_url)
 
 
 def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None) -> Provider:
     """The provider an agent lock body describes, for ``endpoint`` (default: the lock's own).
 
-    Keys: ``provider`` ("script" | "openai"), ``model``, ``base_url``,
+    Keys: ``provider`` ("script" | "openai" | "anthropic"), ``model``, ``base_url``,
     ``api_key_env``, ``script`` (canonical JSON text of the steps, or None).
     The API key always comes from the lock's ``api_key_env``, whatever the
     endpoint: an overridden endpoint gets no other key.
@@ -102,12 +109,14 @@ def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None
         if not isinstance(steps, list):
             raise UsageError("agent lock script must be a JSON list of steps; fix the agent's script")
         return ScriptProvider(steps, model=endpoint.model if endpoint else (model or "script"))
-    if kind == "openai":
+    if kind in _ENDPOINT_PROVIDERS:
         if not isinstance(model, str) or not model:
-            raise UsageError("agent lock has provider 'openai' but no model; set the model name")
+            raise UsageError(f"agent lock has provider {kind!r} but no model; set the model name")
         ep = endpoint or model_endpoint(lock)
+        if kind == "anthropic":
+            return AnthropicProvider(base_url=ep.base_url, model=ep.model, api_key_env=lock.get("api_key_env"))
         return OpenAIProvider(base_url=ep.base_url, model=ep.model, api_key_env=lock.get("api_key_env"))
-    raise UsageError(f"agent lock names unknown provider {kind!r}; use 'script' or 'openai'")
+    raise UsageError(f"agent lock names unknown provider {kind!r}; use 'script', 'openai' or 'anthropic'")
 
 
 def require_sdk(lock: Mapping[str, Any]) -> None:

@@ -24,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .base import AssistantTurn, OnText, ProviderCanceled, ProviderError, ToolCall, Usage, one_line
-from .bridge import Canceled, LoopThread
+from .base import AssistantTurn, OnText, ProviderError, ToolCall, Usage, one_line
+from .http_base import HttpProvider
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIProvider"]
 
@@ -146,7 +145,7 @@ class _Streamed:
         return piece
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpProvider):
     """Any OpenAI-compatible Chat Completions endpoint.
 
     The API key is read from ``api_key_env`` on every call (never stored in a
@@ -156,13 +155,7 @@ class OpenAIProvider:
     """
 
     def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120) -> None:
-        self.base_url = base_url or DEFAULT_BASE_URL
-        self.model = model
-        self.api_key_env = api_key_env
-        self.timeout_s = timeout_s
-        self._loop = LoopThread("kxen-provider")
-        self._client: Any = None  # created and used on the loop's thread only
-        self._client_key: str | None = None
+        super().__init__(base_url or DEFAULT_BASE_URL, model, api_key_env, timeout_s)
 
     # ------------------------------------------------------------ the call
 
@@ -184,23 +177,15 @@ class OpenAIProvider:
         def make(emit: Callable[[str], None]) -> Any:
             return self._request(openai, key, request, emit if on_text is not None else None)
 
-        try:
-            return self._loop.call(make, cancel=cancel, on_text=on_text)
-        except Canceled:
-            raise ProviderCanceled(f"the request to the model provider at {self.base_url} was aborted "
-                                   "(its connection closed) because the run was canceled") from None
+        return self._call(make, cancel=cancel, on_text=on_text)
 
     async def _request(self, openai: Any, key: str, request: dict[str, Any],
                        emit: Callable[[str], None] | None) -> AssistantTurn:
-        if self._client is None or self._client_key != key:
-            # A changed key (rotated in the environment) gets a fresh client.
-            if self._client is not None:
-                await self._client.close()
-            self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s,
-                                              max_retries=0)  # one retry policy: the runtime's
-            self._client_key = key
+        client = await self._client_for(key, lambda k: openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=k, timeout=self.timeout_s,
+            max_retries=0))  # one retry policy: the runtime's
         try:
-            response = await self._client.chat.completions.create(**request)
+            response = await client.chat.completions.create(**request)
         except openai.OpenAIError as e:
             raise self._map_error(openai, e, key) from None
         if emit is None:
@@ -217,9 +202,7 @@ class OpenAIProvider:
             raise self._map_error(openai, e, key) from None
         except Exception as e:  # noqa: BLE001 - the transport's, raw or wrapped by the SDK (versions differ)
             cause = e.__cause__ if isinstance(e, openai.APIConnectionError) and e.__cause__ is not None else e
-            raise self._scrub(ProviderError(
-                f"the connection to the model provider at {self.base_url} broke in the middle of the streamed "
-                f"answer ({one_line(f'{type(cause).__name__}: {cause}')})", transient=True), key) from None
+            raise self._stream_broke(cause, key) from None
         finally:
             await response.close()
         if streamed.finish_reason is None:
@@ -231,26 +214,7 @@ class OpenAIProvider:
         return self._turn("".join(streamed.text) if streamed.text else None, calls, streamed.finish_reason,
                           streamed.usage, streamed.model, key)
 
-    def close(self) -> None:
-        """Close the HTTP client and stop the loop thread."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            self._loop.run(client.close)
-        self._loop.close()
-
-    # ------------------------------------------------------------ keys and errors
-
-    def _api_key(self) -> str:
-        if self.api_key_env is None:
-            return "not-needed"
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ProviderError(
-                f"environment variable {self.api_key_env} is not set or empty; export the API key for "
-                f"{self.base_url} in it",
-                transient=False,
-            )
-        return key
+    # ------------------------------------------------------------ errors
 
     def _map_error(self, openai: Any, exc: Exception, key: str) -> ProviderError:
         where = self.base_url
@@ -271,28 +235,13 @@ class OpenAIProvider:
             should = (headers.get("x-should-retry") or "").strip().lower() if headers is not None else ""
             if should in ("true", "false"):
                 transient = should == "true"
-            if transient:
-                hint = "the server may accept it later"
-            elif status == 401 or status == 403:
-                hint = f"check the API key in {self.api_key_env}" if self.api_key_env else "the server wants an API key; set api_key_env"
-            elif status == 404:
-                hint = f"check the model name '{self.model}' and the base URL"
-            else:
-                hint = "the request was rejected; check the model and the base URL"
+            hint = self._status_hint(status, transient)
             err = ProviderError(f"model provider at {where} returned HTTP {status}: {detail}; {hint}",
                                 transient=transient, status=status, retry_after=retry_after_s(headers))
         else:
             err = ProviderError(f"model provider at {where} failed: {one_line(str(exc))}; check the base URL and model",
                                 transient=False)
         return self._scrub(err, key)
-
-    def _scrub(self, err: ProviderError, key: str) -> ProviderError:
-        # A server may echo the key back in an error body; it never reaches a terminal or a log.
-        text = str(err)
-        if len(key) >= 4 and key in text:
-            return ProviderError(text.replace(key, "[REDACTED]"), transient=err.transient, status=err.status,
-                                 retry_after=err.retry_after)
-        return err
 
     # ------------------------------------------------------------ answers
 

@@ -1,0 +1,227 @@
+"""Compaction: the model's view of a long history kept under a budget, with nothing lost.
+
+This module owns three things. The *provider view* (:func:`provider_view`):
+what the model is shown of a history — everything, or, from the latest
+``compaction`` message on (§14.4), that message's summary followed by the
+messages after the last one it summarizes (``through``). Its *size*
+(:func:`view_tokens`): the larger of a text-length estimate
+(:data:`CHARS_PER_TOKEN` characters a token) and, when the provider reported
+it, the previous answer's input plus output tokens (that request was a prefix
+of this one). And the *compaction step*: when the view is over the lock's
+``policy.context_tokens`` before a model call, the run asks the model for a
+summary (a provider call under the one retry policy, like any turn) and
+writes the ``compaction`` message and its run state in one durable step
+(:func:`provider_history`); ``session compact`` does the same on demand
+(:func:`compact_session`).
+
+The full history always stays in the session: ``session log``, ``fork --at``
+any message, export and import see every message, and a fork before a
+compaction message has the full, uncompacted view. A crash in the middle of
+a compaction leaves nothing of it: the resume finds the view over the budget
+again and asks again, as for any provider step whose answer was not durable.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kxen_agent.errors import UsageError
+from kxen_agent.session.sessions import Message, msg_id
+from kxen_agent.store import CorruptObject, RefUpdate
+
+from .events import Activity, ProviderRetry
+from .lease import Lease
+from .providers import AssistantTurn, Provider, ProviderCanceled, model_endpoint, require_sdk
+from .redaction import redact
+from .results import CUT_SHORT, TERMINAL, RunError, _usage_json, sum_usage
+from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
+from .tools import tool_specs
+
+__all__ = ["CHARS_PER_TOKEN", "SUMMARY_PREFIX", "SUMMARY_REQUEST", "compact_session", "provider_history",
+           "provider_view", "view_tokens"]
+
+#: The text-length estimate's rate (a common rule of thumb for English text and code).
+CHARS_PER_TOKEN = 4
+#: What the model is shown in place of the messages a compaction summarizes.
+SUMMARY_PREFIX = "[Earlier messages of this conversation were compacted into this summary.]\n\n"
+#: The request that asks for the summary (after the view it summarizes).
+SUMMARY_REQUEST = (
+    "The conversation is getting too long for your context window. Write a summary of it for yourself to "
+    "continue from: the task as the user gave it, what has been done so far (files read and changed, commands "
+    "run and their results), what you learned, and what remains to do next. Answer with the summary only, as "
+    "plain text; do not call any tool.")
+
+
+def provider_view(history: list[Message]) -> list[dict]:
+    """The messages the provider is shown of ``history`` (oldest first), in the provider seam's form."""
+    start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "compaction"), None)
+    if start is None:
+        return [m.to_provider() for m in history]
+    c = history[start]
+    through = next((i for i in range(start - 1, -1, -1) if history[i].oid == c.through), None)
+    if through is None:
+        raise CorruptObject(c.oid.hex(), "compaction message whose 'through' is not an earlier message of its "
+                            "history (§14.4); `kxen-agent fsck` lists every damaged object")
+    view = [{"role": "user", "content": SUMMARY_PREFIX + (c.content or "")}]
+    return view + [m.to_provider() for m in history[through + 1:] if m.role != "compaction"]
+
+
+def _chars(view: list[dict]) -> int:
+    n = 0
+    for m in view:
+        n += len(m.get("content") or "")
+        for c in m.get("tool_calls") or ():
+            n += len(c["name"]) + len(c["arguments"])
+    return n
+
+
+def view_tokens(system: str, view: list[dict], specs: list[dict], reported: int | None = None) -> int:
+    """The size of a request in tokens: a text-length estimate, or ``reported`` when that is larger."""
+    estimate = (len(system) + len(json.dumps(specs)) + _chars(view)) // CHARS_PER_TOKEN + 4 * len(view)
+    return max(estimate, reported or 0)
+
+
+def _ask_summary(provider: Provider, system: str, view: list[dict], specs: list[dict], *, cancel: threading.Event,
+                 policy: RetryPolicy, on_retry: Callable[[RetryNote], None],
+                 on_activity: Callable[[Activity], None]) -> AssistantTurn:
+    """The model's summary of ``view`` (raises ProviderCanceled / ProviderGaveUp as a turn's call does)."""
+    messages = [{"role": "system", "content": system}, *view, {"role": "user", "content": SUMMARY_REQUEST}]
+
+    def attempt(n: int) -> AssistantTurn:
+        on_activity(Activity("model", endpoint=provider.base_url))
+        try:
+            # The tools are described (a history holding tool calls needs them), but the request asks for none.
+            return provider.complete(messages, specs, cancel=cancel)
+        finally:
+            on_activity(Activity("step"))
+
+    return call_with_retries(attempt, policy=policy, cancel=cancel, on_retry=on_retry)
+
+
+def _summary_problem(turn: AssistantTurn) -> str | None:
+    if turn.finish_reason in CUT_SHORT:
+        return f"the model's summary {CUT_SHORT[turn.finish_reason]} (finish_reason '{turn.finish_reason}')"
+    if not (turn.content or "").strip():
+        return "the model answered the request for a summary with no text"
+    return None
+
+
+# ---------------------------------------------------------------- in a run
+
+def provider_history(ctx: Any) -> list[dict]:
+    """The provider view for the run's next model call, compacting first when it is over the budget.
+
+    ``ctx`` is the run's context (:class:`~.runner._RunCtx`); a compaction
+    that fails or is canceled ends the run as a failed or canceled model call does.
+    """
+    history = ctx.sessions.history(ctx.info.head)
+    view = provider_view(history)
+    budget = ctx.agent.get("policy", {}).get("context_tokens")
+    if budget is None or not history or history[-1].role == "compaction":
+        return view  # no budget, or nothing new since the last compaction: compacting again would not help
+    system = ctx.agent.get("system", "")
+    specs = tool_specs(ctx.agent.get("tools", []))
+    tu = ctx.st.get("turnUsage")
+    reported = (tu["inputTokens"] + tu["outputTokens"]
+                if tu is not None and tu["turn"] > ctx.st.get("compactedTurn", -1) else None)
+    size = view_tokens(system, view, specs, reported)
+    if size <= budget:
+        return view
+    ctx.r.on_event(f"run {ctx.run}: the model's view is about {size} tokens, over context_tokens ({budget}); "
+                   "asking the model to summarize it")
+    number = ctx.st["turn"] + 1
+
+    def on_retry(note: RetryNote) -> None:
+        ctx.r.activity = Activity("retry-wait", endpoint=ctx.endpoint.base_url)
+        ctx.r.emit(ProviderRetry(ctx.ses, ctx.run, number, note.attempt, note.max_attempts, round(note.wait_s, 3),
+                                 ctx.stored(str(note.error))))
+
+    def on_activity(a: Activity) -> None:
+        ctx.r.activity = a
+
+    try:
+        turn = _ask_summary(ctx.provider, system, view, specs, cancel=ctx.r.cancel, policy=ctx.r.retry_policy,
+                            on_retry=on_retry, on_activity=on_activity)
+    except ProviderCanceled:
+        ctx.end("canceled", error="canceled by the user while the model was summarizing the history (compaction); "
+                                  "nothing of it was recorded")
+    except ProviderGaveUp as e:
+        ctx.end("failed", error=ctx.stored(f"provider error while compacting the history: {e}; "
+                                           f"`kxen-agent --resume {ctx.ses} --retry` tries the task again"))
+    finally:
+        ctx.r.activity = Activity("step")
+    ctx.fault("compaction:after-response")
+    usage = _usage_json(turn.usage) if turn.usage is not None else None
+    counted = {} if usage is None else {"usage": sum_usage([ctx.st.get("usage"), usage])}
+    problem = _summary_problem(turn)
+    if problem is not None:
+        ctx.end("failed", error=f"{problem}; the history was not compacted; `kxen-agent --resume {ctx.ses} --retry` "
+                                "asks again", changes=counted)
+    through = ctx.info.head
+    with ctx.store.writing():
+        new_head = ctx.sessions.append_messages(through, [{"role": "compaction", "content": ctx.stored(turn.content),
+                                                           "through": through, "run": ctx.run}])
+        ctx.update({"compactedTurn": ctx.st["turn"], **counted},
+                   reason=f"run {ctx.run}: compacted the history through {msg_id(through)}", head=(through, new_head))
+    ctx.r.on_event(f"run {ctx.run}: history compacted ({len(history)} messages summarized in {msg_id(new_head)})")
+    ctx.fault("compaction:after-message")
+    return provider_view(ctx.sessions.history(ctx.info.head))
+
+
+# ---------------------------------------------------------------- on demand
+
+def compact_session(runner: Any, ses: str, at: str | None = None) -> dict:
+    """``session compact SES [--at MSG]``: summarize the history through MSG (default: all of it).
+
+    Takes the session's lease; refuses while its latest run is unfinished
+    (the message would come between that run's steps), for the script
+    provider, for an empty history, and for a point that would split a
+    turn's tool calls from their results. The summary is asked of the
+    lock's model and endpoint.
+    """
+    info = runner.sessions.get(ses)
+    lock = runner.sessions.agent(info)
+    if lock.get("provider") == "script":
+        raise UsageError(f"session {ses} uses the script provider, which cannot summarize; compaction needs a model")
+    require_sdk(lock)
+    with Lease.acquire(runner.store, ses, purpose="compact", backend=runner.leases) as lease:
+        info = runner.sessions.get(ses)
+        latest = runner.latest_run(info)
+        if latest is not None and not (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
+            raise RunError(f"run {latest[0]} of session {ses} is unfinished ({latest[2]['status']}); finish it with "
+                           f"`kxen-agent --resume {ses}` before compacting")
+        if info.head is None:
+            raise UsageError(f"session {ses} has no messages to compact")
+        history = runner.sessions.history(info.head)
+        through = runner.sessions.resolve_message(info, at) if at is not None else info.head
+        n = next(i for i, m in enumerate(history) if m.oid == through)
+        if history[n].role == "compaction":
+            raise UsageError(f"{msg_id(through)} is a compaction message; compact through a message after it")
+        if n + 1 < len(history) and history[n + 1].role == "tool":
+            raise UsageError(f"{msg_id(through)} is followed by tool results of the same turn; compacting through "
+                             "it would part them from their calls; pick the turn's last tool message")
+        view = provider_view(history[: n + 1])
+        provider = runner.providers(lock, model_endpoint(lock))
+        try:
+            turn = _ask_summary(provider, lock.get("system", ""), view, tool_specs(lock.get("tools", [])),
+                                cancel=runner.cancel, policy=runner.retry_policy,
+                                on_retry=lambda note: runner.on_event(
+                                    f"retrying the summary in {note.wait_s:.1f}s: {note.error}"),
+                                on_activity=lambda a: setattr(runner, "activity", a))
+        finally:
+            provider.close()
+        problem = _summary_problem(turn)
+        if problem is not None:
+            raise RunError(f"{problem}; session {ses} was not compacted; try again")
+        secrets = runner._secrets(lock)
+        with runner.store.writing():
+            new_head = runner.sessions.append_messages(
+                info.head, [{"role": "compaction", "content": redact(turn.content or "", secrets), "through": through}])
+            runner.store.refs.transaction(info.group, [RefUpdate("head", info.head, new_head)],
+                                          reason=f"session: compact through {msg_id(through)}", fence=lease.fence)
+    usage = _usage_json(turn.usage) if turn.usage is not None else None
+    return {"session": ses, "message": msg_id(new_head), "through": msg_id(through), "summarized": n + 1,
+            "usage": usage}

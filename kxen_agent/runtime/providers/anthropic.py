@@ -1,0 +1,357 @@
+"""The Anthropic provider: the Messages API with tool use, through the official SDK.
+
+This module owns talking to an Anthropic Messages endpoint: converting the
+run's Chat Completions style history (:mod:`.base`) into Messages API form
+(the system prompt as ``system``, tool calls as ``tool_use`` blocks, tool
+results as ``tool_result`` blocks of a user turn, consecutive turns of one
+role merged), asking for an answer (streamed when someone watches it),
+putting a streamed answer back together from its events, and mapping every
+failure — HTTP errors, an ``error`` event in the stream (``overloaded_error``),
+a stream cut off — to a :class:`~.base.ProviderError` with a ``transient``
+verdict and the server's ``Retry-After``.
+
+The answer's ``stop_reason`` is reported in the runner's vocabulary (the
+Chat Completions one): ``end_turn`` and ``stop_sequence`` are ``stop``,
+``tool_use`` is ``tool_calls``, ``max_tokens`` and
+``model_context_window_exceeded`` are ``length`` (cut off), ``refusal`` is
+``content_filter`` (withheld); any other is passed on as it is.
+
+It must never log, store or print an API key: the key is read from the
+variable the agent names, at call time, passed to the SDK explicitly (so
+the SDK never looks at ``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN`` or a
+profile on disk), and scrubbed from every error message; ``base_url`` is
+always passed too, so ``ANTHROPIC_BASE_URL`` never redirects a key. It
+never retries — the SDK's retries are off and the runtime's retry policy
+decides — and it returns within a poll interval of the run's cancel event,
+closing the connection (the request runs on :class:`~.bridge.LoopThread`).
+
+``anthropic`` is imported lazily so everything else works without it.
+
+Limitations: every request asks for at most :data:`MAX_TOKENS` output
+tokens (an answer longer than that ends ``length`` and fails the run);
+text and tool use are the only content blocks read (``thinking`` and
+server-tool blocks are ignored, and named in ``dropped_calls`` when they
+are tool calls of the server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .base import AssistantTurn, OnText, ProviderError, ToolCall, Usage, one_line
+from .http_base import HttpProvider
+from .openai_compat import retry_after_s
+
+__all__ = ["DEFAULT_ANTHROPIC_URL", "MAX_TOKENS", "AnthropicProvider", "to_messages"]
+
+#: Where a lock without ``base_url`` sends its requests (the SDK's default, named
+#: here so it is recorded in the run, and so ``ANTHROPIC_BASE_URL`` never redirects a key).
+DEFAULT_ANTHROPIC_URL = "https://api.anthropic.com"
+#: The output-token limit of every request (the Messages API requires one).
+MAX_TOKENS = 8192
+# HTTP statuses worth retrying later (529 is Anthropic's "overloaded").
+_TRANSIENT_STATUSES = frozenset({408, 409, 429})
+# Error types of an ``error`` event in a stream (its HTTP status was 200) that a later request may not meet.
+_TRANSIENT_TYPES = frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"})
+_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
+                 "model_context_window_exceeded": "length", "refusal": "content_filter"}
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """A stored call's JSON arguments as the ``input`` object a ``tool_use`` block needs.
+
+    Arguments that are not a JSON object (the model wrote bad JSON; the run
+    refused the call) are sent back as they were, under one key, so the
+    model sees what it wrote.
+    """
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"invalid_arguments": arguments}
+
+
+def to_messages(messages: list[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """(system prompt, Messages API ``messages``) of a Chat Completions style history.
+
+    Tool results become ``tool_result`` blocks of a user turn; turns of one
+    role in a row are merged into one (the API wants user and assistant to
+    alternate); empty text is left out (the API refuses empty text blocks).
+    """
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise ProviderError(f"message {i} has non-text content", transient=False)
+        blocks: list[dict[str, Any]] = []
+        if role == "system":
+            if content:
+                system.append(content)
+            continue
+        if role == "user":
+            if content:
+                blocks.append({"type": "text", "text": content})
+        elif role == "assistant":
+            if content and content.strip():
+                blocks.append({"type": "text", "text": content})
+            for c in m.get("tool_calls") or ():
+                blocks.append({"type": "tool_use", "id": c["id"], "name": c["name"],
+                               "input": _tool_input(c["arguments"])})
+        elif role == "tool":
+            role = "user"
+            blocks.append({"type": "tool_result", "tool_use_id": m.get("tool_call_id"), "content": content or ""})
+        else:
+            raise ProviderError(f"message {i} has role {role!r}; expected one of system, user, assistant, tool",
+                                transient=False)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return "\n\n".join(system), out
+
+
+def _tools(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat Completions function specs as Messages API tool definitions."""
+    out = []
+    for spec in specs:
+        fn = spec.get("function", spec)
+        out.append({"name": fn["name"], "description": fn.get("description", ""),
+                    "input_schema": fn.get("parameters") or {"type": "object", "properties": {}}})
+    return out
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _usage(raw: Any, output: Any = None) -> Usage | None:
+    """Usage from a Messages API ``usage`` (input counts all of the prompt, cache reads and writes included)."""
+    if raw is None:
+        return None
+    inp = _int(getattr(raw, "input_tokens", None))
+    out = _int(output if output is not None else getattr(raw, "output_tokens", None))
+    if inp is None or out is None:
+        return None  # a server that reports nonsense reports nothing
+    read = _int(getattr(raw, "cache_read_input_tokens", None))
+    written = _int(getattr(raw, "cache_creation_input_tokens", None)) or 0
+    return Usage(inp + (read or 0) + written, out, read)
+
+
+class _Streamed:
+    """A streamed answer put back together from its events."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.model: str | None = None
+        self.stop_reason: str | None = None
+        self.start_usage: Any = None
+        self.output_tokens: Any = None
+        self.stopped = False
+
+    def add(self, event: Any) -> str | None:
+        """Take one event; the text it adds, if any."""
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            message = getattr(event, "message", None)
+            self.model = getattr(message, "model", None)
+            self.start_usage = getattr(message, "usage", None)
+        elif kind == "content_block_start":
+            block = event.content_block
+            btype = getattr(block, "type", None)
+            slot: dict[str, Any] = {"type": btype, "text": [], "json": []}
+            if btype == "text":
+                text = getattr(block, "text", "") or ""
+                slot["text"].append(text)
+            elif btype == "tool_use":
+                slot["id"] = getattr(block, "id", None)
+                slot["name"] = getattr(block, "name", None)
+            self.blocks[event.index] = slot
+            return slot["text"][0] if btype == "text" and slot["text"][0] else None
+        elif kind == "content_block_delta":
+            slot = self.blocks.get(event.index)
+            delta = event.delta
+            dtype = getattr(delta, "type", None)
+            if slot is None:
+                return None
+            if dtype == "text_delta":
+                slot["text"].append(delta.text)
+                return delta.text or None
+            if dtype == "input_json_delta":
+                slot["json"].append(delta.partial_json)
+        elif kind == "message_delta":
+            reason = getattr(getattr(event, "delta", None), "stop_reason", None)
+            if reason is not None:
+                self.stop_reason = reason
+            self.output_tokens = getattr(getattr(event, "usage", None), "output_tokens", None)
+        elif kind == "message_stop":
+            self.stopped = True
+        return None
+
+    def parts(self) -> tuple[list[str], list[tuple[Any, str, Any, str]]]:
+        """(the text pieces, the tool calls as (id, type, name, arguments JSON text))."""
+        text: list[str] = []
+        calls: list[tuple[Any, str, Any, str]] = []
+        for _, b in sorted(self.blocks.items()):
+            if b["type"] == "text":
+                text.extend(b["text"])
+            elif b["type"] == "tool_use":
+                calls.append((b.get("id"), "tool_use", b.get("name"), "".join(b["json"]) or "{}"))
+            elif b["type"] == "server_tool_use":
+                calls.append((None, "server_tool_use", None, ""))
+        return text, calls
+
+
+class AnthropicProvider(HttpProvider):
+    """An Anthropic Messages API endpoint.
+
+    The API key is read from ``api_key_env`` on every call (never stored in
+    a lock or a session); with ``api_key_env=None`` (a custom ``base_url``
+    that names no variable) a placeholder is sent, for local servers that
+    need none. ``timeout_s`` bounds connecting and each wait for data.
+    """
+
+    def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120,
+                 max_tokens: int = MAX_TOKENS) -> None:
+        super().__init__(base_url or DEFAULT_ANTHROPIC_URL, model, api_key_env, timeout_s)
+        self.max_tokens = max_tokens
+
+    # ------------------------------------------------------------ the call
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+                 cancel: threading.Event | None = None, on_text: OnText | None = None) -> AssistantTurn:
+        key = self._api_key()
+        anthropic = _sdk()
+        system, converted = to_messages(messages)
+        request: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": converted}
+        if system:
+            request["system"] = system
+        if tools:
+            request["tools"] = _tools(tools)
+        if on_text is not None:
+            request["stream"] = True
+
+        def make(emit: Callable[[str], None]) -> Any:
+            return self._request(anthropic, key, request, emit if on_text is not None else None)
+
+        return self._call(make, cancel=cancel, on_text=on_text)
+
+    async def _request(self, anthropic: Any, key: str, request: dict[str, Any],
+                       emit: Callable[[str], None] | None) -> AssistantTurn:
+        # api_key and base_url explicit: the SDK then reads no credential or URL of its own.
+        client = await self._client_for(key, lambda k: anthropic.AsyncAnthropic(
+            base_url=self.base_url, api_key=k, timeout=self.timeout_s,
+            max_retries=0))  # one retry policy: the runtime's
+        try:
+            response = await client.messages.create(**request)
+        except anthropic.AnthropicError as e:
+            raise self._map_error(anthropic, e, key) from None
+        if emit is None:
+            return self._parse(response, key)
+        streamed = _Streamed()
+        try:
+            async for event in response:
+                piece = streamed.add(event)
+                if piece:
+                    emit(piece)
+        except asyncio.CancelledError:
+            raise
+        except anthropic.APIStatusError as e:  # an ``error`` event in the stream
+            raise self._map_error(anthropic, e, key) from None
+        except Exception as e:  # noqa: BLE001 - the transport's, raw or wrapped by the SDK (versions differ)
+            cause = e.__cause__ if isinstance(e, anthropic.APIConnectionError) and e.__cause__ is not None else e
+            raise self._stream_broke(cause, key) from None
+        finally:
+            await response.close()
+        if streamed.stop_reason is None or not streamed.stopped:
+            # A stream that ends without message_stop (or a stop reason) was cut short.
+            raise ProviderError(f"the streamed answer from the model provider at {self.base_url} ended before "
+                                "it was complete (no stop_reason or message_stop)", transient=True)
+        text, calls = streamed.parts()
+        return self._turn("".join(text) if text else None, calls, streamed.stop_reason,
+                          _usage(streamed.start_usage, streamed.output_tokens), streamed.model, key)
+
+    # ------------------------------------------------------------ errors
+
+    def _map_error(self, anthropic: Any, exc: Exception, key: str) -> ProviderError:
+        where = self.base_url
+        if isinstance(exc, anthropic.APITimeoutError):
+            err = ProviderError(f"model provider at {where} timed out after {self.timeout_s:g}s", transient=True)
+        elif isinstance(exc, anthropic.APIConnectionError):
+            cause = exc.__cause__ or exc
+            err = ProviderError(f"cannot reach model provider at {where} "
+                                f"({one_line(f'{type(cause).__name__}: {cause}')}); check the URL", transient=True)
+        elif isinstance(exc, anthropic.APIStatusError):
+            status = exc.status_code
+            kind = getattr(exc, "type", None)
+            body = exc.body
+            error = body.get("error") if isinstance(body, Mapping) else None
+            detail = error.get("message") if isinstance(error, Mapping) else None
+            detail = one_line(str(detail if detail is not None else exc.message))
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            transient = status in _TRANSIENT_STATUSES or status >= 500 or (status < 400 and kind in _TRANSIENT_TYPES)
+            should = (headers.get("x-should-retry") or "").strip().lower() if headers is not None else ""
+            if should in ("true", "false") and status >= 400:
+                transient = should == "true"
+            hint = self._status_hint(status, transient)
+            what = f"HTTP {status}" if status >= 400 else "an error event in the streamed answer"
+            err = ProviderError(f"model provider at {where} returned {what}: {kind or 'error'}: {detail}; {hint}",
+                                transient=transient, status=status if status >= 400 else None,
+                                retry_after=retry_after_s(headers) if status >= 400 else None)
+        else:
+            err = ProviderError(f"model provider at {where} failed: {one_line(str(exc))}; check the base URL and model",
+                                transient=False)
+        return self._scrub(err, key)
+
+    # ------------------------------------------------------------ answers
+
+    def _parse(self, response: Any, key: str) -> AssistantTurn:
+        text: list[str] = []
+        calls: list[tuple[Any, str, Any, str]] = []
+        for block in getattr(response, "content", None) or ():
+            btype = getattr(block, "type", None)
+            if btype == "text":
+                text.append(getattr(block, "text", "") or "")
+            elif btype == "tool_use":
+                raw = getattr(block, "input", None)
+                calls.append((getattr(block, "id", None), "tool_use", getattr(block, "name", None),
+                              json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else None))
+            elif btype == "server_tool_use":
+                calls.append((None, "server_tool_use", None, ""))
+        return self._turn("".join(text) if text else None, calls, getattr(response, "stop_reason", None),
+                          _usage(getattr(response, "usage", None)), getattr(response, "model", None), key)
+
+    def _turn(self, content: str | None, calls: list[tuple[Any, str, Any, Any]], stop_reason: Any,
+              usage: Usage | None, model: Any, key: str) -> AssistantTurn:
+        usable: list[ToolCall] = []
+        dropped: list[str] = []
+        for cid, kind, name, arguments in calls:
+            if kind != "tool_use":
+                dropped.append(kind)  # the server's own tools: not ours to run
+                continue
+            if not (isinstance(name, str) and name and isinstance(arguments, str)):
+                raise self._scrub(ProviderError(
+                    f"model provider at {self.base_url} returned a tool_use block without a name or with an input "
+                    "that is not an object; check the model's tool-use support", transient=False), key)
+            usable.append(ToolCall(id=cid if isinstance(cid, str) and cid else None, name=name, arguments=arguments))
+        reason = _STOP_REASONS.get(stop_reason, stop_reason) if isinstance(stop_reason, str) else None
+        return AssistantTurn(content=content, tool_calls=tuple(usable),
+                             model=model if isinstance(model, str) and model else self.model,
+                             finish_reason=reason, usage=usage, dropped_calls=tuple(dropped))
+
+
+def _sdk() -> Any:
+    try:
+        import anthropic  # lazy: the package is an optional extra
+    except ImportError:
+        from .factory import missing_sdk_error
+
+        raise missing_sdk_error("anthropic") from None
+    return anthropic
