@@ -30,6 +30,9 @@ Workloads (``--only`` takes these names):
 - ``remote``: a session pushed to, and pulled from, a Git remote vs ``git
   push``/``git fetch`` of the same messages as commits, and the size of an
   incremental push (``bench/remote.py``).
+- ``turns``: store time per turn of a real run resumed on a history of 10,
+  10,000 and 100,000 messages (the run holds its history in memory: a
+  turn's cost must not grow with it), ``bench/turns.py``.
 - ``scaling``: every export, import, fsck and load figure is measured at
   two sizes, N and 10 N; this prints how each cost grew.
 
@@ -59,7 +62,7 @@ from typing import Any, Callable
 from . import _peers as peers
 from ._content import Conversation, content_bytes, safe_fork_point
 
-WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote")
+WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns")
 FAMILY_FORKS = 10
 
 
@@ -181,7 +184,8 @@ class History:
         log(f"conversation of {total:,} messages, {content_bytes(self.messages) / 1e6:.1f} MB of content "
             f"({time.perf_counter() - t0:.1f} s)")
         self.root = os.path.join(work, "A")
-        b = Builder(self.root, os.path.join(work, "ws"))
+        self.workspace = os.path.join(work, "ws")  # every session's
+        b = Builder(self.root, self.workspace)
         t0 = time.perf_counter()
         heads = b.chain(self.messages, list(self.lengths.values()))
         self.sessions = {n: b.session(heads[k]) for n, k in self.lengths.items()}
@@ -756,8 +760,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"plan: {asdict(plan)}; work dir {work}")
         hist = None
-        if "fork" in only or "load" in only:
-            lengths = sorted(set((plan.fork_sizes if "fork" in only else []) + (plan.load_sizes if "load" in only else [])))
+        if "fork" in only or "load" in only or "turns" in only:
+            from .turns import turn_sizes
+
+            lengths = sorted(set((plan.fork_sizes if "fork" in only else []) + (plan.load_sizes if "load" in only else [])
+                                 + (turn_sizes(plan.quick, plan.scale) if "turns" in only else [])))
             hist = History(work, lengths, plan.text_chars)
         if "fork" in only:
             log("1 fork")
@@ -794,6 +801,11 @@ def main(argv: list[str] | None = None) -> int:
             from .remote import w_remote
 
             w_remote(plan, res, work, timed=ctimed, median=median, rate=rate, mib=mib, log=log)
+        if "turns" in only:
+            log("8 store time per turn")
+            from .turns import w_turns
+
+            w_turns(plan, res, hist, median=median, ms=ms, log=log)
         scaling_rows(res, plan, exp, fsck_, load)
         res.rows.sort(key=lambda r: r.workload)
         print(f"\nkxen-agent benchmarks: {'quick (sizes meaningless)' if plan.quick else 'default'} run, "

@@ -50,6 +50,7 @@ from kxen_agent.store.protocols import Repository
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
+from .history import RunHistory
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
@@ -131,6 +132,8 @@ class Runner:
         #: What the run is doing now (read from other threads: a signal's note).
         self.activity = Activity("step")
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
+        #: The history the model is sent, held in memory and extended turn by turn (read once per process).
+        self.history = RunHistory(self.sessions)
 
     def emit(self, event: RunEvent) -> None:
         self.listener(event)
@@ -597,7 +600,8 @@ class _RunCtx:
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
-        history = [m.to_provider() for m in self.sessions.history(self.info.head)]
+        # Held in memory: only the messages added since the last turn are read.
+        history = self.r.history.messages(self.info.head)
         messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1

@@ -1,0 +1,151 @@
+"""Workload 8 of ``bench.run``: store time per turn at a history of 10 / 10,000 / 100,000 messages.
+
+::
+
+    .venv/bin/python -m bench.run --only turns [--quick]
+
+A run holds its history in memory (issue #13, item 1): the provider's
+message list is built once per process and extended with what each turn
+adds, so the store work of a turn must not depend on the history behind it.
+For each size, a fork of the shared conversation (``History``, the fork and
+load workloads' content) is resumed with a new task by the real
+:class:`~kxen_agent.runtime.runner.Runner` on a fresh
+:class:`~kxen_agent.store.Store` with real fsyncs (one CLI process); a
+counting provider asks for one ``read_file`` of a 2 KB file per turn,
+``TURNS`` times, then answers.
+
+A turn's store time is the wall time from the end of one model call to the
+start of the next, minus the tool's own time: the assistant message and
+run state, the call's Started and OutcomeKnown, the tool message, Settled,
+and the history brought up to date for the next call. The first model
+call's history load is *not* a turn (it is workload 4, load for resume).
+Figures: the median turn at each size, and turn(100,000)/turn(10) against
+the target of at most 1.2; the store reads per turn (the seam's
+``read_count``) beside it, which are exact. CPU seconds of the same
+intervals are given too: the wall time is mostly fsyncs, whose latency
+swings on this shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+__all__ = ["TURNS", "turn_sizes", "w_turns"]
+
+#: Tool turns per run (the default agent's max_turns is 20: these and the answer fit).
+TURNS = 12
+
+
+def turn_sizes(quick: bool, scale: int) -> list[int]:
+    return [10, 100, 300] if quick else [10, 10_000, 100_000 * scale]
+
+
+class _Provider:
+    """Asks for ``read_file notes.txt`` on each of ``turns`` turns, then answers; marks each call's start and end."""
+
+    model = "bench-turns"
+    base_url = None
+
+    def __init__(self, store: Any, turns: int) -> None:
+        self.store = store
+        self.turns = turns
+        self.n = 0
+        #: (wall, cpu, read_count) at each call's start, and at its end.
+        self.starts: list[tuple[float, float, int]] = []
+        self.ends: list[tuple[float, float, int]] = []
+
+    def complete(self, messages: list[dict], tools: list[dict], **kw: Any) -> Any:
+        from kxen_agent.runtime.providers import AssistantTurn, ToolCall
+
+        self.starts.append((time.perf_counter(), time.process_time(), self.store.io.read_count))
+        self.n += 1
+        if self.n > self.turns:
+            turn = AssistantTurn("done", (), self.model)
+        else:
+            turn = AssistantTurn(None, (ToolCall(f"call_{self.n}", "read_file", '{"path": "notes.txt"}'),), self.model)
+        self.ends.append((time.perf_counter(), time.process_time(), self.store.io.read_count))
+        return turn
+
+    def close(self) -> None:
+        pass
+
+
+def turn_run(root: str, ses: str, turns: int) -> dict[str, list[float]]:
+    """Resume ``ses`` (a fork, made here) with a new task for ``turns`` tool turns; per turn: wall, CPU, reads."""
+    from kxen_agent.runtime import runner as rmod
+    from kxen_agent.session.sessions import SessionStore
+
+    from ._kxen import measuring_store
+
+    fork = SessionStore(measuring_store(root)).fork(ses)
+    store = measuring_store(root)
+    made: list[_Provider] = []
+
+    def factory(agent: dict, endpoint: Any) -> _Provider:
+        made.append(_Provider(store, turns))
+        return made[-1]
+
+    tool = rmod.TOOLS["read_file"]
+    orig_run = tool.run
+    tool_wall: list[float] = []
+    tool_cpu: list[float] = []
+
+    def run_tool(args: dict, ctx: Any) -> Any:
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return orig_run(args, ctx)
+        finally:
+            tool_wall.append(time.perf_counter() - t)
+            tool_cpu.append(time.process_time() - c)
+
+    tool.run = run_tool  # type: ignore[method-assign]
+    try:
+        os.sync()  # what setup left dirty is not a turn's to write out
+        result = rmod.Runner(store, providers=factory).resume(fork.id, task="benchmark the turns")
+    finally:
+        del tool.run
+    p = made[-1]  # the loop's provider (the first one made is the start's check, closed at once)
+    if result.status != "completed" or p.n != turns + 1 or len(tool_wall) != turns:
+        raise RuntimeError(f"turn run ended {result.status} after {p.n} model calls and {len(tool_wall)} tool calls")
+    wall, cpu, reads = [], [], []
+    for i in range(turns):
+        (w0, c0, r0), (w1, c1, r1) = p.ends[i], p.starts[i + 1]
+        wall.append(w1 - w0 - tool_wall[i])
+        cpu.append(c1 - c0 - tool_cpu[i])
+        reads.append(float(r1 - r0))
+    return {"wall": wall, "cpu": cpu, "reads": reads}
+
+
+def w_turns(plan: Any, res: Any, hist: Any, *, median: Callable[[list[float]], float],
+            ms: Callable[[float], str], log: Callable[[str], None]) -> dict:
+    """Measure the store time per turn at each size of ``turn_sizes``; add the rows (workload ``8 turns``)."""
+    sizes = turn_sizes(plan.quick, plan.scale)
+    ws = hist.workspace
+    with open(os.path.join(ws, "notes.txt"), "w") as f:
+        f.write(("notes of the benchmark, line after line of them\n" * 60)[:2048])
+    turns = 2 if plan.quick else TURNS
+    out: dict[int, dict[str, list[float]]] = {n: {"wall": [], "cpu": [], "reads": []} for n in sizes}
+    for r in range(plan.repeats):
+        order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
+        for n in order:
+            log(f"turns round {r + 1}/{plan.repeats}: history of {hist.lengths[n]:,} messages")
+            d = turn_run(hist.root, hist.sessions[n], turns)
+            for k, v in d.items():
+                out[n][k] += v
+    res.raw["turns"] = {str(n): {**v, "messages": hist.lengths[n]} for n, v in out.items()}
+    lo, hi = sizes[0], sizes[-1]
+    for n in sizes:
+        m = out[n]
+        res.add("8 turns", f"store time per turn at {hist.lengths[n]:,} msgs (wall; CPU; store reads)",
+                f"{ms(median(m['wall']))}; {ms(median(m['cpu']))}; {median(m['reads']):.0f} reads", "", None,
+                "", None)
+    g = median(out[hi]["wall"]) / median(out[lo]["wall"])
+    gc = median(out[hi]["cpu"]) / median(out[lo]["cpu"])
+    res.add("8 turns", f"store time per turn: turn({hist.lengths[hi]:,}) / turn({hist.lengths[lo]:,})",
+            ms(median(out[hi]["wall"])), ms(median(out[lo]["wall"])), g, "<= 1.2", g <= 1.2, cpu=gc)
+    gr = median(out[hi]["reads"]) / median(out[lo]["reads"])
+    res.add("8 turns", "store reads per turn: turn(largest) / turn(smallest) (exact)",
+            f"{median(out[hi]['reads']):.0f}", f"{median(out[lo]['reads']):.0f}", gr, "(context)", None)
+    return out
