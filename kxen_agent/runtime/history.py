@@ -27,7 +27,7 @@ read-only (the :class:`~kxen_agent.runtime.providers.Provider` inputs).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from kxen_agent.session.sessions import SessionStore
 
@@ -52,10 +52,15 @@ class RunHistory:
     def __len__(self) -> int:
         return len(self._oids)
 
-    def messages(self, head: bytes | None) -> list[dict[str, Any]]:
-        """The history ending at ``head`` in provider form, oldest first (a new list; shared dicts)."""
+    def messages(self, head: bytes | None, before: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+        """``before`` (the system message), then the history ending at ``head`` in provider form,
+        oldest first: a new list each time (a caller may keep it), of shared dicts.
+
+        Building the list is the one cost of a turn that grows with the history: a copy of its
+        pointers, once (~1 ms per 100,000 messages), with ``before`` put in the same copy.
+        """
         self._sync(head)
-        return list(self._messages)
+        return [*before, *self._messages]
 
     def _sync(self, head: bytes | None) -> None:
         if head is None:

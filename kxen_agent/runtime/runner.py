@@ -45,6 +45,7 @@ from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate
+from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
 
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
@@ -134,6 +135,8 @@ class Runner:
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
         #: The history the model is sent, held in memory and extended turn by turn (read once per process).
         self.history = RunHistory(self.sessions)
+        #: Packs loose objects between turns and after a run when there are too many (None: never).
+        self.autopack = AutoPacker.for_store(store)
 
     def emit(self, event: RunEvent) -> None:
         self.listener(event)
@@ -412,6 +415,7 @@ class Runner:
         finally:
             ctx.close()
             self.activity = Activity("step")
+        self.pack_loose(after_run=True)
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)
         return self.result_of(info, run, oid, st)
@@ -445,6 +449,26 @@ class Runner:
                     "isError": bool(is_error)}
 
     # ================================================================ helpers
+
+    def pack_loose(self, *, after_run: bool = False) -> None:
+        """Pack loose objects if there are too many (:mod:`kxen_agent.store.autopack`): between turns in
+        a background thread, after a run all of them. A failure (a full disk) is reported, never the run's."""
+        if self.autopack is None:
+            return
+        try:
+            if after_run:
+                self.autopack.after_run()
+            else:
+                self.autopack.between_turns()
+        except (KxenError, OSError) as e:
+            self.on_event(f"automatic packing skipped: {e}")
+            return
+        for rep in self.autopack.finished():
+            if rep.packed or rep.consolidated:
+                self.on_event(f"packed {rep.packed} loose object(s) in {rep.seconds:.2f} s"
+                              + (" and consolidated the packs (gc)" if rep.consolidated else ""))
+            if rep.skipped:
+                self.on_event(f"automatic packing: {rep.skipped}")
 
     def _check_tools(self, agent_lock: dict) -> None:
         for t in agent_lock.get("tools", []):
@@ -600,9 +624,9 @@ class _RunCtx:
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
+        self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory: only the messages added since the last turn are read.
-        history = self.r.history.messages(self.info.head)
-        messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
+        messages = self.r.history.messages(self.info.head, [{"role": "system", "content": self.agent.get("system", "")}])
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"

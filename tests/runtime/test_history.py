@@ -134,11 +134,13 @@ class Tooling:
         return P()
 
 
-def session_with_history(root: Path, ws: Path, n: int) -> str:
+def session_with_history(root: Path, ws: Path, n: int, *, max_turns: int = 20) -> str:
     """A state dir holding one session of ``n`` messages (written without fsyncs: setup)."""
     store = Store(str(root), io=FaultyIO(None, sync=False), namespaces=(NS,))
     ss = SessionStore(store)
-    info = ss.create(default_agent_definition([{"content": "unused"}]), inspect_workspace(str(ws)))
+    lock = default_agent_definition([{"content": "unused"}])
+    lock["policy"]["max_turns"] = max_turns
+    info = ss.create(lock, inspect_workspace(str(ws)))
     head = ss.append_messages(None, chat(n))
     store.refs.transaction(info.group, [RefUpdate("head", None, head)], reason="test: history")
     return info.id
