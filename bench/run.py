@@ -33,6 +33,8 @@ Workloads (``--only`` takes these names):
 - ``turns``: store time per turn of a real run resumed on a history of 10,
   10,000 and 100,000 messages (the run holds its history in memory: a
   turn's cost must not grow with it), ``bench/turns.py``.
+- ``files``: the files a session of 2,000 tool calls leaves in a fresh state
+  dir, with automatic packing and without (``bench/turns.py``).
 - ``scaling``: every export, import, fsck and load figure is measured at
   two sizes, N and 10 N; this prints how each cost grew.
 
@@ -62,7 +64,7 @@ from typing import Any, Callable
 from . import _peers as peers
 from ._content import Conversation, content_bytes, safe_fork_point
 
-WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns")
+WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns", "files")
 FAMILY_FORKS = 10
 
 
@@ -806,6 +808,11 @@ def main(argv: list[str] | None = None) -> int:
             from .turns import w_turns
 
             w_turns(plan, res, hist, median=median, ms=ms, log=log)
+        if "files" in only:
+            log("8 files per session")
+            from .turns import w_files
+
+            w_files(plan, res, work, median=median, ms=ms, log=log)
         scaling_rows(res, plan, exp, fsck_, load)
         res.rows.sort(key=lambda r: r.workload)
         print(f"\nkxen-agent benchmarks: {'quick (sizes meaningless)' if plan.quick else 'default'} run, "

@@ -149,3 +149,85 @@ def w_turns(plan: Any, res: Any, hist: Any, *, median: Callable[[list[float]], f
     res.add("8 turns", "store reads per turn: turn(largest) / turn(smallest) (exact)",
             f"{median(out[hi]['reads']):.0f}", f"{median(out[lo]['reads']):.0f}", gr, "(context)", None)
     return out
+
+
+# ================================================================== files per session (automatic packing)
+
+
+def files_run(work: str, calls: int, threshold: int | None) -> dict[str, Any]:
+    """A fresh state dir, one session, one run of ``calls`` read_file calls as the CLI runs it
+    (real fsyncs; automatic packing at ``threshold``, None: the default; 0: off). Files left, and the
+    turns' wall times while a background pass ran and while none did."""
+    from kxen_agent.runtime import runner as rmod
+    from kxen_agent.session.agent_def import default_agent_definition
+    from kxen_agent.store.autopack import AutoPacker
+
+    from ._kxen import measuring_store
+
+    root = os.path.join(work, f"files-{calls}-{threshold}")
+    ws = os.path.join(work, "ws-files")
+    os.makedirs(ws, exist_ok=True)
+    with open(os.path.join(ws, "notes.txt"), "w") as f:
+        f.write(("notes of the benchmark, line after line of them\n" * 60)[:2048])
+    store = measuring_store(root)
+    made: list[_Provider] = []
+    stamps: list[tuple[float, bool]] = []
+    runner = rmod.Runner(store)
+
+    def factory(agent: dict, endpoint: Any) -> _Provider:
+        p = _Provider(store, calls)
+        inner = p.complete
+
+        def complete(messages: list[dict], tools: list[dict], **kw: Any) -> Any:
+            stamps.append((time.perf_counter(), runner.autopack is not None and runner.autopack.running()))
+            return inner(messages, tools, **kw)
+
+        p.complete = complete  # type: ignore[method-assign]
+        made.append(p)
+        return p
+
+    runner.providers = factory
+    runner.autopack = None if threshold == 0 else AutoPacker(store, threshold)
+    lock = default_agent_definition([{"content": "unused"}], name="bench-files")
+    lock["policy"]["max_turns"] = calls + 5
+    t0 = time.perf_counter()
+    result = runner.start(ws, "benchmark the files a session leaves", lock)
+    total = time.perf_counter() - t0
+    if result.status != "completed":
+        raise RuntimeError(f"files run ended {result.status}")
+    files = sum(len(names) for _, _, names in os.walk(root))
+    busy, idle = [], []
+    for (a, _), (b, running) in zip(stamps, stamps[1:]):
+        (busy if running else idle).append(b - a)
+    reports = runner.autopack.reports if runner.autopack is not None else []
+    return {"files": files, "total_s": total, "busy_turns_s": busy, "idle_turns_s": idle,
+            "passes": len(reports), "packed": sum(r.packed for r in reports),
+            "pass_s": [r.seconds for r in reports], "longest_hold_s": max([r.longest_hold_s for r in reports] or [0.0])}
+
+
+def w_files(plan: Any, res: Any, work: str, *, median: Callable[[list[float]], float],
+            ms: Callable[[float], str], log: Callable[[str], None]) -> dict:
+    """Files a 2,000-call session leaves, with automatic packing and without (workload ``8 files``)."""
+    calls, threshold = (60, 100) if plan.quick else (2000, None)
+    log(f"files: a session of {calls:,} tool calls, automatic packing on")
+    on = files_run(work, calls, threshold)
+    log(f"files: the same, automatic packing off ({AUTOPACK_OFF_NOTE})")
+    off = files_run(work, calls, 0)
+    res.raw["files"] = {"calls": calls, "on": on, "off": off}
+    res.add("8 files", f"files in the state dir after one session of {calls:,} tool calls: packing on / off",
+            f"{on['files']:,}", f"{off['files']:,}", on["files"] / off["files"], "<= 7,000 files",
+            on["files"] <= 7000)
+    res.add("8 files", f"automatic packing: {on['passes']} pass(es), {on['packed']:,} objects packed; longest pass "
+            "(background); longest hold of the store lock", f"{ms(max(on['pass_s'] or [0]))}; "
+            f"{ms(on['longest_hold_s'])}", "", None, "(context)", None)
+    if on["busy_turns_s"] and on["idle_turns_s"]:
+        b, i = on["busy_turns_s"], on["idle_turns_s"]
+        res.add("8 files", f"turn time while a pass runs / while none does ({len(b)} and {len(i)} turns; "
+                "max of the former)", f"{ms(median(b))} (max {ms(max(b))})", ms(median(i)), median(b) / median(i),
+                "(context)", None)
+    res.add("8 files", "whole run with packing / without (time)", ms(on["total_s"]), ms(off["total_s"]),
+            on["total_s"] / off["total_s"], "(context)", None)
+    return res.raw["files"]
+
+
+AUTOPACK_OFF_NOTE = "KXEN_AGENT_AUTOPACK=0: what every session left before"

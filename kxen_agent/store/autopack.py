@@ -151,6 +151,11 @@ class AutoPacker:
         self._thread.start()
         return None
 
+    def pack_now(self, max_objects: int | None = None) -> AutoPackReport:
+        """One pass in the caller's thread, whatever the threshold (tests, and a user's explicit request)."""
+        self.wait()
+        return self._pass(max_objects)
+
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
