@@ -52,6 +52,8 @@ from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, Te
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
+from .recovery import (FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
+                       SettleThenAsk, Stop, next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
@@ -464,11 +466,8 @@ class Runner:
             self.on_event(f"automatic packing skipped: {e}")
             return
         for rep in self.autopack.finished():
-            if rep.packed or rep.consolidated:
-                self.on_event(f"packed {rep.packed} loose object(s) in {rep.seconds:.2f} s"
-                              + (" and consolidated the packs (gc)" if rep.consolidated else ""))
-            if rep.skipped:
-                self.on_event(f"automatic packing: {rep.skipped}")
+            if rep.line():
+                self.on_event(rep.line())
 
     def _check_tools(self, agent_lock: dict) -> None:
         for t in agent_lock.get("tools", []):
@@ -593,26 +592,33 @@ class _RunCtx:
     # ---------------------------------------------------------------- the loop
 
     def loop(self) -> None:
+        # What to do next is recovery.next_step's (a pure function of what is
+        # durable); this loop reads its inputs — only those it needs — and carries it out.
         while True:
             st = self.st
-            status = st["status"]
-            if status in TERMINAL:
-                if not st.get("settled"):
-                    self.finish_settlement()
+            status = RunStatus(st["status"])
+            ops = {} if status.terminal else self.r.ops(st)
+            last = None
+            if not status.terminal and status is not RunStatus.INPUT_REQUIRED and self.info.head is not None:
+                last = self.sessions.read_message(self.info.head)
+            step = next_step(self.run, status, bool(st.get("settled")),
+                             None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
+                             [OpState(e["state"]) for e in ops.values()])
+            if isinstance(step, FinishSettlement):
+                self.finish_settlement()
                 raise _Stop
-            ops = self.r.ops(st)
-            if status == "input_required":
-                if any(e["state"] == "OutcomeUnknown" for e in ops.values()):
+            if isinstance(step, Stop):
+                if status is RunStatus.INPUT_REQUIRED:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
-                    raise _Stop
+                raise _Stop
+            if isinstance(step, ResumeAfterResolution):
                 self.update({"status": "running"}, reason=f"run {self.run}: resumed after resolution")
                 continue
-            head = self.info.head
-            last = self.sessions.read_message(head) if head is not None else None
-            if last is not None and last.run == self.run and last.role == "assistant" and last.tool_calls:
+            if isinstance(step, RunTools):
+                assert last is not None
                 self.tool_turn(last, ops)
                 continue
-            if last is not None and last.run == self.run and last.role == "tool":
+            if isinstance(step, SettleThenAsk):
                 self.settle_turn(ops)
             self.provider_turn()
 

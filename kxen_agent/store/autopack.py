@@ -98,6 +98,14 @@ class AutoPackReport:
     #: The pass ran in a background thread.
     background: bool = False
 
+    def line(self) -> str:
+        """What the pass did, in words ("" when it did nothing)."""
+        done = (f"packed {self.packed} loose object(s) in {self.seconds:.2f} s" if self.packed else "") + (
+            " and consolidated the packs (gc)" if self.consolidated else "")
+        if self.skipped:
+            return (done.strip() + "; " if done else "") + f"automatic packing: {self.skipped}"
+        return done.strip()
+
 
 class AutoPacker:
     """Keeps ``store``'s loose objects under ``threshold`` (0: never packs); see the module doc."""
