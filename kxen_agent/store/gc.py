@@ -464,11 +464,16 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
                             rep.pruned += 1
                         if progress:
                             progress(1)
+            # The indexes first (the packs are gone from then on), made durable
+            # before any pack file goes: two unlinks in one directory may reach
+            # the disk in either order, and an index left without its pack is
+            # damage (§12.4), where a pack without an index is only a stray.
+            removed_idx = {old.path: _unlink(store, old.path[: -len(".pack")] + ".idx") for old in olds}
+            if olds:
+                store.io.fsync_dir(store.pack_dir)
             for old in olds:
-                base = old.path[: -len(".pack")]
-                removed = _unlink(store, base + ".idx")  # the index first: the pack is gone
-                removed = _unlink(store, base + ".pack") or removed
-                rep.packs_removed += int(removed)
+                removed = _unlink(store, old.path)
+                rep.packs_removed += int(removed or removed_idx[old.path])
             if olds:
                 store.io.fsync_dir(store.pack_dir)
             store.reload_packs()
