@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -139,24 +141,31 @@ def test_a_budget_packs_part_and_leaves_the_rest_for_the_next_pass(tmp_path: Pat
     all_objects_read(store, ids)
 
 
-def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
-    store, _, _, _ = run_calls(tmp_path, 5, 0)
-    n = loose(store)
-    held, release = threading.Event(), threading.Event()
+@contextmanager
+def held_in_a_thread(hold: Callable[[], Any]) -> Iterator[None]:
+    """Run the block while another thread is inside the context manager ``hold()`` gives."""
+    inside, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io):
-            held.set()
+    def body() -> None:
+        with hold():
+            inside.set()
             release.wait(10)
 
-    t = threading.Thread(target=hold)
+    t = threading.Thread(target=body)
     t.start()
     try:
-        assert held.wait(10)
-        rep = AutoPacker(store, 1).after_run()
+        assert inside.wait(10)
+        yield
     finally:
         release.set()
         t.join()
+
+
+def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 5, 0)
+    n = loose(store)
+    with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
+        rep = AutoPacker(store, 1).after_run()
     assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "")
     assert loose(store) == n and not store.packs
 
@@ -164,22 +173,9 @@ def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
 def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) -> None:
     store, _, _, _ = run_calls(tmp_path, 5, 0)
     ids = set(store.loose.iter_ids())
-    inside, release = threading.Event(), threading.Event()
     other = fast_store(Path(store.root))
-
-    def writer() -> None:
-        with other.writing():  # a writer between its objects and its ref
-            inside.set()
-            release.wait(10)
-
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        assert inside.wait(10)
+    with held_in_a_thread(other.writing):  # a writer between its objects and its ref
         rep = AutoPacker(store, 1).after_run()
-    finally:
-        release.set()
-        t.join()
     assert rep is not None and rep.packed == len(ids) and rep.loose_removed == 0 and "writers" in (rep.skipped or "")
     assert loose(store) == len(ids), "nothing removed while a writer was inside"
     again = AutoPacker(store, 1).after_run()
