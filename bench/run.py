@@ -331,7 +331,9 @@ def durable_run(state_dir: str, ws: str, calls: int) -> dict:
     rmod._RunCtx.tool_turn = tool_turn  # type: ignore[method-assign]
     tool.run = run_tool  # type: ignore[method-assign]
     try:
-        total, result = timed(rmod.Runner(store).start, ws, "benchmark the durable steps", lock)
+        runner = rmod.Runner(store)
+        runner.autopack = None  # the steps alone (workload 8 "files" measures packing)
+        total, result = timed(runner.start, ws, "benchmark the durable steps", lock)
     finally:
         rmod._RunCtx.tool_turn = orig_turn  # type: ignore[method-assign]
         del tool.run
@@ -635,6 +637,7 @@ def w_fsck(plan: Plan, res: Results, sets: dict[int, ExportSet], meds: dict[int,
 
 
 def _kxen_load(root: str, ses: str) -> list[dict]:
+    from kxen_agent.runtime.history import RunHistory
     from kxen_agent.session.sessions import SessionStore
 
     from ._kxen import measuring_store
@@ -642,9 +645,9 @@ def _kxen_load(root: str, ses: str) -> list[dict]:
     ss = SessionStore(measuring_store(root))
     info = ss.get(ses)
     agent = ss.agent(info)
-    # Exactly what the runner sends the provider (runner.provider_turn).
-    history = [m.to_provider() for m in ss.history(info.head)]
-    return [{"role": "system", "content": agent.get("system", "")}] + history
+    # Exactly what the runner sends the provider on a process's first turn
+    # (runner.provider_turn; later turns read only what was added: workload 8).
+    return RunHistory(ss).messages(info.head, [{"role": "system", "content": agent.get("system", "")}])
 
 
 def _peak(fn: Callable[[], Any]) -> int:

@@ -12,8 +12,7 @@ off):
   returns at once, so the pass's reading, compressing and fsyncs overlap
   the model call instead of stalling the turn. The one moment a writer of
   this process can wait for it is the removal of loose copies, done under
-  the store lock in chunks of :data:`UNLINK_CHUNK` files (tens of
-  milliseconds each);
+  the store lock, one hold of at most :data:`UNLINK_HOLD_S` at a time;
 - :meth:`AutoPacker.after_run`: waits for a background pass, then, over
   the threshold, packs every loose object; past :data:`PACK_LIMIT` packs, runs a full :func:`~.gc.gc` with
   the default grace period (git's ``gc.autoPackLimit``).
@@ -23,8 +22,8 @@ without waiting (a gc or another packer at work: skip); read each loose
 object (verified: its id is its hash), write them into one pack and commit
 it (§12.6: the pack and its index durable before anything is removed);
 then, holding the store lock exclusively (§8.2; no writer is between its
-objects and its ref) for one chunk of files at a time, unlink the loose
-copies of what the pack holds. It
+objects and its ref) for at most :data:`UNLINK_HOLD_S` at a time, unlink
+the loose copies of what the pack holds. It
 never prunes: every object it removes a file of is in a committed pack,
 reachable or not (an unreachable object's age for gc's grace period is
 then its pack's modification time, which only makes it live longer). The
@@ -60,8 +59,9 @@ DEFAULT_THRESHOLD = 6700
 #: Packs tolerated before :meth:`AutoPacker.after_run` consolidates them with a full gc (git's ``gc.autoPackLimit``).
 PACK_LIMIT = 50
 
-#: Loose copies removed per hold of the store lock (a writer of this process waits at most one chunk).
-UNLINK_CHUNK = 256
+#: How long one hold of the store lock's exclusive side may go on removing loose copies: a writer waits at
+#: most about this long (an unlink costs ~10 µs on an idle disk, 2 ms on this project's shared VM under load).
+UNLINK_HOLD_S = 0.02
 
 #: How long a pass waits for writers to leave the store lock before it leaves the loose copies for later.
 UNLINK_WAIT_S = 1.0
@@ -263,17 +263,24 @@ class AutoPacker:
         gone = redundant + packed
         if not gone:
             return
-        for i in range(0, len(gone), UNLINK_CHUNK):
+        todo_unlink = list(reversed(gone))
+        while todo_unlink:
             try:
                 with store.pruning(UNLINK_WAIT_S):
                     held = time.perf_counter()
-                    for oid in gone[i:i + UNLINK_CHUNK]:
+                    while todo_unlink:
                         try:
-                            store.io.unlink(store.loose.path(oid))
+                            store.io.unlink(store.loose.path(todo_unlink.pop()))
                             rep.loose_removed += 1
                         except FileNotFoundError:
                             pass
+                        if time.perf_counter() - held >= UNLINK_HOLD_S:
+                            break
                     rep.longest_hold_s = max(rep.longest_hold_s, time.perf_counter() - held)
             except LockBusy:
                 rep.skipped = "writers held the store lock; the packed objects' loose copies stay until the next pass"
                 return
+            if todo_unlink:
+                # Let a writer that waited for this hold in before the next one: the
+                # store lock wakes every waiter, and this thread would otherwise win the race.
+                time.sleep(UNLINK_HOLD_S / 2)
