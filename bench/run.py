@@ -30,6 +30,11 @@ Workloads (``--only`` takes these names):
 - ``remote``: a session pushed to, and pulled from, a Git remote vs ``git
   push``/``git fetch`` of the same messages as commits, and the size of an
   incremental push (``bench/remote.py``).
+- ``turns``: store time per turn of a real run resumed on a history of 10,
+  10,000 and 100,000 messages (the run holds its history in memory: a
+  turn's cost must not grow with it), ``bench/turns.py``.
+- ``files``: the files a session of 2,000 tool calls leaves in a fresh state
+  dir, with automatic packing and without (``bench/turns.py``).
 - ``scaling``: every export, import, fsck and load figure is measured at
   two sizes, N and 10 N; this prints how each cost grew.
 
@@ -59,7 +64,7 @@ from typing import Any, Callable
 from . import _peers as peers
 from ._content import Conversation, content_bytes, safe_fork_point
 
-WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote")
+WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns", "files")
 FAMILY_FORKS = 10
 
 
@@ -181,7 +186,8 @@ class History:
         log(f"conversation of {total:,} messages, {content_bytes(self.messages) / 1e6:.1f} MB of content "
             f"({time.perf_counter() - t0:.1f} s)")
         self.root = os.path.join(work, "A")
-        b = Builder(self.root, os.path.join(work, "ws"))
+        self.workspace = os.path.join(work, "ws")  # every session's
+        b = Builder(self.root, self.workspace)
         t0 = time.perf_counter()
         heads = b.chain(self.messages, list(self.lengths.values()))
         self.sessions = {n: b.session(heads[k]) for n, k in self.lengths.items()}
@@ -325,7 +331,9 @@ def durable_run(state_dir: str, ws: str, calls: int) -> dict:
     rmod._RunCtx.tool_turn = tool_turn  # type: ignore[method-assign]
     tool.run = run_tool  # type: ignore[method-assign]
     try:
-        total, result = timed(rmod.Runner(store).start, ws, "benchmark the durable steps", lock)
+        runner = rmod.Runner(store)
+        runner.autopack = None  # the steps alone (workload 8 "files" measures packing)
+        total, result = timed(runner.start, ws, "benchmark the durable steps", lock)
     finally:
         rmod._RunCtx.tool_turn = orig_turn  # type: ignore[method-assign]
         del tool.run
@@ -629,6 +637,7 @@ def w_fsck(plan: Plan, res: Results, sets: dict[int, ExportSet], meds: dict[int,
 
 
 def _kxen_load(root: str, ses: str) -> list[dict]:
+    from kxen_agent.runtime.history import RunHistory
     from kxen_agent.session.sessions import SessionStore
 
     from ._kxen import measuring_store
@@ -636,9 +645,9 @@ def _kxen_load(root: str, ses: str) -> list[dict]:
     ss = SessionStore(measuring_store(root))
     info = ss.get(ses)
     agent = ss.agent(info)
-    # Exactly what the runner sends the provider (runner.provider_turn).
-    history = [m.to_provider() for m in ss.history(info.head)]
-    return [{"role": "system", "content": agent.get("system", "")}] + history
+    # Exactly what the runner sends the provider on a process's first turn
+    # (runner.provider_turn; later turns read only what was added: workload 8).
+    return RunHistory(ss).messages(info.head, [{"role": "system", "content": agent.get("system", "")}])
 
 
 def _peak(fn: Callable[[], Any]) -> int:
@@ -756,8 +765,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"plan: {asdict(plan)}; work dir {work}")
         hist = None
-        if "fork" in only or "load" in only:
-            lengths = sorted(set((plan.fork_sizes if "fork" in only else []) + (plan.load_sizes if "load" in only else [])))
+        if "fork" in only or "load" in only or "turns" in only:
+            from .turns import turn_sizes
+
+            lengths = sorted(set((plan.fork_sizes if "fork" in only else []) + (plan.load_sizes if "load" in only else [])
+                                 + (turn_sizes(plan.quick, plan.scale) if "turns" in only else [])))
             hist = History(work, lengths, plan.text_chars)
         if "fork" in only:
             log("1 fork")
@@ -794,6 +806,16 @@ def main(argv: list[str] | None = None) -> int:
             from .remote import w_remote
 
             w_remote(plan, res, work, timed=ctimed, median=median, rate=rate, mib=mib, log=log)
+        if "turns" in only:
+            log("8 store time per turn")
+            from .turns import w_turns
+
+            w_turns(plan, res, hist, median=median, ms=ms, log=log)
+        if "files" in only:
+            log("8 files per session")
+            from .turns import w_files
+
+            w_files(plan, res, work, median=median, ms=ms, log=log)
         scaling_rows(res, plan, exp, fsck_, load)
         res.rows.sort(key=lambda r: r.workload)
         print(f"\nkxen-agent benchmarks: {'quick (sizes meaningless)' if plan.quick else 'default'} run, "

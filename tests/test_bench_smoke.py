@@ -27,7 +27,7 @@ def test_quick_run_prints_the_table(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "| workload | figure | kxen | peer | ratio | target | met |" in out
-    for workload in ("1 fork", "2 durable", "3 export", "3 size", "4 load", "5 fsck", "6 scaling", "7 remote"):
+    for workload in ("1 fork", "2 durable", "3 export", "3 size", "4 load", "5 fsck", "6 scaling", "7 remote", "8 turns", "8 files"):
         assert f"| {workload} |" in out, f"no {workload} row in:\n{out}"
     assert "targets met" in out
     assert (tmp_path / "out.json").stat().st_size > 0

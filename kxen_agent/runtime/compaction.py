@@ -33,6 +33,7 @@ from kxen_agent.session.sessions import Message, msg_id
 from kxen_agent.store import CorruptObject, RefUpdate
 
 from .events import Activity, ProviderRetry
+from .history import RunHistory
 from .lease import Lease
 from .providers import AssistantTurn, Provider, ProviderCanceled, model_endpoint, require_sdk
 from .redaction import redact
@@ -40,7 +41,7 @@ from .results import CUT_SHORT, TERMINAL, RunError, _usage_json, sum_usage
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .tools import tool_specs
 
-__all__ = ["CHARS_PER_TOKEN", "SUMMARY_PREFIX", "SUMMARY_REQUEST", "compact_session", "provider_history",
+__all__ = ["CHARS_PER_TOKEN", "SUMMARY_PREFIX", "SUMMARY_REQUEST", "compact_session", "held_view", "provider_history",
            "provider_view", "view_tokens"]
 
 #: The text-length estimate's rate (a common rule of thumb for English text and code).
@@ -67,6 +68,21 @@ def provider_view(history: list[Message]) -> list[dict]:
                             "history (§14.4); `kxen-agent fsck` lists every damaged object")
     view = [{"role": "user", "content": SUMMARY_PREFIX + (c.content or "")}]
     return view + [m.to_provider() for m in history[through + 1:] if m.role != "compaction"]
+
+
+def held_view(history: RunHistory, head: bytes | None) -> list[dict]:
+    """:func:`provider_view` of the history ending at ``head``, from the run's in-memory history
+    (read from the store only for the messages it does not hold yet)."""
+    messages = history.messages(head)
+    latest = history.latest_compaction()
+    if latest is None:
+        return messages
+    at, through = latest
+    if through is None:
+        raise CorruptObject(history.oid_at(at).hex(), "compaction message whose 'through' is not an earlier "
+                            "message of its history (§14.4); `kxen-agent fsck` lists every damaged object")
+    view = [{"role": "user", "content": SUMMARY_PREFIX + (messages[at].get("content") or "")}]
+    return view + [m for m in messages[through + 1:] if m["role"] != "compaction"]
 
 
 def _chars(view: list[dict]) -> int:
@@ -117,10 +133,10 @@ def provider_history(ctx: Any) -> list[dict]:
     ``ctx`` is the run's context (:class:`~.runner._RunCtx`); a compaction
     that fails or is canceled ends the run as a failed or canceled model call does.
     """
-    history = ctx.sessions.history(ctx.info.head)
-    view = provider_view(history)
+    held = ctx.r.history
+    view = held_view(held, ctx.info.head)
     budget = ctx.agent.get("policy", {}).get("context_tokens")
-    if budget is None or not history or history[-1].role == "compaction":
+    if budget is None or not len(held) or held.last_role() == "compaction":
         return view  # no budget, or nothing new since the last compaction: compacting again would not help
     system = ctx.agent.get("system", "")
     specs = tool_specs(ctx.agent.get("tools", []))
@@ -166,9 +182,9 @@ def provider_history(ctx: Any) -> list[dict]:
                                                            "through": through, "run": ctx.run}])
         ctx.update({"compactedTurn": ctx.st["turn"], **counted},
                    reason=f"run {ctx.run}: compacted the history through {msg_id(through)}", head=(through, new_head))
-    ctx.r.on_event(f"run {ctx.run}: history compacted ({len(history)} messages summarized in {msg_id(new_head)})")
+    ctx.r.on_event(f"run {ctx.run}: history compacted ({len(held)} messages summarized in {msg_id(new_head)})")
     ctx.fault("compaction:after-message")
-    return provider_view(ctx.sessions.history(ctx.info.head))
+    return held_view(held, ctx.info.head)
 
 
 # ---------------------------------------------------------------- on demand

@@ -46,6 +46,7 @@ from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import misplaced, put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate
+from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
 
 from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
@@ -53,6 +54,9 @@ from .compaction import provider_history
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
+from .history import RunHistory
+from .recovery import (FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
+                       SettleThenAsk, Stop, next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
@@ -136,6 +140,10 @@ class Runner:
         #: Decides calls that ``[policy] approve`` lists (the CLI sets a terminal's; default: refuse them).
         self.approver: Approver = refuse_without_terminal
         self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
+        #: The history the model is sent, held in memory and extended turn by turn (read once per process).
+        self.history = RunHistory(self.sessions)
+        #: Packs loose objects between turns and after a run when there are too many (None: never).
+        self.autopack = AutoPacker.for_store(store)
 
     def emit(self, event: RunEvent) -> None:
         self.listener(event)
@@ -414,6 +422,7 @@ class Runner:
         finally:
             ctx.close()
             self.activity = Activity("step")
+        self.pack_loose(after_run=True)
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)
         return self.result_of(info, run, oid, st)
@@ -447,6 +456,23 @@ class Runner:
                     "isError": bool(is_error)}
 
     # ================================================================ helpers
+
+    def pack_loose(self, *, after_run: bool = False) -> None:
+        """Pack loose objects if there are too many (:mod:`kxen_agent.store.autopack`): between turns in
+        a background thread, after a run all of them. A failure (a full disk) is reported, never the run's."""
+        if self.autopack is None:
+            return
+        try:
+            if after_run:
+                self.autopack.after_run()
+            else:
+                self.autopack.between_turns()
+        except (KxenError, OSError) as e:
+            self.on_event(f"automatic packing skipped: {e}")
+            return
+        for rep in self.autopack.finished():
+            if rep.line():
+                self.on_event(rep.line())
 
     def _check_tools(self, agent_lock: dict) -> None:
         for t in agent_lock.get("tools", []):
@@ -571,26 +597,33 @@ class _RunCtx:
     # ---------------------------------------------------------------- the loop
 
     def loop(self) -> None:
+        # What to do next is recovery.next_step's (a pure function of what is
+        # durable); this loop reads its inputs — only those it needs — and carries it out.
         while True:
             st = self.st
-            status = st["status"]
-            if status in TERMINAL:
-                if not st.get("settled"):
-                    self.finish_settlement()
+            status = RunStatus(st["status"])
+            ops = {} if status.terminal else self.r.ops(st)
+            last = None
+            if not status.terminal and status is not RunStatus.INPUT_REQUIRED and self.info.head is not None:
+                last = self.sessions.read_message(self.info.head)
+            step = next_step(self.run, status, bool(st.get("settled")),
+                             None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
+                             [OpState(e["state"]) for e in ops.values()])
+            if isinstance(step, FinishSettlement):
+                self.finish_settlement()
                 raise _Stop
-            ops = self.r.ops(st)
-            if status == "input_required":
-                if any(e["state"] == "OutcomeUnknown" for e in ops.values()):
+            if isinstance(step, Stop):
+                if status is RunStatus.INPUT_REQUIRED:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
-                    raise _Stop
+                raise _Stop
+            if isinstance(step, ResumeAfterResolution):
                 self.update({"status": "running"}, reason=f"run {self.run}: resumed after resolution")
                 continue
-            head = self.info.head
-            last = self.sessions.read_message(head) if head is not None else None
-            if last is not None and last.run == self.run and last.role == "assistant" and last.tool_calls:
+            if isinstance(step, RunTools):
+                assert last is not None
                 self.tool_turn(last, ops)
                 continue
-            if last is not None and last.run == self.run and last.role == "tool":
+            if isinstance(step, SettleThenAsk):
                 self.settle_turn(ops)
             self.provider_turn()
 
@@ -602,8 +635,10 @@ class _RunCtx:
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
             self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
-        history = provider_history(self)  # from the latest compaction on; compacts first when over budget
-        messages = [{"role": "system", "content": self.agent.get("system", "")}] + history
+        self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
+        # Held in memory (only the messages added since the last turn are read), from the latest
+        # compaction on; compacts first when over budget.
+        messages = [{"role": "system", "content": self.agent.get("system", "")}, *provider_history(self)]
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"

@@ -76,6 +76,8 @@ class LooseObjects:
         self._durable_ids: dict[ObjectId, tuple[int, int, int]] = {}
         self._pending_ids: dict[ObjectId, tuple[int, int, int] | None] = {}
         self._before_write = before_write
+        #: New loose files this instance has written (automatic packing counts with it, :mod:`.autopack`).
+        self.written = 0
 
     def path(self, oid: ObjectId) -> str:
         h = oid.hex()
@@ -141,6 +143,7 @@ class LooseObjects:
             self._before_write()
         self.io.makedirs(d)
         self.io.rename_into_place(self.io.write_tmp(d, compress_loose(obj.raw)), path)
+        self.written += 1
         ident = self._identity_of(path)  # taken before the barrier: the file it makes durable
         self._barrier(d)
         self._made_durable(obj.id, ident)

@@ -1,0 +1,122 @@
+"""Run and operation states as types, and recovery as a pure function of them.
+
+A run's state object says ``status`` in words (``objects_spec.md`` §14.5)
+and each journal entry an op's ``state`` (§14.6); :class:`RunStatus` and
+:class:`OpState` are those words as enums. :func:`next_step` is the run
+loop's decision: from what is durable — the run's status and settlement,
+the Session's newest message, the states of the run's operations — to the
+next step, as a value (:data:`Step`). It reads nothing, writes nothing and
+calls nothing, so it is tested on every combination in-process
+(``tests/runtime/test_recovery.py``); the loop in
+:mod:`~kxen_agent.runtime.runner` carries the step out. After a crash the
+same function decides what resuming does: a process that died anywhere
+leaves one of these states, and each has exactly one next step.
+
+Limitation: the decision for each call of an interrupted tool turn (run it,
+run it again, call it UNKNOWN) is still made inside the runner's tool turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Union
+
+__all__ = [
+    "AskModel",
+    "FinishSettlement",
+    "LastMessage",
+    "OpState",
+    "ResumeAfterResolution",
+    "RunStatus",
+    "RunTools",
+    "SettleThenAsk",
+    "Step",
+    "Stop",
+    "next_step",
+]
+
+
+class RunStatus(str, Enum):
+    """A run's ``status`` (§14.5)."""
+
+    RUNNING = "running"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
+
+
+class OpState(str, Enum):
+    """An operation's journal ``state`` (§14.6)."""
+
+    DECIDED = "Decided"  # approved or refused by the user (§14.6), not started yet: its tool turn goes on
+    STARTED = "Started"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+    OUTCOME_KNOWN = "OutcomeKnown"
+    SETTLED = "Settled"
+
+
+@dataclass(frozen=True)
+class LastMessage:
+    """What :func:`next_step` needs of the Session's newest message."""
+
+    role: str
+    run: str | None
+    asks_tools: bool
+
+
+@dataclass(frozen=True)
+class FinishSettlement:
+    """A terminal run whose settlement was interrupted: write the final message (if completed), mark settled."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Nothing to do in this process: ``why`` (settled, or waiting for ``run resolve``)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class ResumeAfterResolution:
+    """``input_required`` with no UNKNOWN op left: every one was resolved; the run goes on."""
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """The newest message is this run's assistant turn asking for tools: run (or recover) its calls."""
+
+
+@dataclass(frozen=True)
+class SettleThenAsk:
+    """The turn's tool messages are in the Session: settle its ops, then ask the model."""
+
+
+@dataclass(frozen=True)
+class AskModel:
+    """Ask the model for the next turn."""
+
+
+Step = Union[FinishSettlement, Stop, ResumeAfterResolution, RunTools, SettleThenAsk, AskModel]
+
+
+def next_step(run: str, status: RunStatus, settled: bool, last: LastMessage | None,
+              ops: Iterable[OpState]) -> Step:
+    """The loop's next step for run ``run``, from its durable state (see the module doc)."""
+    if status.terminal:
+        return Stop("settled") if settled else FinishSettlement()
+    if status is RunStatus.INPUT_REQUIRED:
+        if any(s is OpState.OUTCOME_UNKNOWN for s in ops):
+            return Stop("waits for run resolve")
+        return ResumeAfterResolution()
+    if last is not None and last.run == run:
+        if last.role == "assistant" and last.asks_tools:
+            return RunTools()
+        if last.role == "tool":
+            return SettleThenAsk()
+    return AskModel()

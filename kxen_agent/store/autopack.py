@@ -1,0 +1,286 @@
+"""Automatic packing, as ``git gc --auto``: loose objects go into packs once there are too many.
+
+A run writes a handful of loose objects per tool call, one file each; a
+session of 2,000 calls left ~18,000 files. :class:`AutoPacker` keeps the
+number of loose objects near a threshold (git's default, 6,700; the
+``KXEN_AGENT_AUTOPACK`` variable sets it, ``0`` turns automatic packing
+off):
+
+- :meth:`AutoPacker.between_turns`: cheap when under the threshold (a
+  counter of the objects this store wrote, after one count of the fan-out
+  dirs per process); over it, starts a pass in a background thread and
+  returns at once, so the pass's reading, compressing and fsyncs overlap
+  the model call instead of stalling the turn. The one moment a writer of
+  this process can wait for it is the removal of loose copies, done under
+  the store lock, one hold of at most :data:`UNLINK_HOLD_S` at a time;
+- :meth:`AutoPacker.after_run`: waits for a background pass, then, over
+  the threshold, packs every loose object; past :data:`PACK_LIMIT` packs, runs a full :func:`~.gc.gc` with
+  the default grace period (git's ``gc.autoPackLimit``).
+
+What a pass does (``objects_spec.md`` §12.11a): take ``locks/gc-run.lock``
+without waiting (a gc or another packer at work: skip); read each loose
+object (verified: its id is its hash), write them into one pack and commit
+it (§12.6: the pack and its index durable before anything is removed);
+then, holding the store lock exclusively (§8.2; no writer is between its
+objects and its ref) for at most :data:`UNLINK_HOLD_S` at a time, unlink
+the loose copies of what the pack holds. It
+never prunes: every object it removes a file of is in a committed pack,
+reachable or not (an unreachable object's age for gc's grace period is
+then its pack's modification time, which only makes it live longer). The
+fan-out directories are not fsynced after the unlinks: a loose copy that
+a power loss brings back is a duplicate of a packed object, which gc
+removes and every reader tolerates.
+
+It never knows what a session is, and never runs unless asked: the run
+layer calls it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from kxen_agent.errors import KxenError, UsageError
+
+from .locks import LockBusy, file_lock
+from .objects import CorruptObject, ObjectId
+from .repo import Store
+
+__all__ = ["AUTOPACK_ENV", "AutoPackReport", "AutoPacker", "DEFAULT_THRESHOLD", "PACK_LIMIT", "threshold_from_env"]
+
+#: The environment variable that sets the loose-object threshold (``0``: never pack automatically).
+AUTOPACK_ENV = "KXEN_AGENT_AUTOPACK"
+
+#: Loose objects tolerated before packing: git's ``gc.auto`` default.
+DEFAULT_THRESHOLD = 6700
+
+#: Packs tolerated before :meth:`AutoPacker.after_run` consolidates them with a full gc (git's ``gc.autoPackLimit``).
+PACK_LIMIT = 50
+
+#: How long one hold of the store lock's exclusive side may go on removing loose copies: a writer waits at
+#: most about this long (an unlink costs ~10 µs on an idle disk, 2 ms on this project's shared VM under load).
+UNLINK_HOLD_S = 0.02
+
+#: How long a pass waits for writers to leave the store lock before it leaves the loose copies for later.
+UNLINK_WAIT_S = 1.0
+
+
+def threshold_from_env(environ: "os._Environ[str] | dict[str, str] | None" = None) -> int:
+    """The threshold ``KXEN_AGENT_AUTOPACK`` sets (default :data:`DEFAULT_THRESHOLD`); a bad value is a UsageError."""
+    env = os.environ if environ is None else environ
+    text = env.get(AUTOPACK_ENV, "").strip()
+    if not text:
+        return DEFAULT_THRESHOLD
+    if not text.isdigit() or len(text) > 12:
+        raise UsageError(f"{AUTOPACK_ENV}={text[:40]!r} is not a whole number of loose objects (0 turns automatic "
+                         f"packing off; unset, {DEFAULT_THRESHOLD})")
+    return int(text)
+
+
+@dataclass
+class AutoPackReport:
+    """What one pass did."""
+
+    packed: int = 0
+    pack: str | None = None
+    loose_removed: int = 0
+    #: Objects left loose: past the pass's ``max_objects``, or corrupt (fsck names them).
+    left: int = 0
+    #: Why the pass did nothing or stopped short ("gc running", "writers busy"), if it did.
+    skipped: str | None = None
+    seconds: float = 0.0
+    #: The longest hold of the store lock's exclusive side (what a writer could wait for).
+    longest_hold_s: float = 0.0
+    #: A full gc ran (too many packs).
+    consolidated: bool = False
+    #: The pass ran in a background thread.
+    background: bool = False
+
+    def line(self) -> str:
+        """What the pass did, in words ("" when it did nothing)."""
+        done = (f"packed {self.packed} loose object(s) in {self.seconds:.2f} s" if self.packed else "") + (
+            " and consolidated the packs (gc)" if self.consolidated else "")
+        if self.skipped:
+            return (done.strip() + "; " if done else "") + f"automatic packing: {self.skipped}"
+        return done.strip()
+
+
+class AutoPacker:
+    """Keeps ``store``'s loose objects under ``threshold`` (0: never packs); see the module doc."""
+
+    def __init__(self, store: Store, threshold: int | None = None, *, background: bool = True,
+                 pack_limit: int = PACK_LIMIT) -> None:
+        self.store = store
+        self.threshold = threshold_from_env() if threshold is None else threshold
+        #: Passes between turns run in a thread (False: in the caller's, as tests of the mechanics want).
+        self.background = background
+        self.pack_limit = pack_limit
+        self._base: int | None = None  # loose objects counted, ...
+        self._written_at_base = 0  # ... when this store had written this many
+        #: Every pass, oldest first.
+        self.reports: list[AutoPackReport] = []
+        self._thread: threading.Thread | None = None
+        self._told = 0
+
+    @classmethod
+    def for_store(cls, store: object) -> "AutoPacker | None":
+        """The packer of a state dir on disk, with the threshold of the environment; None for any other
+        store (a memory store has no files) or when ``KXEN_AGENT_AUTOPACK=0``."""
+        if not isinstance(store, Store):
+            return None
+        packer = cls(store)
+        return packer if packer.threshold > 0 else None
+
+    def estimate(self) -> int:
+        """Loose objects now: one count of the fan-out dirs per process, then what this store wrote since."""
+        written = self.store.loose.written
+        if self._base is None:
+            self._base = sum(1 for _ in self.store.loose.iter_ids()) if self.store.exists else 0
+            self._written_at_base = written
+        return self._base + written - self._written_at_base
+
+    def due(self) -> bool:
+        return self.threshold > 0 and self.store.exists and self.estimate() > self.threshold
+
+    def between_turns(self, max_objects: int | None = None) -> AutoPackReport | None:
+        """Start a pass (of at most ``max_objects``) if over the threshold and none is running.
+
+        In the background (the default): returns None at once, the pass's
+        report comes from :meth:`finished` or :meth:`wait`. Otherwise the
+        pass's report; None if nothing was due.
+        """
+        if self.running() or not self.due():
+            return None
+        if not self.background:
+            return self._pass(max_objects)
+        self._thread = threading.Thread(target=self._pass, args=(max_objects, True), name="kxen-autopack", daemon=True)
+        self._thread.start()
+        return None
+
+    def pack_now(self, max_objects: int | None = None) -> AutoPackReport:
+        """One pass in the caller's thread, whatever the threshold (tests, and a user's explicit request)."""
+        self.wait()
+        return self._pass(max_objects)
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Wait for the background pass, if one runs."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def finished(self) -> list[AutoPackReport]:
+        """The reports of passes finished since the last call (for the caller to tell about)."""
+        if self.running():
+            return []
+        new = self.reports[self._told:]
+        self._told = len(self.reports)
+        return new
+
+    def after_run(self) -> AutoPackReport | None:
+        """Wait for a background pass; pack every loose object if over the threshold; consolidate past the
+        pack limit. The report of what this call did, None if nothing was due."""
+        self.wait()
+        rep = self._pass(None) if self.due() else None
+        if self.threshold > 0 and self.store.exists:
+            self.store.reload_packs()
+            if len(self.store.packs) > self.pack_limit:
+                from .gc import gc
+
+                if rep is None:
+                    rep = AutoPackReport()
+                    self.reports.append(rep)
+                t = time.perf_counter()
+                try:
+                    gc(self.store, lock_timeout=UNLINK_WAIT_S)
+                except KxenError as e:
+                    rep.skipped = f"consolidation skipped: {e}"
+                else:
+                    rep.consolidated = True
+                    self._recount()
+                rep.seconds += time.perf_counter() - t
+        return rep
+
+    def _recount(self) -> None:
+        self._base = None
+
+    def _pass(self, max_objects: int | None, background: bool = False) -> AutoPackReport:
+        rep = AutoPackReport(background=background)
+        t0 = time.perf_counter()
+        store = self.store
+        try:
+            with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
+                self._pack(rep, max_objects)
+        except LockBusy:
+            rep.skipped = "a gc or another packer holds locks/gc-run.lock"
+        except (KxenError, OSError) as e:
+            if not background:
+                raise
+            rep.skipped = f"failed: {e}"  # a full disk: the run goes on, the objects stay loose
+        rep.seconds = time.perf_counter() - t0
+        self._recount()
+        self.reports.append(rep)
+        return rep
+
+    def _pack(self, rep: AutoPackReport, max_objects: int | None) -> None:
+        store = self.store
+        store.reload_packs()
+        packs = [p for p in store.packs if p not in store._pinned]
+        ids = list(store.loose.iter_ids())
+        redundant = [oid for oid in ids if any(p.has(oid) for p in packs)]
+        todo = [oid for oid in ids if not any(p.has(oid) for p in packs)] if redundant else ids
+        packed: list[ObjectId] = []
+        if todo:
+            with store.pack_writer(None) as w:
+                for n, oid in enumerate(todo):
+                    if max_objects is not None and n >= max_objects:
+                        break
+                    try:
+                        obj = store.loose.read_raw(oid)
+                    except CorruptObject:
+                        continue  # left loose for fsck to name; never packed, never removed
+                    if obj is None:
+                        continue  # removed since the listing (a gc)
+                    w.add(obj)
+                    packed.append(oid)
+                if packed:
+                    sealed = w.seal()
+                else:
+                    w.abort()
+            if packed:
+                try:
+                    info = sealed.commit()
+                except BaseException:
+                    sealed.discard()
+                    raise
+                rep.packed, rep.pack = info.count, info.name
+                store.reload_packs()
+        rep.left = len(todo) - len(packed)
+        gone = redundant + packed
+        if not gone:
+            return
+        todo_unlink = list(reversed(gone))
+        while todo_unlink:
+            try:
+                with store.pruning(UNLINK_WAIT_S):
+                    held = time.perf_counter()
+                    while todo_unlink:
+                        try:
+                            store.io.unlink(store.loose.path(todo_unlink.pop()))
+                            rep.loose_removed += 1
+                        except FileNotFoundError:
+                            pass
+                        if time.perf_counter() - held >= UNLINK_HOLD_S:
+                            break
+                    rep.longest_hold_s = max(rep.longest_hold_s, time.perf_counter() - held)
+            except LockBusy:
+                rep.skipped = "writers held the store lock; the packed objects' loose copies stay until the next pass"
+                return
+            if todo_unlink:
+                # Let a writer that waited for this hold in before the next one: the
+                # store lock wakes every waiter, and this thread would otherwise win the race.
+                time.sleep(UNLINK_HOLD_S / 2)

@@ -1,0 +1,230 @@
+"""Automatic packing (issue #13, item 3): loose objects kept under a threshold, nothing lost.
+
+Real state dirs and the real runner; counts of files on disk, never times.
+A pass packs every loose object (reachable or not) into a committed pack,
+then removes only loose copies of what a pack holds: every object stays
+readable and fsck stays clean; a busy gc lock or busy writers make it skip
+or defer, never break anything.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from kxen_agent.errors import UsageError
+from kxen_agent.runtime.runner import Runner
+from kxen_agent.session.schema import SESSION_SCHEMA
+from kxen_agent.session.sessions import NS, SessionStore
+from kxen_agent.store import Store, fsck
+from kxen_agent.store.autopack import AUTOPACK_ENV, DEFAULT_THRESHOLD, AutoPacker, threshold_from_env
+from kxen_agent.store.fsio import FaultyIO, FileIO
+from kxen_agent.store.locks import file_lock
+from tests.runtime.test_history import Tooling, session_with_history
+
+
+def files_in(root: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+def loose(store: Store) -> int:
+    return sum(1 for _ in store.loose.iter_ids())
+
+
+def fast_store(root: Path) -> Store:
+    # Real files, fsyncs skipped: these tests count files, not durability (the spec's order is the writer's).
+    return Store(str(root), io=FaultyIO(None, sync=False), namespaces=(NS,))
+
+
+def run_calls(tmp_path: Path, calls: int, threshold: int, **kw) -> tuple[Store, Runner, str, list[int]]:
+    """A real run of ``calls`` read_file calls with a packer of ``threshold``; loose objects at each model call."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("notes\n" * 40)
+    root = tmp_path / "state"
+    ses = session_with_history(root, ws, 10, max_turns=calls + 5)
+    store = fast_store(root)
+    tooling = Tooling(store, calls)
+    counts: list[int] = []
+    factory = tooling.factory
+
+    def counting(agent, endpoint):
+        p = factory(agent, endpoint)
+        inner = p.complete
+
+        def complete(messages, tools, **k):
+            counts.append(loose(store))
+            return inner(messages, tools, **k)
+
+        p.complete = complete
+        return p
+
+    runner = Runner(store, providers=counting)
+    runner.autopack = AutoPacker(store, threshold, **kw)
+    result = runner.resume(ses, task="read the notes many times")
+    assert result.status == "completed", result
+    return store, runner, ses, counts
+
+
+def all_objects_read(store: Store, ids: set[bytes]) -> None:
+    fresh = Store(store.root, io=FileIO(), namespaces=(NS,))
+    for oid in ids:
+        fresh.read_raw(oid)  # raises if lost
+
+
+def test_between_turns_keeps_loose_objects_near_the_threshold(tmp_path: Path) -> None:
+    store, runner, ses, counts = run_calls(tmp_path, 80, 150, background=False)
+    # Each turn adds ~7 objects; a pass packs everything loose once over the threshold.
+    assert max(counts) <= 150 + 20, counts
+    packed = [r for r in runner.autopack.reports if r.packed]
+    assert len(packed) >= 3 and all(r.skipped is None for r in runner.autopack.reports)
+    assert loose(store) <= 150 + 20
+    report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+    ss = SessionStore(store)
+    assert len(ss.history(ss.get(ses).head)) == 10 + 1 + 2 * 80 + 1
+
+
+def test_in_the_background_passes_overlap_the_turns_and_the_run_waits_for_them(tmp_path: Path) -> None:
+    store, runner, ses, counts = run_calls(tmp_path, 80, 150)
+    reports = runner.autopack.reports
+    assert sum(1 for r in reports if r.background and r.packed) >= 2, reports
+    assert all(r.skipped is None for r in reports), reports
+    assert not runner.autopack.running(), "the run ends only after its pass"
+    assert loose(store) <= 150 + 20
+    assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")]
+    report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+
+
+def test_without_packing_the_same_run_leaves_every_object_loose(tmp_path: Path) -> None:
+    # The control: the same run with packing off grows one file per object.
+    store, runner, _, counts = run_calls(tmp_path, 80, 0)
+    assert runner.autopack.reports == []
+    assert max(counts) > 400 and loose(store) > 400
+
+
+def test_a_pass_removes_no_object_reachable_or_not(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 10, 0)
+    # Unreachable objects: one young, one three weeks old (past gc's grace period).
+    young = store.put("blob", b"written by a writer whose ref has not moved yet")
+    old = store.put("blob", b"garbage from long ago")
+    week3 = time.time() - 21 * 86400
+    os.utime(store.loose.path(old), (week3, week3))
+    ids = set(store.loose.iter_ids())
+    assert young in ids and old in ids
+    packer = AutoPacker(store, 1, background=False)
+    rep = packer.after_run()
+    assert rep is not None and rep.packed == len(ids) and rep.loose_removed == len(ids) and rep.left == 0
+    assert loose(store) == 0
+    all_objects_read(store, ids)
+    report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+
+
+def test_a_budget_packs_part_and_leaves_the_rest_for_the_next_pass(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 10, 0)
+    ids = set(store.loose.iter_ids())
+    packer = AutoPacker(store, 1, background=False)
+    first = packer.between_turns(max_objects=20)
+    assert first is not None and first.packed == 20 and first.left == len(ids) - 20
+    assert loose(store) == len(ids) - 20
+    second = packer.between_turns()
+    assert second is not None and second.packed == len(ids) - 20 and loose(store) == 0
+    assert packer.between_turns() is None  # under the threshold now: nothing to do, nothing read
+    all_objects_read(store, ids)
+
+
+@contextmanager
+def held_in_a_thread(hold: Callable[[], Any]) -> Iterator[None]:
+    """Run the block while another thread is inside the context manager ``hold()`` gives."""
+    inside, release = threading.Event(), threading.Event()
+
+    def body() -> None:
+        with hold():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        assert inside.wait(10)
+        yield
+    finally:
+        release.set()
+        t.join()
+
+
+def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 5, 0)
+    n = loose(store)
+    with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
+        rep = AutoPacker(store, 1).after_run()
+    assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "")
+    assert loose(store) == n and not store.packs
+
+
+def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 5, 0)
+    ids = set(store.loose.iter_ids())
+    other = fast_store(Path(store.root))
+    with held_in_a_thread(other.writing):  # a writer between its objects and its ref
+        rep = AutoPacker(store, 1).after_run()
+    assert rep is not None and rep.packed == len(ids) and rep.loose_removed == 0 and "writers" in (rep.skipped or "")
+    assert loose(store) == len(ids), "nothing removed while a writer was inside"
+    again = AutoPacker(store, 1).after_run()
+    assert again is not None and again.packed == 0 and again.loose_removed == len(ids)
+    all_objects_read(store, ids)
+
+
+def test_past_the_pack_limit_the_packs_are_consolidated(tmp_path: Path) -> None:
+    store, _, _, _ = run_calls(tmp_path, 10, 0)
+    ids = set(store.loose.iter_ids())
+    packer = AutoPacker(store, 1, pack_limit=2, background=False)
+    for _ in range(3):
+        packer.between_turns(max_objects=10)
+    store.reload_packs()
+    assert len(store.packs) == 3
+    rep = packer.after_run()
+    assert rep is not None and rep.consolidated
+    store.reload_packs()
+    assert len(store.packs) == 1 and loose(store) == 0
+    all_objects_read(store, ids)
+
+
+def test_the_threshold_comes_from_the_environment() -> None:
+    assert threshold_from_env({}) == DEFAULT_THRESHOLD
+    assert threshold_from_env({AUTOPACK_ENV: "0"}) == 0
+    assert threshold_from_env({AUTOPACK_ENV: " 250 "}) == 250
+    for bad in ("-1", "lots", "1e4", "9" * 13):
+        with pytest.raises(UsageError) as e:
+            threshold_from_env({AUTOPACK_ENV: bad})
+        assert AUTOPACK_ENV in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bad_threshold_is_a_one_line_error_in_the_cli(cli, workspace: Path, tmp_path: Path) -> None:
+    from tests.helpers import write_agent
+
+    agent = write_agent(tmp_path / "agent", [{"content": "done"}])
+    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent),
+            env={AUTOPACK_ENV: "lots"})
+    assert p.rc == 2, str(p)
+    assert AUTOPACK_ENV in p.err and "Traceback" not in p.err and len(p.err.strip().splitlines()) == 1, p.err
+
+
+@pytest.mark.slow
+def test_a_2000_call_session_leaves_at_most_7000_files(tmp_path: Path) -> None:
+    # As the CLI runs it: the default threshold, passes in the background.
+    store, runner, ses, counts = run_calls(tmp_path, 2000, DEFAULT_THRESHOLD)
+    n = files_in(store.root)
+    assert n <= 7000, (n, loose(store), len(store.packs))
+    assert any(r.packed for r in runner.autopack.reports)
+    assert all(r.skipped is None for r in runner.autopack.reports), runner.autopack.reports
+    report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems][:5]
