@@ -37,3 +37,12 @@ def test_unknown_workload_is_a_usage_error(tmp_path: Path) -> None:
     p = _run("--quick", "--only", "nope", tmp_path=tmp_path)
     assert p.returncode == 2
     assert "unknown workload" in p.stderr
+
+
+def test_the_compaction_workload_keeps_every_request_within_the_budget() -> None:
+    from bench.compaction import measure
+
+    m = measure(turns=30, budget=2000, result_bytes=2000)
+    assert m["requests"] == 31 and m["compactions"] >= 3, m
+    assert m["largestRequest"] <= m["budget"] < m["uncompactedTokens"], m
+    assert m["messagesKept"] >= 2 * 30 + 1, m  # every call and result stays in the session
