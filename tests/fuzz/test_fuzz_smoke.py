@@ -133,3 +133,19 @@ def test_atheris_smoke_run_of_every_target(tmp_path):
             failures.append(f"{target}: rc={p.returncode}, artifacts={[c.name for c in crashes]}\n{out[-3000:]}")
     assert not failures, "\n\n".join(failures)
     assert before == {t: sorted(p.name for p in (CORPUS / t).iterdir()) for t in TARGETS}, "the seed corpus was modified"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_grown_corpus_replays_clean(target, tmp_path):
+    """Every input the long mode kept (``fuzz/corpus/grown/<target>/``) still runs clean: a change that
+    breaks an invariant on what the fuzzer found fails here, without a fuzzer."""
+    grown = CORPUS / "grown" / target
+    inputs = sorted(p for p in grown.iterdir() if p.is_file()) if grown.is_dir() else []
+    assert inputs, f"{grown} holds no input; run `python fuzz/long.py {target}` (fuzz/README.md)"
+    fn = TARGETS[target]
+    for p in inputs:
+        try:
+            fn(p.read_bytes())
+        except BaseException as e:
+            pytest.fail(f"fuzz target {target!r} fails on grown input {p.name}: {type(e).__name__}: {e}")
