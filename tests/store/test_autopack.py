@@ -228,3 +228,26 @@ def test_a_2000_call_session_leaves_at_most_7000_files(tmp_path: Path) -> None:
     assert all(r.skipped is None for r in runner.autopack.reports), runner.autopack.reports
     report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems][:5]
+
+
+def test_the_cli_packs_past_the_threshold_its_environment_sets(cli, workspace: Path, tmp_path: Path,
+                                                               state_dir: Path) -> None:
+    from tests.helpers import write_agent
+
+    (workspace / "notes.txt").write_text("notes\n" * 40)
+    steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}] * 8 + [{"content": "done"}]
+    agent = write_agent(tmp_path / "agent", steps)
+    out = cli.run_json(workspace, "read the notes", agent, env={AUTOPACK_ENV: "30"}, expect=0).json()
+    assert out["status"] == "completed", out
+    store = Store(str(state_dir), io=FileIO(), namespaces=(NS,))
+    assert [n for n in os.listdir(store.pack_dir) if n.endswith(".idx")], "no pack: the run did not pack"
+    assert loose(store) <= 30
+    report = fsck(store, schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+    # The same run with packing off leaves every object loose.
+    other = tmp_path / "off"
+    p = cli("run", "--workspace", str(workspace), "--task", "read the notes", "--agent", str(agent), "--json",
+            env={AUTOPACK_ENV: "0", "KXEN_AGENT_STATE_DIR": str(other)}, expect=0)
+    assert p.json()["status"] == "completed"
+    off = Store(str(other), io=FileIO(), namespaces=(NS,))
+    assert not off.packs and loose(off) > 60
