@@ -97,12 +97,14 @@ class AutoPackReport:
     consolidated: bool = False
     #: The pass ran in a background thread.
     background: bool = False
+    #: It did nothing because a gc or another pass held ``gc-run.lock`` (not worth telling a user).
+    busy: bool = False
 
     def line(self) -> str:
         """What the pass did, in words ("" when it did nothing)."""
         done = (f"packed {self.packed} loose object(s) in {self.seconds:.2f} s" if self.packed else "") + (
             " and consolidated the packs (gc)" if self.consolidated else "")
-        if self.skipped:
+        if self.skipped and not self.busy:
             return (done.strip() + "; " if done else "") + f"automatic packing: {self.skipped}"
         return done.strip()
 
@@ -123,6 +125,7 @@ class AutoPacker:
         self.reports: list[AutoPackReport] = []
         self._thread: threading.Thread | None = None
         self._told = 0
+        self._not_before = 0  # after a pass found gc-run.lock busy: wait until the store wrote this many
 
     @classmethod
     def for_store(cls, store: object) -> "AutoPacker | None":
@@ -142,7 +145,8 @@ class AutoPacker:
         return self._base + written - self._written_at_base
 
     def due(self) -> bool:
-        return self.threshold > 0 and self.store.exists and self.estimate() > self.threshold
+        return (self.threshold > 0 and self.store.exists and self.store.loose.written >= self._not_before
+                and self.estimate() > self.threshold)
 
     def between_turns(self, max_objects: int | None = None) -> AutoPackReport | None:
         """Start a pass (of at most ``max_objects``) if over the threshold and none is running.
@@ -216,7 +220,9 @@ class AutoPacker:
             with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
                 self._pack(rep, max_objects)
         except LockBusy:
-            rep.skipped = "a gc or another packer holds locks/gc-run.lock"
+            rep.skipped, rep.busy = "a gc or another packer holds locks/gc-run.lock", True
+            # Not again at the next turn: after a tenth of the threshold's worth of new objects.
+            self._not_before = self.store.loose.written + max(1, self.threshold // 10)
         except (KxenError, OSError) as e:
             if not background:
                 raise

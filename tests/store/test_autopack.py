@@ -166,8 +166,22 @@ def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
     n = loose(store)
     with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
         rep = AutoPacker(store, 1).after_run()
-    assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "")
+    assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "") and rep.line() == ""
     assert loose(store) == n and not store.packs
+
+    # Between turns, a busy lock is not tried again at every turn: after a tenth of the threshold's objects.
+    packer = AutoPacker(store, 20, background=False)
+    with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
+        first = packer.between_turns()
+        assert first is not None and first.busy
+        assert packer.between_turns() is None, "tried again at once"
+        store.put("blob", b"one more")
+        assert packer.between_turns() is None
+        store.put("blob", b"and another")
+        again = packer.between_turns()
+        assert again is not None and again.busy
+    done = packer.pack_now()
+    assert done.packed == n + 2 and loose(store) == 0
 
 
 def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) -> None:
