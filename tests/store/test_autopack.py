@@ -265,3 +265,27 @@ def test_the_cli_packs_past_the_threshold_its_environment_sets(cli, workspace: P
     assert p.json()["status"] == "completed"
     off = Store(str(other), io=FileIO(), namespaces=(NS,))
     assert not off.packs and loose(off) > 60
+
+
+def test_a_slow_background_pass_overlapping_many_turns_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    # The pass is slowed (each object it reads waits 2 ms) so that it overlaps many turns: the run
+    # writes, reads back and moves refs while the pass lists, packs and unlinks under it.
+    from kxen_agent.store.loose import LooseObjects
+
+    read = LooseObjects.read_raw
+
+    def slow_in_the_packer(self, oid):
+        if threading.current_thread().name == "kxen-autopack":
+            time.sleep(0.002)
+        return read(self, oid)
+
+    monkeypatch.setattr(LooseObjects, "read_raw", slow_in_the_packer)
+    store, runner, ses, _ = run_calls(tmp_path, 150, 60)
+    reports = runner.autopack.reports
+    assert sum(1 for r in reports if r.background and r.packed) >= 2, reports
+    assert all(r.skipped is None for r in reports), reports
+    fresh = Store(store.root, io=FileIO(), namespaces=(NS,))
+    report = fsck(fresh, schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+    ss = SessionStore(fresh)
+    assert len(ss.history(ss.get(ses).head)) == 10 + 1 + 2 * 150 + 1
