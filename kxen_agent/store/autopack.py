@@ -14,8 +14,12 @@ off):
   this process can wait for it is the removal of loose copies, done under
   the store lock, one hold of at most :data:`UNLINK_HOLD_S` at a time;
 - :meth:`AutoPacker.after_run`: waits for a background pass, then, over
-  the threshold, packs every loose object; past :data:`PACK_LIMIT` packs, runs a full :func:`~.gc.gc` with
-  the default grace period (git's ``gc.autoPackLimit``).
+  the threshold, packs every loose object; past :data:`PACK_LIMIT` packs,
+  runs a full :func:`~.gc.gc` with the default grace period (git's
+  ``gc.autoPackLimit``).
+
+A pass that finds ``gc-run.lock`` busy is not tried again before a tenth
+of the threshold's worth of new objects.
 
 What a pass does (``objects_spec.md`` §12.11a): take ``locks/gc-run.lock``
 without waiting (a gc or another packer at work: skip); read each loose
@@ -23,8 +27,8 @@ object (verified: its id is its hash), write them into one pack and commit
 it (§12.6: the pack and its index durable before anything is removed);
 then, holding the store lock exclusively (§8.2; no writer is between its
 objects and its ref) for at most :data:`UNLINK_HOLD_S` at a time, unlink
-the loose copies of what the pack holds. It
-never prunes: every object it removes a file of is in a committed pack,
+the loose copies of what the pack holds. It never prunes: every object it
+removes a file of is in a committed pack,
 reachable or not (an unreachable object's age for gc's grace period is
 then its pack's modification time, which only makes it live longer). The
 fan-out directories are not fsynced after the unlinks: a loose copy that
