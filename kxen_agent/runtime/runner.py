@@ -417,7 +417,8 @@ class Runner:
         finally:
             ctx.close()
             self.activity = Activity("step")
-        self.pack_loose(after_run=True)
+        if not self.cancel.is_set():  # a canceled run ends now; its background pass dies with the process, safely
+            self.pack_loose(after_run=True)
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)
         return self.result_of(info, run, oid, st)

@@ -289,3 +289,25 @@ def test_a_slow_background_pass_overlapping_many_turns_loses_nothing(tmp_path: P
     assert report.clean, [p.line() for p in report.problems]
     ss = SessionStore(fresh)
     assert len(ss.history(ss.get(ses).head)) == 10 + 1 + 2 * 150 + 1
+
+
+def test_a_canceled_run_does_not_wait_to_pack(tmp_path: Path) -> None:
+    class Recording(AutoPacker):
+        after_runs = 0
+
+        def after_run(self):
+            Recording.after_runs += 1
+            return super().after_run()
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("notes\n")
+    ses = session_with_history(tmp_path / "state", ws, 4)
+    store = fast_store(tmp_path / "state")
+    runner = Runner(store, providers=Tooling(store, 3).factory)
+    runner.autopack = Recording(store, 1)
+    assert runner.resume(ses, task="once").status == "completed"
+    assert Recording.after_runs == 1
+    runner.cancel.set()
+    assert runner.resume(ses, task="canceled at once").status == "canceled"
+    assert Recording.after_runs == 1, "a canceled run waited for packing"
