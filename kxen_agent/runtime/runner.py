@@ -454,21 +454,10 @@ class Runner:
     # ================================================================ helpers
 
     def pack_loose(self, *, after_run: bool = False) -> None:
-        """Pack loose objects if there are too many (:mod:`kxen_agent.store.autopack`): between turns in
-        a background thread, after a run all of them. A failure (a full disk) is reported, never the run's."""
-        if self.autopack is None:
-            return
-        try:
-            if after_run:
-                self.autopack.after_run()
-            else:
-                self.autopack.between_turns()
-        except (KxenError, OSError) as e:
-            self.on_event(f"automatic packing skipped: {e}")
-            return
-        for rep in self.autopack.finished():
-            if rep.line():
-                self.on_event(rep.line())
+        """Pack loose objects if there are too many (:meth:`AutoPacker.step`: between turns in a background
+        thread, after a run all of them); what it did is told, a failure (a full disk) is never the run's."""
+        for line in self.autopack.step(after_run=after_run) if self.autopack is not None else ():
+            self.on_event(line)
 
     def _check_tools(self, agent_lock: dict) -> None:
         for t in agent_lock.get("tools", []):

@@ -167,6 +167,18 @@ class AutoPacker:
         self._thread.start()
         return None
 
+    def step(self, *, after_run: bool = False) -> list[str]:
+        """:meth:`after_run` or :meth:`between_turns`, never raising; what was done since the last
+        step, in words (a failure, a full disk, included: the caller's work goes on)."""
+        try:
+            if after_run:
+                self.after_run()
+            else:
+                self.between_turns()
+        except (KxenError, OSError) as e:
+            return [f"automatic packing skipped: {e}"]
+        return [line for line in (rep.line() for rep in self.finished()) if line]
+
     def pack_now(self, max_objects: int | None = None) -> AutoPackReport:
         """One pass in the caller's thread, whatever the threshold (tests, and a user's explicit request)."""
         self.wait()

@@ -311,3 +311,17 @@ def test_a_canceled_run_does_not_wait_to_pack(tmp_path: Path) -> None:
     runner.cancel.set()
     assert runner.resume(ses, task="canceled at once").status == "canceled"
     assert Recording.after_runs == 1, "a canceled run waited for packing"
+
+
+def test_a_full_disk_fails_the_pass_not_the_caller(tmp_path: Path) -> None:
+    run_calls(tmp_path, 5, 0)
+    disk = FaultyIO(None, sync=False, persistent=True)
+    store = Store(str(tmp_path / "state"), io=disk, namespaces=(NS,))
+    ids = set(store.loose.iter_ids())
+    disk.fail_at = disk.op_count + 1  # the next write fails, and every one after it
+    lines = AutoPacker(store, 1, background=False).step(after_run=True)
+    assert len(lines) == 1 and lines[0].startswith("automatic packing skipped:") and "No space" in lines[0], lines
+    disk.heal()
+    assert set(store.loose.iter_ids()) == ids and not store.packs
+    assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")], "the failed pack's temp file stayed"
+    all_objects_read(store, ids)
