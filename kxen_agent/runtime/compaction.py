@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kxen_agent.errors import UsageError
@@ -70,10 +70,11 @@ def provider_view(history: list[Message]) -> list[dict]:
     return view + [m.to_provider() for m in history[through + 1:] if m.role != "compaction"]
 
 
-def held_view(history: RunHistory, head: bytes | None) -> list[dict]:
-    """:func:`provider_view` of the history ending at ``head``, from the run's in-memory history
-    (read from the store only for the messages it does not hold yet)."""
-    messages = history.messages(head)
+def held_view(history: RunHistory, head: bytes | None, before: Sequence[dict] = ()) -> list[dict]:
+    """``before``, then :func:`provider_view` of the history ending at ``head``, from the run's in-memory
+    history (read from the store only for the messages it does not hold yet). Without a compaction it is
+    the list :meth:`RunHistory.messages` hands out (not to be modified)."""
+    messages = history.messages(head, before)
     latest = history.latest_compaction()
     if latest is None:
         return messages
@@ -81,8 +82,9 @@ def held_view(history: RunHistory, head: bytes | None) -> list[dict]:
     if through is None:
         raise CorruptObject(history.oid_at(at).hex(), "compaction message whose 'through' is not an earlier "
                             "message of its history (§14.4); `kxen-agent fsck` lists every damaged object")
-    view = [{"role": "user", "content": SUMMARY_PREFIX + (messages[at].get("content") or "")}]
-    return view + [m for m in messages[through + 1:] if m["role"] != "compaction"]
+    skip = len(before)
+    view = [*before, {"role": "user", "content": SUMMARY_PREFIX + (messages[skip + at].get("content") or "")}]
+    return view + [m for m in messages[skip + through + 1:] if m["role"] != "compaction"]
 
 
 def _chars(view: list[dict]) -> int:
@@ -127,17 +129,19 @@ def _summary_problem(turn: AssistantTurn) -> str | None:
 
 # ---------------------------------------------------------------- in a run
 
-def provider_history(ctx: Any) -> list[dict]:
-    """The provider view for the run's next model call, compacting first when it is over the budget.
+def provider_history(ctx: Any, before: Sequence[dict] = ()) -> list[dict]:
+    """``before`` (the system message), then the provider view for the run's next model call, compacting
+    first when it is over the budget.
 
     ``ctx`` is the run's context (:class:`~.runner._RunCtx`); a compaction
     that fails or is canceled ends the run as a failed or canceled model call does.
     """
     held = ctx.r.history
-    view = held_view(held, ctx.info.head)
+    request = held_view(held, ctx.info.head, before)
     budget = ctx.agent.get("policy", {}).get("context_tokens")
     if budget is None or not len(held) or held.last_role() == "compaction":
-        return view  # no budget, or nothing new since the last compaction: compacting again would not help
+        return request  # no budget, or nothing new since the last compaction: compacting again would not help
+    view = request[len(before):]  # a copy as long as the view, which compaction keeps within the budget
     system = ctx.agent.get("system", "")
     specs = tool_specs(ctx.agent.get("tools", []))
     tu = ctx.st.get("turnUsage")
@@ -145,7 +149,7 @@ def provider_history(ctx: Any) -> list[dict]:
                 if tu is not None and tu["turn"] > ctx.st.get("compactedTurn", -1) else None)
     size = view_tokens(system, view, specs, reported)
     if size <= budget:
-        return view
+        return request
     ctx.r.on_event(f"run {ctx.run}: the model's view is about {size} tokens, over context_tokens ({budget}); "
                    "asking the model to summarize it")
     number = ctx.st["turn"] + 1
@@ -184,7 +188,7 @@ def provider_history(ctx: Any) -> list[dict]:
                    reason=f"run {ctx.run}: compacted the history through {msg_id(through)}", head=(through, new_head))
     ctx.r.on_event(f"run {ctx.run}: history compacted ({len(held)} messages summarized in {msg_id(new_head)})")
     ctx.fault("compaction:after-message")
-    return held_view(held, ctx.info.head)
+    return held_view(held, ctx.info.head, before)
 
 
 # ---------------------------------------------------------------- on demand

@@ -422,7 +422,8 @@ class Runner:
         finally:
             ctx.close()
             self.activity = Activity("step")
-        self.pack_loose(after_run=True)
+        if not self.cancel.is_set():  # a canceled run ends now; its background pass dies with the process, safely
+            self.pack_loose(after_run=True)
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)
         return self.result_of(info, run, oid, st)
@@ -458,21 +459,10 @@ class Runner:
     # ================================================================ helpers
 
     def pack_loose(self, *, after_run: bool = False) -> None:
-        """Pack loose objects if there are too many (:mod:`kxen_agent.store.autopack`): between turns in
-        a background thread, after a run all of them. A failure (a full disk) is reported, never the run's."""
-        if self.autopack is None:
-            return
-        try:
-            if after_run:
-                self.autopack.after_run()
-            else:
-                self.autopack.between_turns()
-        except (KxenError, OSError) as e:
-            self.on_event(f"automatic packing skipped: {e}")
-            return
-        for rep in self.autopack.finished():
-            if rep.line():
-                self.on_event(rep.line())
+        """Pack loose objects if there are too many (:meth:`AutoPacker.step`: between turns in a background
+        thread, after a run all of them); what it did is told, a failure (a full disk) is never the run's."""
+        for line in self.autopack.step(after_run=after_run) if self.autopack is not None else ():
+            self.on_event(line)
 
     def _check_tools(self, agent_lock: dict) -> None:
         for t in agent_lock.get("tools", []):
@@ -638,7 +628,7 @@ class _RunCtx:
         self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
-        messages = [{"role": "system", "content": self.agent.get("system", "")}, *provider_history(self)]
+        messages = provider_history(self, [{"role": "system", "content": self.agent.get("system", "")}])
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"

@@ -14,8 +14,12 @@ off):
   this process can wait for it is the removal of loose copies, done under
   the store lock, one hold of at most :data:`UNLINK_HOLD_S` at a time;
 - :meth:`AutoPacker.after_run`: waits for a background pass, then, over
-  the threshold, packs every loose object; past :data:`PACK_LIMIT` packs, runs a full :func:`~.gc.gc` with
-  the default grace period (git's ``gc.autoPackLimit``).
+  the threshold, packs every loose object; past :data:`PACK_LIMIT` packs,
+  runs a full :func:`~.gc.gc` with the default grace period (git's
+  ``gc.autoPackLimit``).
+
+A pass that finds ``gc-run.lock`` busy is not tried again before a tenth
+of the threshold's worth of new objects.
 
 What a pass does (``objects_spec.md`` §12.11a): take ``locks/gc-run.lock``
 without waiting (a gc or another packer at work: skip); read each loose
@@ -23,8 +27,8 @@ object (verified: its id is its hash), write them into one pack and commit
 it (§12.6: the pack and its index durable before anything is removed);
 then, holding the store lock exclusively (§8.2; no writer is between its
 objects and its ref) for at most :data:`UNLINK_HOLD_S` at a time, unlink
-the loose copies of what the pack holds. It
-never prunes: every object it removes a file of is in a committed pack,
+the loose copies of what the pack holds. It never prunes: every object it
+removes a file of is in a committed pack,
 reachable or not (an unreachable object's age for gc's grace period is
 then its pack's modification time, which only makes it live longer). The
 fan-out directories are not fsynced after the unlinks: a loose copy that
@@ -97,12 +101,14 @@ class AutoPackReport:
     consolidated: bool = False
     #: The pass ran in a background thread.
     background: bool = False
+    #: It did nothing because a gc or another pass held ``gc-run.lock`` (not worth telling a user).
+    busy: bool = False
 
     def line(self) -> str:
         """What the pass did, in words ("" when it did nothing)."""
         done = (f"packed {self.packed} loose object(s) in {self.seconds:.2f} s" if self.packed else "") + (
             " and consolidated the packs (gc)" if self.consolidated else "")
-        if self.skipped:
+        if self.skipped and not self.busy:
             return (done.strip() + "; " if done else "") + f"automatic packing: {self.skipped}"
         return done.strip()
 
@@ -123,6 +129,7 @@ class AutoPacker:
         self.reports: list[AutoPackReport] = []
         self._thread: threading.Thread | None = None
         self._told = 0
+        self._not_before = 0  # after a pass found gc-run.lock busy: wait until the store wrote this many
 
     @classmethod
     def for_store(cls, store: object) -> "AutoPacker | None":
@@ -142,7 +149,8 @@ class AutoPacker:
         return self._base + written - self._written_at_base
 
     def due(self) -> bool:
-        return self.threshold > 0 and self.store.exists and self.estimate() > self.threshold
+        return (self.threshold > 0 and self.store.exists and self.store.loose.written >= self._not_before
+                and self.estimate() > self.threshold)
 
     def between_turns(self, max_objects: int | None = None) -> AutoPackReport | None:
         """Start a pass (of at most ``max_objects``) if over the threshold and none is running.
@@ -158,6 +166,18 @@ class AutoPacker:
         self._thread = threading.Thread(target=self._pass, args=(max_objects, True), name="kxen-autopack", daemon=True)
         self._thread.start()
         return None
+
+    def step(self, *, after_run: bool = False) -> list[str]:
+        """:meth:`after_run` or :meth:`between_turns`, never raising; what was done since the last
+        step, in words (a failure, a full disk, included: the caller's work goes on)."""
+        try:
+            if after_run:
+                self.after_run()
+            else:
+                self.between_turns()
+        except (KxenError, OSError) as e:
+            return [f"automatic packing skipped: {e}"]
+        return [line for line in (rep.line() for rep in self.finished()) if line]
 
     def pack_now(self, max_objects: int | None = None) -> AutoPackReport:
         """One pass in the caller's thread, whatever the threshold (tests, and a user's explicit request)."""
@@ -216,7 +236,9 @@ class AutoPacker:
             with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
                 self._pack(rep, max_objects)
         except LockBusy:
-            rep.skipped = "a gc or another packer holds locks/gc-run.lock"
+            rep.skipped, rep.busy = "a gc or another packer holds locks/gc-run.lock", True
+            # Not again at the next turn: after a tenth of the threshold's worth of new objects.
+            self._not_before = self.store.loose.written + max(1, self.threshold // 10)
         except (KxenError, OSError) as e:
             if not background:
                 raise

@@ -88,12 +88,36 @@ def test_an_unrelated_history_is_read_whole(ss: SessionStore) -> None:
     assert h.messages(None) == [] and len(h) == 0
 
 
-def test_the_list_handed_out_is_new_each_time(ss: SessionStore) -> None:
+def test_a_list_a_caller_keeps_never_changes(ss: SessionStore) -> None:
     h = RunHistory(ss)
+    system = [{"role": "system", "content": "be brief"}]
     head = ss.append_messages(None, chat(3))
-    first = h.messages(head)
-    first.append({"role": "user", "content": "appended by a caller"})
-    assert h.messages(head) == full(ss, head)
+    kept = h.messages(head, system)
+    snapshot = list(kept)
+    head = ss.append_messages(head, chat(2, start=3))
+    second = h.messages(head, system)
+    assert kept == snapshot and second == system + full(ss, head) and second is not kept
+    kept.append({"role": "user", "content": "appended by a caller"})  # and a caller's change stays its own
+    assert h.messages(head, system) == system + full(ss, head)
+
+
+def test_a_list_nobody_keeps_is_extended_in_place(ss: SessionStore) -> None:
+    # The copy of the whole list is what would make a turn grow with the history: when the
+    # last list is no one's any more, the next is the same list with the new messages appended.
+    h = RunHistory(ss)
+    system = [{"role": "system", "content": "be brief"}]
+    head = ss.append_messages(None, chat(5))
+    first_id = id(h.messages(head, system))
+    head = ss.append_messages(head, chat(2, start=5))
+    again = h.messages(head, system)
+    assert id(again) == first_id and again == system + full(ss, head)
+    del again
+    other = [{"role": "system", "content": "another prompt"}]
+    changed = h.messages(head, other)  # another system message: built anew
+    assert changed == other + full(ss, head)
+    del changed
+    back = ss.append_messages(None, chat(2, tag="unrelated"))
+    assert h.messages(back, other) == other + full(ss, back)  # a history that drops messages: built anew
 
 
 # ------------------------------------------------------------------ the runner, on disk, reads counted

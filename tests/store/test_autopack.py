@@ -166,8 +166,22 @@ def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
     n = loose(store)
     with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
         rep = AutoPacker(store, 1).after_run()
-    assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "")
+    assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "") and rep.line() == ""
     assert loose(store) == n and not store.packs
+
+    # Between turns, a busy lock is not tried again at every turn: after a tenth of the threshold's objects.
+    packer = AutoPacker(store, 20, background=False)
+    with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
+        first = packer.between_turns()
+        assert first is not None and first.busy
+        assert packer.between_turns() is None, "tried again at once"
+        store.put("blob", b"one more")
+        assert packer.between_turns() is None
+        store.put("blob", b"and another")
+        again = packer.between_turns()
+        assert again is not None and again.busy
+    done = packer.pack_now()
+    assert done.packed == n + 2 and loose(store) == 0
 
 
 def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) -> None:
@@ -228,3 +242,86 @@ def test_a_2000_call_session_leaves_at_most_7000_files(tmp_path: Path) -> None:
     assert all(r.skipped is None for r in runner.autopack.reports), runner.autopack.reports
     report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems][:5]
+
+
+def test_the_cli_packs_past_the_threshold_its_environment_sets(cli, workspace: Path, tmp_path: Path,
+                                                               state_dir: Path) -> None:
+    from tests.helpers import write_agent
+
+    (workspace / "notes.txt").write_text("notes\n" * 40)
+    steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}] * 8 + [{"content": "done"}]
+    agent = write_agent(tmp_path / "agent", steps)
+    out = cli.run_json(workspace, "read the notes", agent, env={AUTOPACK_ENV: "30"}, expect=0).json()
+    assert out["status"] == "completed", out
+    store = Store(str(state_dir), io=FileIO(), namespaces=(NS,))
+    assert [n for n in os.listdir(store.pack_dir) if n.endswith(".idx")], "no pack: the run did not pack"
+    assert loose(store) <= 30
+    report = fsck(store, schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+    # The same run with packing off leaves every object loose.
+    other = tmp_path / "off"
+    p = cli("run", "--workspace", str(workspace), "--task", "read the notes", "--agent", str(agent), "--json",
+            env={AUTOPACK_ENV: "0", "KXEN_AGENT_STATE_DIR": str(other)}, expect=0)
+    assert p.json()["status"] == "completed"
+    off = Store(str(other), io=FileIO(), namespaces=(NS,))
+    assert not off.packs and loose(off) > 60
+
+
+def test_a_slow_background_pass_overlapping_many_turns_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    # The pass is slowed (each object it reads waits 2 ms) so that it overlaps many turns: the run
+    # writes, reads back and moves refs while the pass lists, packs and unlinks under it.
+    from kxen_agent.store.loose import LooseObjects
+
+    read = LooseObjects.read_raw
+
+    def slow_in_the_packer(self, oid):
+        if threading.current_thread().name == "kxen-autopack":
+            time.sleep(0.002)
+        return read(self, oid)
+
+    monkeypatch.setattr(LooseObjects, "read_raw", slow_in_the_packer)
+    store, runner, ses, _ = run_calls(tmp_path, 150, 60)
+    reports = runner.autopack.reports
+    assert sum(1 for r in reports if r.background and r.packed) >= 2, reports
+    assert all(r.skipped is None for r in reports), reports
+    fresh = Store(store.root, io=FileIO(), namespaces=(NS,))
+    report = fsck(fresh, schema=SESSION_SCHEMA)
+    assert report.clean, [p.line() for p in report.problems]
+    ss = SessionStore(fresh)
+    assert len(ss.history(ss.get(ses).head)) == 10 + 1 + 2 * 150 + 1
+
+
+def test_a_canceled_run_does_not_wait_to_pack(tmp_path: Path) -> None:
+    class Recording(AutoPacker):
+        after_runs = 0
+
+        def after_run(self):
+            Recording.after_runs += 1
+            return super().after_run()
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("notes\n")
+    ses = session_with_history(tmp_path / "state", ws, 4)
+    store = fast_store(tmp_path / "state")
+    runner = Runner(store, providers=Tooling(store, 3).factory)
+    runner.autopack = Recording(store, 1)
+    assert runner.resume(ses, task="once").status == "completed"
+    assert Recording.after_runs == 1
+    runner.cancel.set()
+    assert runner.resume(ses, task="canceled at once").status == "canceled"
+    assert Recording.after_runs == 1, "a canceled run waited for packing"
+
+
+def test_a_full_disk_fails_the_pass_not_the_caller(tmp_path: Path) -> None:
+    run_calls(tmp_path, 5, 0)
+    disk = FaultyIO(None, sync=False, persistent=True)
+    store = Store(str(tmp_path / "state"), io=disk, namespaces=(NS,))
+    ids = set(store.loose.iter_ids())
+    disk.fail_at = disk.op_count + 1  # the next write fails, and every one after it
+    lines = AutoPacker(store, 1, background=False).step(after_run=True)
+    assert len(lines) == 1 and lines[0].startswith("automatic packing skipped:") and "No space" in lines[0], lines
+    disk.heal()
+    assert set(store.loose.iter_ids()) == ids and not store.packs
+    assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")], "the failed pack's temp file stayed"
+    all_objects_read(store, ids)
