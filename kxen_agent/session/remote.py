@@ -13,12 +13,12 @@ because a listing shows it). Git moves the bytes
   saw there (refused, "pull first", if the remote moved since), each a
   fast-forward of what was seen (refused, "diverged", otherwise); only the
   objects the remote lacks travel;
-- **pull**: fetch, then verify every new object — its BLAKE3 id, strict
+- **pull** (:mod:`.remote_pull`): fetch, then verify every new object — its BLAKE3 id, strict
   CBOR, the session schema, the kind of each link and ref, the closure —
   before anything is written; then fast-forward local refs, or create the
   session bound to a workspace after the identity check of ``session
   import``; a diverged session is refused;
-- **ls-remote**: the sessions on a remote with their heads, forks, last run
+- **ls-remote** (:mod:`.remote_pull`): the sessions on a remote with their heads, forks, last run
   and lease holder, from the tip commits alone (a shallow fetch).
 
 A refused push or pull changes nothing on either side. It works on the disk
@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import MissingObject, RawObject, RefUpdate, Store
+from kxen_agent.store import MissingObject, RawObject, Store
 from kxen_agent.store.gitmap import (
     BadGitImage,
     GitObject,
@@ -54,33 +53,26 @@ from kxen_agent.store.objects import (
     MAX_OBJECT_SIZE,
     CorruptObject,
     SchemaViolation,
-    a_kind,
     decode_body,
     decode_stored,
     links_of,
-    parse_object,
 )
 
 from .gitio import Mirror, PushRejected, PushUpdate, Remote, RemoteUnreachable, Workbench, resolve_remote
-from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
-from .sessions import NS, SessionStore, UnknownSession, msg_id, resolve_prefix
-from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
+from .schema import SES_RE, SESSION_SCHEMA
+from .sessions import NS, SessionStore, UnknownSession, msg_id
 
 __all__ = [
     "GroupPlan",
     "LEASE_REFS",
-    "PullReport",
     "PushReport",
     "RemoteHolder",
-    "RemoteListing",
     "RemoteRefused",
     "RemoteSession",
     "RemoteSessionBusy",
     "SESSION_REFS",
     "lease_ref",
-    "ls_remote",
     "pull_first",
-    "pull_sessions",
     "push_sessions",
     "read_holder",
     "session_ref",
@@ -606,413 +598,14 @@ def _push_rejected(e: PushRejected, r: Remote, sessions: list[str], done: list) 
         f"({' '.join(sessions) or 'the sessions'}) and push again")
 
 
-# ---------------------------------------------------------------- pull
+# pull and ls-remote live in .remote_pull (which reads with the helpers above); imported on first use,
+# so that neither module imports the other while it loads.
+_PULL = ("PullReport", "RemoteListing", "ls_remote", "pull_sessions")
 
 
-@dataclass(frozen=True)
-class PullReport:
-    remote: Remote
-    sessions: Mapping[str, str]  # ses -> created | updated | unchanged | restored | ahead
-    new_objects: int
-    bindings: Mapping[str, str]  # ses -> workspace root it is bound to
+def __getattr__(name: str) -> Any:
+    if name in _PULL:
+        from . import remote_pull
 
-    def to_json(self) -> dict:
-        return {"remote": self.remote.display, "sessions": dict(self.sessions), "newObjects": self.new_objects,
-                "workspaces": dict(self.bindings)}
-
-
-def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
-                  workspaces: Mapping[str, str] | None = None, remote: str | None = None,
-                  acquire_lease: Callable[[str], Any] | None = None) -> PullReport:
-    """Fetch the sessions from the remote, verify every new object, then fast-forward or create them here.
-
-    The remote defaults to ``origin`` of the repository at ``workspace``. A
-    session new here is bound to ``workspace`` (or to ``workspaces[ses]``)
-    after the identity check of ``session import``; one that exists keeps
-    its own binding. Refused (:class:`RemoteRefused`) when a session's
-    history here and on the remote diverged; a bad remote is a
-    :class:`BadGitImage` or :class:`~kxen_agent.store.objects.CorruptObject`.
-    Either way nothing is written to the state dir.
-    """
-    if not ses_ids:
-        raise UsageError("name at least one session to pull")
-    ids = list(dict.fromkeys(ses_ids))
-    for ses in ids:
-        if not SES_RE.fullmatch(ses):
-            raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by letters and digits)")
-    chosen = {}
-    for text, d in (workspaces or {}).items():  # SES=DIR: one of the pulled sessions, or a unique prefix of one
-        ses = resolve_prefix("session", "ses", text, lambda: ids, "among the sessions pulled")
-        if ses is None:
-            raise UsageError(f"--workspace {text}=DIR names a session that is not pulled; name it among SES")
-        chosen[ses] = inspect_workspace(d)
-    default = inspect_workspace(workspace)
-    r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
-    mirror = Mirror(store.root)
-    with Workbench(r, mirror=mirror) as bench:
-        live = bench.ls_remote([session_ref(s) for s in ids], what="pulled")
-        absent = [s for s in ids if session_ref(s) not in live]
-        if absent:
-            raise RemoteRefused(f"session {absent[0]} is not on {r.display}; nothing was pulled "
-                                "(`kxen-agent session ls-remote` lists the sessions there)")
-        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
-        fetch = [s for s in ids if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
-        if fetch:
-            bench.fetch([f"+{session_ref(s)}:{session_ref(s)}" for s in fetch], what="pulled",
-                        negotiation_tips=[v for v in seen.values()])
-        objs = _Objects(store)
-        try:
-            images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
-                      for s in ids}
-            _verify(bench, objs, images, [live[session_ref(s)] for s in ids], r, exclude=list(seen.values()))
-        except (BadGitImage, CorruptObject) as e:
-            msg = str(e)
-            raise RemoteRefused(msg if "nothing was pulled" in msg else f"{msg}; nothing was pulled") from None
-        plans = _plan_pull(store, objs, images, chosen, default, r)
-        with ExitStack() as stack:
-            if acquire_lease is not None:
-                # Never under a running run; the ref transactions below still
-                # compare-and-swap against what the plan read.
-                for ses, p in plans.items():
-                    if p.status in ("updated", "restored"):
-                        stack.enter_context(acquire_lease(ses))
-            statuses, written = _write_pull(store, objs, plans)
-        mirror_updates = [(f"{NS}/{s}", seen.get(f"{NS}/{s}"), live[session_ref(s)]) for s in ids
-                          if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
-        if mirror_updates or fetch:
-            mirror.ensure()
-            mirror.adopt(bench)
-            try:
-                mirror.set_seen(r.key, mirror_updates)
-            except KxenError:
-                pass  # a concurrent pull recorded it first; the next push re-checks against the remote
-    bindings = {s: p.binding.root for s, p in plans.items()}
-    return PullReport(r, statuses, written, bindings)
-
-
-def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], commits: Sequence[bytes],
-            r: Remote, exclude: Sequence[bytes]) -> None:
-    """Verify every object the images' refs reach that this store lacks; keep them in ``objs.pulled``.
-
-    The objects new since ``exclude`` (the last-seen commits) are listed
-    once (``git rev-list --objects``: their paths are their kxen ids),
-    size-checked before any is read, read in one stream and rehashed
-    (BLAKE3); then a walk from the refs decodes each reachable one strictly,
-    checks it against the session schema and the kind each ref and link
-    must name, and finds every object it needs here or among them. Objects
-    the refs do not reach are ignored (not written).
-    """
-    where = f"{r.display}"
-    candidates: dict[bytes, RawObject] = {}
-    index: dict[bytes, bytes] = {}
-
-    def read_new(full: bool) -> None:
-        for oid, path in bench.rev_list_objects(commits, () if full else exclude):
-            kid = kxen_id_of_path(path)
-            if kid is not None and kid not in index and not objs.has(kid):
-                index[kid] = oid
-        wanted = [(k, g) for k, g in index.items() if k not in candidates]
-        sizes = bench.sizes([g for _, g in wanted])
-        for kid, g in wanted:
-            t, size = sizes.get(g, ("missing", 0))
-            if t != "blob":
-                raise BadGitImage(f"{where} {g.hex()}", f"object {kid.hex()} is a Git {t}, not a blob")
-            if size > _MAX_RAW:
-                raise CorruptObject(kid.hex(), f"the remote's copy ({where}) is {size} bytes, more than the "
-                                    f"{_MAX_RAW} an object may be; nothing was pulled")
-        by_git = {g: k for k, g in wanted}
-        for g, _, body in bench.read([g for _, g in wanted]):
-            kid = by_git[g]
-            candidates[kid] = parse_object(body, f"{kid.hex()} (from {where})", expect_id=kid)
-
-    read_new(False)
-    listed_all = False
-    expect: dict[bytes, tuple[str, str]] = {}  # kxen id -> (kind it must be, who says so)
-    stack: list[bytes] = []
-    for ses, img in images.items():
-        group = f"{NS}/{ses}"
-        if "meta" not in img.refs:
-            raise RemoteRefused(f"{where}: session {ses} has no metadata ref; nothing was pulled")
-        for name, oid in img.refs.items():
-            if name not in ("meta", "head") and not (name.startswith("runs/") and RUN_RE.fullmatch(name[5:])):
-                raise RemoteRefused(f"{where}: session {ses} has ref {name!r}, which no session has "
-                                    "(meta, head, runs/<run>); nothing was pulled")
-            _expect(objs, expect, oid, SESSION_SCHEMA.ref_kind(group, name), f"ref {group}/{name}", where)
-            stack.append(oid)
-    visited: set[bytes] = set()
-    while stack:
-        kid = stack.pop()
-        if kid in visited or objs.has(kid):
-            continue  # what this store holds was verified when it came in
-        if kid not in candidates and not listed_all:
-            # Not new since the last-seen commits: this store lost it (gc of a
-            # deleted session); the remote's whole closure may hold it.
-            read_new(True)
-            listed_all = True
-        obj = candidates.get(kid)
-        if obj is None:
-            who = expect.get(kid, ("", "an object"))[1]
-            raise RemoteRefused(f"{where}: {who} names object {kid.hex()}, which the remote does not hold; "
-                                "nothing was pulled (the remote is damaged: push it again from a good copy)")
-        visited.add(kid)
-        objs.pulled[kid] = obj
-        want = expect.pop(kid, None)
-        if want is not None and want[0] != obj.kind:
-            raise CorruptObject(kid.hex(), f"{want[1]} must name {a_kind(want[0])} object, but it is "
-                                f"{a_kind(obj.kind)} (from {where}); nothing was pulled")
-        if obj.kind == "blob":
-            continue
-        value = objs.kind_value(kid)[1]  # strict decoding
-        try:
-            typed = SESSION_SCHEMA.check(obj.kind, value)
-        except SchemaViolation as e:
-            raise CorruptObject(kid.hex(), f"{obj.kind} object from {where} does not match objects_spec.md "
-                                f"§14: {e}; nothing was pulled") from None
-        for link, k in typed:
-            _expect(objs, expect, link, k, f"object {kid.hex()}", where)
-        stack.extend(links_of(obj.kind, value))
-    for ses, img in images.items():
-        for name, oid in img.refs.items():
-            if name == "head":
-                continue
-            _, value = objs.kind_value(oid)
-            wrong = misplaced(ses, name, value)
-            if wrong:
-                raise RemoteRefused(f"{where}: {wrong}; nothing was pulled")
-
-
-def _expect(objs: _Objects, expect: dict, oid: bytes, kind: str | None, who: str, where: str) -> None:
-    if kind is None:
-        return
-    if oid in objs.pulled or (objs.store.exists and objs.store.has(oid)):
-        have = objs.pulled[oid].kind if oid in objs.pulled else objs.store.read_raw(oid).kind
-        if have != kind:
-            raise CorruptObject(oid.hex(), f"{who} must name {a_kind(kind)} object, but it is {a_kind(have)} "
-                                f"(from {where}); nothing was pulled")
-        return
-    prior = expect.setdefault(oid, (kind, who))
-    if prior[0] != kind:
-        raise CorruptObject(oid.hex(), f"must be {a_kind(prior[0])} for {prior[1]} and {a_kind(kind)} for {who} "
-                            f"(from {where}); nothing was pulled")
-
-
-@dataclass
-class _PullPlan:
-    ses: str
-    local: Any  # RefGroupState
-    refs: dict[str, bytes]  # as they will be here
-    binding: WorkspaceIdentity
-    status: str
-    new_meta: dict | None = None  # the metadata a new binding copies (``base_oid``'s value)
-    base_oid: bytes | None = None
-
-
-def _plan_pull(store: Store, objs: _Objects, images: Mapping[str, GroupImage], chosen: Mapping[str, WorkspaceIdentity],
-               default: WorkspaceIdentity, r: Remote) -> dict[str, _PullPlan]:
-    plans: dict[str, _PullPlan] = {}
-    for ses, img in images.items():
-        group = f"{NS}/{ses}"
-        local = store.refs.read(group) if store.exists else None
-        exists = local is not None and local.exists and "meta" in local.refs
-        _, meta = objs.kind_value(img.refs["meta"])
-        recorded = WorkspaceIdentity.from_record(meta["workspace"])
-        replace = exists and local.deleted_ns is not None  # deleted here: the remote's comes back whole
-        if exists and not replace and ses not in chosen:
-            _, lmeta = objs.kind_value(local.refs["meta"])
-            current = WorkspaceIdentity.from_record(lmeta["workspace"])
-            if current.identity != recorded.identity:
-                raise WorkspaceMismatch(
-                    f"session {ses} on {r.display} is bound to another repository than the local one "
-                    f"({recorded.identity[:12]} there, {current.identity[:12]} here); nothing was pulled",
-                    field="identity", recorded=recorded.identity, current=current.identity)
-        else:
-            current = chosen.get(ses, default)
-            check_binding(recorded, current, rebind=True)
-        base_oid, base = img.refs["meta"], meta
-        lmeta_oid = local.refs.get("meta") if exists else None
-        if lmeta_oid is not None and lmeta_oid != base_oid and _follows(objs, lmeta_oid, base_oid):
-            base_oid, base = lmeta_oid, objs.kind_value(lmeta_oid)[1]
-        refs = dict(img.refs)
-        plan = _PullPlan(ses, local, refs, current, "")
-        if not _same_binding(base["workspace"], current):
-            plan.new_meta, plan.base_oid = base, base_oid
-        else:
-            refs["meta"] = base_oid
-        if not exists:
-            plan.status = "created"
-        elif replace:
-            plan.status = "restored"
-        else:
-            mine = {k: v for k, v in local.refs.items() if k != "meta"}
-            theirs = {k: v for k, v in refs.items() if k != "meta"}
-            how, ref = _compare(objs, mine, theirs)
-            # The metadata: the binding here is this runner's own (it is rebuilt
-            # on the remote's when that is newer), so only its history counts.
-            lm = local.refs["meta"]
-            meta_how = ("same" if base_oid == lm else "ahead" if _follows(objs, img.refs["meta"], lm)
-                        else "diverged")
-            if how == "diverged" or meta_how == "diverged" or (how == "behind" and meta_how == "ahead"):
-                lv, tv = local.refs.get(ref or "meta"), refs.get(ref or "meta")
-                raise RemoteRefused(
-                    f"pull of session {ses} from {r.display} refused: its history here and on the remote diverged "
-                    f"(ref {ref or 'meta'}: here {lv.hex()[:16] if lv else 'absent'}, there "
-                    f"{tv.hex()[:16] if tv else 'absent'}); nothing was pulled — keep yours by forking it "
-                    f"(kxen-agent session fork {ses}) and pushing the fork, or take the remote's by deleting "
-                    f"yours (kxen-agent session delete {ses}) and pulling again")
-            if how == "behind" or (how == "same" and meta_how == "same"):
-                # Nothing to take. A binding of this machine's own on top of the
-                # remote's metadata is not "ahead": where a session lives is local.
-                plan.status = "ahead" if how == "behind" else "unchanged"
-                plan.refs = dict(local.refs)
-                plan.new_meta = None
-            else:
-                plan.status = "updated"
-        plans[ses] = plan
-    return plans
-
-
-def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:
-    now = current.to_record()
-    return all(record.get(k) == now[k] for k in now if k != "head")
-
-
-def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan]) -> tuple[dict[str, str], int]:
-    """Write the verified objects, then each session's refs (CAS against what was planned on)."""
-    changing = {s: p for s, p in plans.items() if p.status in ("created", "updated", "restored")}
-    statuses = {s: p.status for s, p in plans.items()}
-    if not changing:
-        return statuses, 0
-    sessions = SessionStore(store)
-    needed = _reachable_new(objs, [v for p in changing.values() for v in p.refs.values()])
-    with store.writing():
-        if len(needed) > _PACK_ABOVE:
-            writer = store.pack_writer(None)
-            try:
-                for obj in needed:
-                    writer.add(obj)
-                sealed = writer.seal()
-            except BaseException:
-                writer.abort()
-                raise
-            sealed.commit()
-            store.reload_packs()
-        else:
-            with store.batch():
-                for obj in needed:
-                    store.put_raw(obj)
-        for ses, p in changing.items():
-            if p.new_meta is not None:
-                assert p.base_oid is not None
-                p.refs["meta"] = sessions.rebound_meta(p.new_meta, p.base_oid, p.binding, "import")
-        for ses, p in changing.items():
-            group = f"{NS}/{ses}"
-            local = p.local.refs if p.local is not None else {}
-            updates = [RefUpdate(n, local.get(n), v) for n, v in sorted(p.refs.items()) if local.get(n) != v]
-            updates += [RefUpdate(n, local[n], None) for n in sorted(local) if n not in p.refs]
-            store.refs.transaction(group, updates, reason="pull from remote", deleted_ns=None)
-    return statuses, len(needed)
-
-
-def _reachable_new(objs: _Objects, tips: Iterable[bytes]) -> list[RawObject]:
-    """The pulled objects the tips reach, children before parents (links are written first)."""
-    order: list[RawObject] = []
-    seen: set[bytes] = set()
-    stack: list[tuple[bytes, bool]] = [(t, False) for t in tips]
-    while stack:
-        oid, done = stack.pop()
-        if done:
-            order.append(objs.pulled[oid])
-            continue
-        if oid in seen or oid not in objs.pulled:
-            continue
-        seen.add(oid)
-        stack.append((oid, True))
-        obj = objs.pulled[oid]
-        if obj.kind != "blob":
-            stack.extend((c, False) for c in links_of(obj.kind, objs.kind_value(oid)[1]))
-    return order
-
-
-# ---------------------------------------------------------------- ls-remote
-
-
-@dataclass(frozen=True)
-class RemoteListing:
-    remote: Remote
-    sessions: list[dict]
-
-    def to_json(self) -> dict:
-        return {"remote": self.remote.display, "sessions": self.sessions}
-
-
-def ls_remote(store: Store, workspace: str, *, remote: str | None = None) -> RemoteListing:
-    """The sessions on the remote: each one's commit, head, fork, latest run and lease, from the tips alone."""
-    ws = inspect_workspace(workspace)
-    r = resolve_remote(ws.repo_root, remote, what=f"workspace {ws.root}")
-    with Workbench(r, mirror=None) as bench:
-        # A shallow fetch of the tips: a group commit's tree holds only its
-        # refs, so this brings no history (its parents stay on the remote).
-        bench.fetch([f"+{SESSION_REFS}*:{SESSION_REFS}*", f"+{LEASE_REFS}*:{LEASE_REFS}*"], what="listed", depth=1)
-        from .gitio import run_git
-
-        listed = run_git(["for-each-ref", "--format=%(objectname) %(refname)", "refs/kxen/"], git_dir=bench.path)
-        tips: dict[str, bytes] = {}
-        leases: dict[str, bytes] = {}
-        for line in listed.stdout.decode("ascii", "replace").splitlines():
-            oid, _, ref = line.partition(" ")
-            if ref.startswith(SESSION_REFS):
-                tips[ref[len(SESSION_REFS):]] = bytes.fromhex(oid)
-            elif ref.startswith(LEASE_REFS):
-                leases[ref[len(LEASE_REFS):]] = bytes.fromhex(oid)
-        out = []
-        now = time.time_ns()
-        objs = _Objects(store)
-        for ses in sorted(tips):
-            row: dict[str, Any] = {"id": ses, "commit": tips[ses].hex()}
-            if not SES_RE.fullmatch(ses):
-                row["error"] = "not a session id"
-                out.append(row)
-                continue
-            try:
-                img = _read_group(bench, tips[ses], f"{NS}/{ses}", f"{r.display} {session_ref(ses)}")
-            except BadGitImage as e:
-                row["error"] = e.reason
-                out.append(row)
-                continue
-            s = dict(img.summary)
-            row.update({
-                "head": s.get("head") if s.get("head") not in (None, "-") else None,
-                "parentId": s.get("parent") if s.get("parent") not in (None, "-") else None,
-                "forkKind": s.get("fork-kind") if s.get("fork-kind") not in (None, "-") else None,
-                "messages": int(s["messages"]) if s.get("messages", "").isdigit() else None,
-                "run": None, "runStatus": None, "fence": img.fence, "time": img.commit.time,
-            })
-            run = s.get("run", "").split()
-            if len(run) >= 2:
-                row["run"], row["runStatus"] = run[0], run[1]
-            row["lease"] = None
-            if ses in leases:
-                try:
-                    h = read_holder(bench, leases[ses], ses, f"{r.display} {lease_ref(ses)}")
-                    row["lease"] = dict(h.to_json(), expired=h.expired(now))
-                except BadGitImage as e:
-                    row["lease"] = {"error": e.reason}
-            row["local"] = _local_state(store, objs, ses, img)
-            out.append(row)
-    return RemoteListing(r, out)
-
-
-def _local_state(store: Store, objs: _Objects, ses: str, img: GroupImage) -> str:
-    """``absent``, ``same``, ``ahead`` (this state dir has everything the remote has, and more) or ``differs``."""
-    if not store.exists:
-        return "absent"
-    local = store.refs.read(f"{NS}/{ses}")
-    if not local.exists or "meta" not in local.refs:
-        return "absent"
-    theirs = {k: v for k, v in img.refs.items() if k != "meta"}
-    mine = {k: v for k, v in local.refs.items() if k != "meta"}
-    if theirs == mine:
-        return "same"
-    if all(objs.has(v) for v in theirs.values()) and _compare(objs, mine, theirs)[0] == "behind":
-        return "ahead"
-    return "differs"
+        return getattr(remote_pull, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
