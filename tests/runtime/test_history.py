@@ -184,6 +184,13 @@ def reads_per_turn(tmp_path: Path, n: int, calls: int) -> tuple[list[int], Tooli
     return [b - a for a, b in zip(marks, marks[1:])], tooling, store, ses
 
 
+@pytest.fixture(autouse=True)
+def no_lease_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lease renewer thread reads and writes through the same seam every TTL/3: a renewal
+    # landing in one turn would add its reads to that turn's count.
+    monkeypatch.setenv("KXEN_AGENT_LEASE_TTL_S", "3600")
+
+
 def test_a_turns_store_reads_do_not_grow_with_the_history(tmp_path: Path) -> None:
     calls = 6
     short, _, _, _ = reads_per_turn(tmp_path, 20, calls)
