@@ -65,7 +65,7 @@ _TEMP_NAME = re.compile(r"tmp_[0-9a-f]{16}")
 # Strict number and id syntax (§1.1): int() would also take "+1", "007",
 # "1_0", " 1" and "1\r".
 _DECIMAL = r"(0|[1-9][0-9]*)"
-_HEADER_LINE = re.compile(r"(fence|log|deleted) " + _DECIMAL)
+_HEADER_LINE = re.compile(r"(fence|log|steps|deleted) " + _DECIMAL)
 _REF_LINE = re.compile(r"([0-9a-f]{64}) (.*)", re.S)
 _REFLOG_HEAD = re.compile(r"([0-9a-f]{64}) ([0-9a-f]{64}) " + _DECIMAL + " " + _DECIMAL + r" ([^ ]*)")
 
@@ -181,6 +181,12 @@ class RefGroupState:
     log_size: int = 0
     deleted_ns: int | None = None
     exists: bool = False
+    #: The step log generation the ref file names (§6.8): 0 when there is no
+    #: ref file, 1 when a ref file names none (format 2 wrote none).
+    steps_gen: int = field(default=0, compare=False, repr=False)
+    #: Reflog entries of the step log's committed records, after the reflog's
+    #: ``log_size`` bytes (which count them as their lines would be).
+    tail: tuple["ReflogEntry", ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -223,8 +229,11 @@ def is_temp_file(path: str, io: FileIO) -> bool:
 # ------------------------------------------------------------------ formats
 
 
-def format_ref_file(refs: dict[str, bytes], fence: int, log_size: int, deleted_ns: int | None) -> bytes:
+def format_ref_file(refs: dict[str, bytes], fence: int, log_size: int, deleted_ns: int | None,
+                    steps_gen: int | None = None) -> bytes:
     lines = [_FORMAT_LINE, f"fence {fence}", f"log {log_size}"]
+    if steps_gen is not None:
+        lines.append(f"steps {steps_gen}")
     if deleted_ns is not None:
         lines.append(f"deleted {deleted_ns}")
     for name in sorted(refs):
@@ -255,8 +264,15 @@ def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
     log = header(2, "log")
     if log is None:
         raise CorruptRef(f"ref file {where}: line 3 must be 'log <decimal>'")
-    deleted = header(3, "deleted")
-    i = 3 if deleted is None else 4
+    i = 3
+    steps = header(i, "steps")
+    if steps is not None:
+        if steps < 1:
+            raise CorruptRef(f"ref file {where}: 'steps' must be at least 1 (generation 0 is a group with no ref file)")
+        i += 1
+    deleted = header(i, "deleted")
+    if deleted is not None:
+        i += 1
     refs: dict[str, bytes] = {}
     prev = None
     for ln in lines[i:]:
@@ -274,7 +290,7 @@ def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
             raise CorruptRef(f"ref file {where}: names not sorted or duplicated at {name!r}")
         prev = name
         refs[name] = bytes.fromhex(hexid)
-    return RefGroupState(group, refs, fence, log, deleted, True)
+    return RefGroupState(group, refs, fence, log, deleted, True, 1 if steps is None else steps)
 
 
 def _hex_or_zero(v: bytes | None) -> str:
@@ -366,18 +382,26 @@ def prepare_transaction(
 
 
 class RefStore:
-    """Ref groups under ``<state>/refs``, reflogs under ``<state>/logs``."""
+    """Ref groups: ref files under ``<state>/refs``, step logs under ``<state>/steps``, reflogs under ``<state>/logs``.
+
+    A transaction is one record appended to the group's step log (§6.8);
+    the ref file and the reflog are rewritten only by a checkpoint, which
+    folds the log in once its objects are durable elsewhere.
+    """
 
     def __init__(self, root: str, io: FileIO, lock_timeout: float = 30.0, before_write=None) -> None:
+        from .steps import StepLogs
+
         self.root = root
         self.io = io
         self.lock_timeout = lock_timeout
         # Called (with no argument) before the first write, so the state dir
         # is initialised lazily by whoever owns it.
         self._before_write = before_write
-        # refs/<ns>, logs/<ns> and refs/, logs/ whose own names this
-        # instance has made durable in their parents (see _ensure_dir).
+        # refs/<ns>, logs/<ns>, steps/<ns> and their tops whose own names
+        # this instance has made durable in their parents (see _ensure_dir).
         self._durable_dirs: set[str] = set()
+        self.steps = StepLogs(root, io)
 
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))
@@ -385,33 +409,47 @@ class RefStore:
     def log_path(self, group: str) -> str:
         return os.path.join(self.root, "logs", *validate_group(group).split("/"))
 
+    def steps_path(self, group: str) -> str:
+        return os.path.join(self.root, "steps", *validate_group(group).split("/"))
+
     def lock_path(self, group: str) -> str:
         ns, gid = validate_group(group).split("/")
         return os.path.join(self.root, "locks", ns, gid + ".lock")
 
     def groups(self, namespace: str | None = None) -> Iterator[str]:
-        """Every name under ``refs/<ns>/`` except temp files.
+        """Every name under ``refs/<ns>/`` except temp files, and every group whose step log is its state.
 
         Only a temp file (:func:`is_temp_file`) is skipped: no group may be
         named so (§6.1). Anything else is yielded even if it is not a valid
         group (a directory, a bad name), so that reading it fails loudly —
         in fsck, and in gc, which must not prune what an unreadable group
-        might keep alive (§6.2).
+        might keep alive (§6.2). A group that has no ref file yet lives in
+        its step log alone (generation 0, §6.8).
         """
         io = self.io
         base = os.path.join(self.root, "refs")
+        names: set[str] = set()
         namespaces = [namespace] if namespace else sorted(io.listdir(base)) if io.isdir(base) else []
         for ns in namespaces:
             d = os.path.join(base, ns)
             if not io.isdir(d):
                 continue
-            for gid in sorted(io.listdir(d)):
+            for gid in io.listdir(d):
                 if is_temp_file(os.path.join(d, gid), io):
                     continue
-                yield f"{ns}/{gid}"
+                names.add(f"{ns}/{gid}")
+        for g in self.steps.groups(namespace):
+            if g in names:
+                continue
+            try:
+                if self.read(g).exists:
+                    names.add(g)
+            except (CorruptRef, UsageError):
+                names.add(g)  # fsck must see it
+        for g in sorted(names, key=lambda g: g.split("/", 1)):
+            yield g
 
-    def read(self, group: str) -> RefGroupState:
-        """The committed state; consistent without the lock (files are renamed in whole)."""
+    def _read_base(self, group: str) -> RefGroupState:
         path = self.ref_path(group)
         try:
             data = self.io.read(path)
@@ -421,11 +459,70 @@ class RefStore:
             raise CorruptRef(f"cannot read ref file {path}: {e.strerror}") from None
         return parse_ref_file(data, group, path)
 
+    def read(self, group: str) -> RefGroupState:
+        """The committed state; consistent without the lock (see :meth:`read_with_log`)."""
+        return self.read_with_log(group)[0]
+
+    def read_with_log(self, group: str):
+        """The committed state and the step log it was read with (None if the state is the ref file's alone).
+
+        The ref file is read first, then the step log: a checkpoint writes
+        the ref file before it starts the log's new generation, so a log of
+        a later generation than the ref file read means a checkpoint came
+        in between, and the ref file is read again (§6.8).
+        """
+        from .steps import CorruptSteps
+
+        for _ in range(8):
+            base = self._read_base(group)
+            try:
+                log = self.steps.load(group)
+            except CorruptSteps as e:
+                raise CorruptRef(str(e)) from None
+            if log is None or log.gen < base.steps_gen or (log.gen > base.steps_gen and not base.exists):
+                return base, None  # no log, a stale one, or one of a removed group
+            if log.gen > base.steps_gen:
+                continue  # a checkpoint between the two reads
+            return self._apply(base, log), log
+        raise CorruptRef(f"step log {self.steps.path(group)} keeps naming a generation its ref file does not; run fsck")
+
+    def _apply(self, base: RefGroupState, log) -> RefGroupState:
+        if not log.records:
+            return base
+        refs = dict(base.refs)
+        fence, deleted, size = base.fence, base.deleted_ns, base.log_size
+        tail = []
+        where = log.path
+        for r in log.records:
+            t = r.tx
+            for u in t.updates:
+                try:
+                    validate_ref_name(u.name)
+                except BadRefName as e:
+                    raise CorruptRef(f"step log {where} at offset {r.offset}: {e}") from None
+                if refs.get(u.name) != u.old:
+                    raise CorruptRef(f"step log {where} at offset {r.offset}: ref {u.name!r} was not what the "
+                                     "record says it replaced; run fsck")
+                if u.new is None:
+                    refs.pop(u.name, None)
+                else:
+                    refs[u.name] = u.new
+                e = ReflogEntry(u.old, u.new, t.time_ns, t.fence, u.name, t.reason)
+                tail.append(e)
+                size += len(format_reflog_line(e))
+            if t.new_fence is not None:
+                if t.new_fence <= fence:
+                    raise CorruptRef(f"step log {where} at offset {r.offset}: the fence goes down or stays")
+                fence = t.new_fence
+            if t.deleted != "leave":
+                deleted = t.deleted  # type: ignore[assignment]
+        return RefGroupState(base.group, refs, fence, size, deleted, True, base.steps_gen, tuple(tail))
+
     def get(self, group: str, name: str) -> bytes | None:
         return self.read(group).refs.get(validate_ref_name(name))
 
     def reflog(self, group: str, state: RefGroupState | None = None) -> list[ReflogEntry]:
-        """The committed reflog (an uncommitted tail past the recorded size is ignored).
+        """The committed reflog (an uncommitted tail past the recorded size is ignored), the step log's after it.
 
         ``state`` is a :meth:`read` of the group made earlier, to check the
         reflog against that one snapshot (fsck does); else the ref file is
@@ -443,9 +540,11 @@ class RefStore:
             data = b""
         except OSError as e:
             raise CorruptRef(f"cannot read reflog {path}: {e.strerror}") from None
-        if len(data) < state.log_size:
-            raise CorruptRef(f"reflog {path} is shorter ({len(data)} bytes) than its ref file records ({state.log_size})")
-        return parse_reflog(data[: state.log_size], path)
+        tail_size = sum(len(format_reflog_line(e)) for e in state.tail)
+        committed = state.log_size - tail_size
+        if len(data) < committed:
+            raise CorruptRef(f"reflog {path} is shorter ({len(data)} bytes) than its ref file records ({committed})")
+        return parse_reflog(data[:committed], path) + list(state.tail)
 
     def lock(self, group: str, timeout: float | None = None):
         """The group's lock, for callers that must read-decide-write atomically."""
@@ -465,71 +564,103 @@ class RefStore:
         new_fence: int | None = None,
         deleted_ns: int | None | _Any = ANY,
         locked: bool = False,
+        objects: "list | tuple" = (),
     ) -> RefGroupState:
         """Apply ``updates`` to ``group`` all together or not at all.
 
         ``fence``: refuse with :class:`StaleFence` if the group's fence is
         higher. ``new_fence``: raise the group's fence (never lower it).
         ``deleted_ns``: mark (an int) or unmark (None) the group deleted.
-        ``locked``: the caller already holds :meth:`lock`.
+        ``locked``: the caller already holds :meth:`lock`. ``objects``: raw
+        objects committed in the same record (the step's new objects).
         """
         updates = list(updates)
         for u in updates:
             validate_update(u)
         if not locked:
             with self.lock(group):
-                return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
-        return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+                return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
+        return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
 
-    def _commit(self, group, updates, reason, fence, new_fence, deleted_ns) -> RefGroupState:
+    def _commit(self, group, updates, reason, fence, new_fence, deleted_ns, objects=()) -> RefGroupState:
+        from .steps import StepTx, TxUpdate
+
         # Re-read under the lock: the caller's view may be stale (the race
         # compare-and-swap exists to catch).
-        cur = self.read(group)
+        cur, log = self.read_with_log(group)
         if fence is not None and fence < cur.fence:
             raise StaleFence(group, fence, cur.fence)
         refs, olds, out_fence, out_deleted = prepare_transaction(cur, updates, fence, new_fence, deleted_ns)
-
-        ref_path = self.ref_path(group)
-        log_path = self.log_path(group)
         if self._before_write:
             self._before_write()
+        steps_path = self.steps_path(group)
+        self._ensure_dir(os.path.dirname(steps_path))
+        now = time.time_ns()
+        used_fence = fence if fence is not None else out_fence
+        tx = StepTx(now, clean_reason(reason), used_fence, new_fence,
+                    "leave" if deleted_ns is ANY else deleted_ns,  # type: ignore[arg-type]
+                    tuple(TxUpdate(u.name, old, u.new) for u, old in zip(updates, olds)))
+        # What the log already holds is durable with it: not written twice.
+        known = log.ids if log is not None else frozenset()
+        objs = [o for o in dict((o.id, o) for o in objects).values() if o.id not in known]
+        self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
+        tail = list(cur.tail)
+        size = cur.log_size
+        for u, old in zip(updates, olds):
+            e = ReflogEntry(old, u.new, now, used_fence, u.name, tx.reason)
+            tail.append(e)
+            size += len(format_reflog_line(e))
+        return RefGroupState(group, refs, out_fence, size, out_deleted, True, cur.steps_gen, tuple(tail))
+
+    def checkpoint(self, group: str, *, locked: bool = False) -> bool:
+        """Fold ``group``'s step log into its ref file and reflog, and start the log's next generation.
+
+        The caller guarantees that every object the log holds is durable
+        elsewhere (a committed pack, or a loose file whose barrier passed):
+        the old log's bytes are gone once this returns. False if there was
+        nothing to fold.
+        """
+        if not locked:
+            with self.lock(group):
+                return self.checkpoint(group, locked=True)
+        cur, log = self.read_with_log(group)
+        if log is None or not log.records:
+            return False
+        if self._before_write:
+            self._before_write()
+        ref_path = self.ref_path(group)
+        log_path = self.log_path(group)
         self._ensure_dir(os.path.dirname(ref_path))
         self._ensure_dir(os.path.dirname(log_path))
-        # Cut a tail left by a transaction that crashed before its rename.
+        lines = b"".join(format_reflog_line(e) for e in cur.tail)
+        committed = cur.log_size - len(lines)
         try:
             size = self.io.getsize(log_path)
             log_existed = True
         except FileNotFoundError:
             size, log_existed = 0, False
-        if size > cur.log_size:
-            self.io.truncate(log_path, cur.log_size)
-        elif size < cur.log_size:
+        if size > committed:
+            self.io.truncate(log_path, committed)
+        elif size < committed:
             raise CorruptRef(f"reflog {log_path} is shorter than its ref file records; run fsck")
-        now = time.time_ns()
-        used_fence = fence if fence is not None else out_fence
-        lines = b"".join(
-            format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, reason))
-            for u, old in zip(updates, olds)
-        )
-        new_log_size = cur.log_size
         if lines:
-            new_log_size = self.io.append(log_path, lines)
-            # The reflog's name must be durable before the commit. It is if a
-            # committed ref file counts bytes of it (that commit synced it);
-            # a file with no committed bytes may have been created by a
-            # transaction that died before syncing its directory.
-            if not log_existed or cur.log_size == 0:
+            self.io.append(log_path, lines)
+            if not log_existed or committed == 0:
                 self.io.fsync_dir(os.path.dirname(log_path))
-        data = format_ref_file(refs, out_fence, new_log_size, out_deleted)
-        self.io.write_durable(ref_path, data)  # the commit point
-        return RefGroupState(group, refs, out_fence, new_log_size, out_deleted, True)
+        gen = cur.steps_gen + 1
+        self.io.write_durable(ref_path, format_ref_file(cur.refs, cur.fence, cur.log_size, cur.deleted_ns, gen))
+        # The ref file now holds everything the log did: the log's new,
+        # empty generation may follow (a crash before leaves a stale log,
+        # which readers pass over and the next writer replaces).
+        self.steps.start_generation(group, gen)
+        return True
 
     def trust_dirs(self, dirs: Iterable[str]) -> None:
         """Directories whose names are known durable (the state dir's skeleton, §10.3)."""
         self._durable_dirs.update(dirs)
 
     def _ensure_dir(self, d: str) -> None:
-        """Create ``refs/<ns>`` or ``logs/<ns>`` if missing, with a durable name.
+        """Create ``refs/<ns>``, ``logs/<ns>`` or ``steps/<ns>`` if missing, with a durable name.
 
         ``makedirs`` syncs the parent of a directory it creates; one found
         existing may have been made by a process that has not synced its
@@ -537,6 +668,8 @@ class RefStore:
         from "I lost the race to make it"). So the first time this instance
         uses a directory it syncs its parent and grandparent (§9.1).
         """
+        if d in self._durable_dirs and os.path.dirname(d) in self._durable_dirs:
+            return
         self.io.makedirs(d)
         named = [p for p in (d, os.path.dirname(d)) if p not in self._durable_dirs]
         for p in named:
@@ -544,11 +677,30 @@ class RefStore:
         self._durable_dirs.update(named)
 
     def remove_group(self, group: str) -> None:
-        """Delete a group's ref file and reflog (gc's job, after the grace period)."""
+        """Delete a group's ref file, step log and reflog (gc's job, after the grace period).
+
+        Whatever could read as the group alone goes last: the ref file
+        goes before a log of generation 1 or more (which without it is
+        nobody's), after a generation-0 log (which without it would be
+        the group's whole state, §6.8).
+        """
+        from .steps import CorruptSteps
+
         with self.lock(group):
-            for p in (self.ref_path(group), self.log_path(group)):
+            base = self._read_base(group)
+            try:
+                log = self.steps.load(group)
+            except CorruptSteps:
+                log = None
+            ref, steps = self.ref_path(group), self.steps_path(group)
+            # A generation-0 log beside a ref file is a stale one (a
+            # checkpoint died before replacing it): alone it would read as
+            # the group, so it goes before the ref file does.
+            order = [ref, steps] if base.exists and (log is None or log.gen > 0) else [steps, ref]
+            for p in (*order, self.log_path(group)):
                 try:
                     self.io.unlink(p)
                     self.io.fsync_dir(os.path.dirname(p))
                 except FileNotFoundError:
                     pass
+            self.steps.forget(group)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
@@ -50,7 +51,7 @@ __all__ = [
     "store_lock",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_FILE = "FORMAT"
 # The FORMAT file's temporary name while it is being written. A process that
 # dies between creating it and renaming it leaves it behind; it must not make
@@ -64,7 +65,7 @@ _FORMAT_RE = re.compile(rb"kxen-agent-state (0|[1-9][0-9]*)\n")
 #: given to :class:`Store` has its ``refs/<ns>``, ``logs/<ns>``,
 #: ``locks/<ns>`` and ``leases/<ns>`` made with the skeleton (§10.3); any
 #: other namespace's directories are made on first use.
-NAMESPACE_TOPS = ("refs", "logs", "locks", "leases")
+NAMESPACE_TOPS = ("refs", "logs", "locks", "leases", "steps")
 
 _BASE_SKELETON = (
     "objects",
@@ -172,9 +173,10 @@ class ObjectSource(Protocol):
 class _GuardedRefStore(RefStore):
     """A RefStore whose transactions hold the store's shared lock (gc's prune waits)."""
 
-    def __init__(self, *args: Any, writing: Any, **kw: Any) -> None:
+    def __init__(self, *args: Any, writing: Any, store: Any = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._writing = writing
+        self._store = store
 
     def transaction(self, group, updates, **kw):  # type: ignore[override]
         # Names are checked before the lock: a refused name writes nothing,
@@ -184,7 +186,15 @@ class _GuardedRefStore(RefStore):
         for u in updates:
             _validate_update(u)
         with self._writing():
-            return super().transaction(group, updates, **kw)
+            # The objects this thread put in its writing() block go in the
+            # transaction's record: one commit point for the whole step.
+            objs = self._store.take_staged() if self._store is not None else []
+            try:
+                return super().transaction(group, updates, objects=objs, **kw)
+            except BaseException:
+                if objs:
+                    self._store.restage(objs)
+                raise
 
 
 def default_state_dir() -> str:
@@ -250,8 +260,12 @@ class Store:
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
         self.lock_timeout = lock_timeout
         self.refs = _GuardedRefStore(
-            self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing
+            self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing, store=self
         )
+        # Objects put inside a writing() block, per thread: the block's next
+        # ref transaction commits them in its step record (§6.8); what no
+        # transaction took is written loose when the block ends.
+        self._stage = threading.local()
         self._check_format()
         self.packs: list[ObjectSource] = []
         # Sources read like packs but not listed in objects/pack (an import's
@@ -375,7 +389,7 @@ class Store:
         root = self.root
         self.loose.trust_skeleton()
         dirs = []
-        for top in ("refs", "logs"):
+        for top in ("refs", "logs", "steps"):
             dirs.append(os.path.join(root, top))
             dirs += [os.path.join(root, top, ns) for ns in self.namespaces]
         self.refs.trust_dirs(dirs)
@@ -464,16 +478,26 @@ class Store:
         Holds the shared store lock (:meth:`writing`), so gc's prune never
         runs in the middle of a write.
         """
+        st = self._stage
+        if getattr(st, "depth", 0) > 0:
+            # Inside a step: held for the transaction that ends it.
+            if obj.id in st.objs:
+                return False
+            st.objs[obj.id] = obj
+            return True
         with self.writing():
-            for p in self.packs:
-                if p.has(obj.id):
-                    if self._freshen(p):
-                        # Found is not durable: the pack's index may have been
-                        # renamed in by a writer that failed before its fsync.
-                        self.sync_pack_dir_once()
-                        return False
-                    break  # the pack was removed by gc: write a loose copy
-            return self.loose.write(obj)
+            return self._put_loose(obj)
+
+    def _put_loose(self, obj: RawObject) -> bool:
+        for p in self.packs:
+            if p.has(obj.id):
+                if self._freshen(p):
+                    # Found is not durable: the pack's index may have been
+                    # renamed in by a writer that failed before its fsync.
+                    self.sync_pack_dir_once()
+                    return False
+                break  # the pack was removed by gc: write a loose copy
+        return self.loose.write(obj)
 
     def sync_pack_dir_once(self) -> None:
         """fsync ``objects/pack`` once per Store: names found there become durable."""
@@ -499,7 +523,27 @@ class Store:
         """Share one durability barrier among many :meth:`put` calls (§5.3)."""
         return self.loose.batch()
 
+    def _staged(self) -> dict[ObjectId, RawObject]:
+        return getattr(self._stage, "objs", None) or {}
+
+    def take_staged(self) -> list[RawObject]:
+        """The objects this thread's writing() block holds for its next transaction (they leave the stage)."""
+        st = self._stage
+        objs = list(getattr(st, "objs", {}).values())
+        if objs:
+            st.objs = {}
+        return objs
+
+    def restage(self, objs: list[RawObject]) -> None:
+        """Put back what :meth:`take_staged` gave, for a transaction that was refused."""
+        st = self._stage
+        if getattr(st, "depth", 0) > 0:
+            st.objs.update((o.id, o) for o in objs)
+
     def read_raw(self, oid: ObjectId) -> RawObject:
+        staged = self._staged().get(oid)
+        if staged is not None:
+            return staged
         # Packs first (Git's order): an index lookup costs no system call,
         # while a failed open of a loose name costs one per packed object.
         # A corrupt copy is passed over while another copy is good (fsck
@@ -508,13 +552,28 @@ class Store:
         obj, err = self._read_packed(oid, None)
         if obj is not None:
             return obj
+        steps = self.refs.steps
+        try:
+            obj = steps.read_raw(oid)
+        except CorruptObject as e:
+            err = err or e
+        if obj is not None:
+            return obj
         try:
             obj = self.loose.read_raw(oid)
         except CorruptObject as e:
             raise (err or e) from None
         if obj is not None:
             return obj
-        # A concurrent gc may have packed the object since we listed packs.
+        # Another process may have committed it in a step log since we
+        # read them, or gc may have packed it since we listed packs.
+        steps.scan_all()
+        try:
+            obj = steps.read_raw(oid)
+        except CorruptObject as e:
+            err = err or e
+        if obj is not None:
+            return obj
         if self.io.isdir(self.pack_dir):
             self.reload_packs()
             obj, err = self._read_packed(oid, err)
@@ -545,7 +604,8 @@ class Store:
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.
-        return any(p.has(oid) for p in self.packs) or self.loose.has(oid)
+        return (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.refs.steps.has(oid)
+                or self.loose.has(oid))
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every object id, each once (an object may be both loose and packed)."""
@@ -558,6 +618,11 @@ class Store:
                 if oid not in seen:
                     seen.add(oid)
                     yield oid
+        self.refs.steps.scan_all()
+        for oid in self.refs.steps.iter_ids():
+            if oid not in seen:
+                seen.add(oid)
+                yield oid
 
     def resolve(self, text: str) -> ObjectId:
         """An object id from 8 to 64 hex digits (a unique prefix, like git)."""
@@ -565,6 +630,8 @@ class Store:
 
     def _with_prefix(self, h: str) -> set[ObjectId]:
         found = set(self.loose.with_prefix(h))
+        self.refs.steps.scan_all()
+        found.update(self.refs.steps.with_prefix(h))
         for p in self.packs:
             found.update(p.with_prefix(h))
         return found
@@ -579,8 +646,27 @@ class Store:
         ref transactions take it themselves. Creates the state dir.
         """
         self.ensure_initialized()
+        st = self._stage
+        depth = getattr(st, "depth", 0)
+        if depth == 0:
+            st.objs = {}
         with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout, self.io):
-            yield
+            st.depth = depth + 1
+            try:
+                yield
+            except BaseException:
+                if depth == 0:
+                    st.objs = {}  # never named by a committed ref: nothing to keep
+                raise
+            finally:
+                st.depth = depth
+            if depth == 0 and st.objs:
+                # Put in the block but taken by no transaction: written as
+                # they always were, loose, before the block ends.
+                objs, st.objs = list(st.objs.values()), {}
+                with self.loose.batch():
+                    for o in objs:
+                        self._put_loose(o)
 
     @contextmanager
     def pruning(self, timeout: float | None = None) -> Iterator[None]:

@@ -1,0 +1,498 @@
+"""Step logs: a ref group's durable steps, each its new objects and its ref change in one record.
+
+A *step log* (``objects_spec.md`` §6.8) is an append-only file per ref
+group, ``steps/<ns>/<id>``. One record carries a transaction's updates,
+fence, deleted-marker action and reason together with the objects it
+made, each as the same zstd frame a loose file holds; the record ends in a
+BLAKE3 checksum of itself. Appending a record and ``fsync``-ing the file
+is the transaction's commit point: one fsync for a durable step, where a
+loose object costs two and a ref file three.
+
+A group's committed state is its ref file (the *base*; none: the empty
+group) with the committed records of its step log applied in order. The
+ref file names the log's *generation* (``steps N``); a log whose header
+names another generation holds nothing of the group's (a checkpoint
+folded it in). A *checkpoint* folds the log into the ref file and starts
+a new generation, once its objects are durable elsewhere (a pack).
+
+This module is split as the store is: pure byte formats
+(:func:`encode_record`, :func:`scan`, the header) first, then
+:class:`StepLogs`, the I/O and the in-memory index of the objects the
+logs hold. Every file-system call goes through the store's
+:class:`~.fsio.FileIO`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import blake3
+
+from kxen_agent.errors import KxenError
+
+from . import codec
+from .fsio import FileIO
+from .objects import CorruptObject, ObjectId, RawObject, compress_loose, decompress_loose, parse_object
+
+__all__ = [
+    "RECORD_MAGIC",
+    "StepLogs",
+    "StepRecord",
+    "StepTx",
+    "TxUpdate",
+    "encode_header",
+    "encode_record",
+    "parse_header",
+    "scan",
+]
+
+#: Marks each record's start (§6.8).
+RECORD_MAGIC = b"STEP"
+_HEADER_RE = re.compile(rb"kxen-steps 1 ([A-Za-z0-9_][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}) "
+                        rb"(0|[1-9][0-9]{0,18})\n")
+#: Longest header: the words, a group of two 64-byte segments, 19 digits.
+MAX_HEADER = 14 + 129 + 1 + 19 + 1
+#: A record's body is at most this long (its length field is 4 bytes):
+#: objects are at most 64 MiB each, and a step makes a handful.
+MAX_BODY = (1 << 32) - 1
+_PREFIX = 8  # magic + body length
+_SUM = 32
+
+
+class CorruptSteps(KxenError):
+    """A step log that cannot be read (as CorruptRef: run fsck)."""
+
+
+@dataclass(frozen=True)
+class TxUpdate:
+    name: str
+    old: bytes | None
+    new: bytes | None
+
+
+@dataclass(frozen=True)
+class StepTx:
+    """The ref side of a record: what a reflog line says, for each update, and the group's changes.
+
+    ``fence``: the fence the transaction carried (or the group's resulting
+    one), as reflog lines record it; ``new_fence``: the group's new fence,
+    if raised; ``deleted``: ``"leave"``, ``None`` (unmark) or a time (mark).
+    """
+
+    time_ns: int
+    reason: str
+    fence: int
+    new_fence: int | None
+    deleted: int | None | str
+    updates: tuple[TxUpdate, ...]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One committed record: where it lies, its transaction, and its objects' frames (id, offset, length)."""
+
+    offset: int
+    end: int
+    tx: StepTx
+    objects: tuple[tuple[ObjectId, int, int], ...]
+
+
+# ------------------------------------------------------------------ formats
+
+
+def encode_header(group: str, gen: int) -> bytes:
+    return b"kxen-steps 1 %s %d\n" % (group.encode("ascii"), gen)
+
+
+def parse_header(data: bytes | memoryview, where: str) -> tuple[str, int, int]:
+    """(group, generation, header length) of a step log's first bytes; CorruptSteps if they are not one."""
+    head = bytes(data[:MAX_HEADER])
+    m = _HEADER_RE.match(head)
+    if m is None:
+        raise CorruptSteps(f"step log {where}: does not begin with 'kxen-steps 1 <group> <generation>' and a newline")
+    return m.group(1).decode("ascii"), int(m.group(2)), m.end()
+
+
+def _tx_value(tx: StepTx) -> dict[str, Any]:
+    v: dict[str, Any] = {
+        "time": tx.time_ns,
+        "reason": tx.reason,
+        "fence": tx.fence,
+        "updates": [[u.name, u.old, u.new] for u in tx.updates],
+    }
+    if tx.new_fence is not None:
+        v["newFence"] = tx.new_fence
+    if tx.deleted != "leave":
+        v["deleted"] = tx.deleted
+    return v
+
+
+def encode_record(tx: StepTx, objects: list[tuple[ObjectId, bytes]]) -> bytes:
+    """The bytes of one record: ``objects`` are (id, zstd frame) pairs, in the order given."""
+    txb = codec.encode(_tx_value(tx))
+    parts = [len(txb).to_bytes(4, "big"), txb]
+    for oid, frame in objects:
+        parts += [oid, len(frame).to_bytes(4, "big"), frame]
+    body = b"".join(parts)
+    if len(body) > MAX_BODY:
+        raise ValueError(f"a step of {len(body)} bytes exceeds the record limit ({MAX_BODY})")
+    head = RECORD_MAGIC + len(body).to_bytes(4, "big")
+    return head + body + blake3.blake3(head + body).digest()
+
+
+def _id_or_none(v: Any, where: str) -> bytes | None:
+    if v is None:
+        return None
+    if type(v) is not bytes or len(v) != 32 or v == b"\x00" * 32:
+        raise CorruptSteps(f"{where}: a ref value is not a 32-byte id or null")
+    return v
+
+
+def _parse_tx(data: memoryview, where: str) -> StepTx:
+    try:
+        v = codec.decode(data)
+    except codec.DecodeError as e:
+        raise CorruptSteps(f"{where}: transaction is not canonical CBOR: {e}") from None
+    keys = {"time", "reason", "fence", "updates"}
+    if (type(v) is not dict or not keys <= v.keys() or not set(v) <= keys | {"newFence", "deleted"}
+            or type(v["time"]) is not int or type(v["reason"]) is not str or type(v["fence"]) is not int
+            or v["fence"] < 0 or v["time"] < 0 or type(v["updates"]) is not list
+            or type(v.get("newFence", 0)) is not int or ("deleted" in v and v["deleted"] is not None
+                                                          and type(v["deleted"]) is not int)):
+        raise CorruptSteps(f"{where}: transaction map does not have the fields of §6.8")
+    ups = []
+    for u in v["updates"]:
+        if type(u) is not list or len(u) != 3 or type(u[0]) is not str:
+            raise CorruptSteps(f"{where}: an update is not [name, old, new]")
+        ups.append(TxUpdate(u[0], _id_or_none(u[1], where), _id_or_none(u[2], where)))
+    return StepTx(v["time"], v["reason"], v["fence"], v.get("newFence"), v["deleted"] if "deleted" in v else "leave",
+                  tuple(ups))
+
+
+def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRecord], int]:
+    """The committed records of ``data`` from ``start`` (a record boundary), and where they end.
+
+    A record that is incomplete or whose checksum does not match ends the
+    scan: it is an uncommitted tail (a writer that died in its append, or
+    whose append a power loss cut), which readers ignore and the next
+    writer cuts off (§6.8). A complete record with a good checksum that
+    does not parse is damage: :class:`CorruptSteps`.
+    """
+    view = memoryview(data)
+    n = len(view)
+    out: list[StepRecord] = []
+    pos = start
+    while pos + _PREFIX <= n:
+        if view[pos:pos + 4] != RECORD_MAGIC:
+            break
+        blen = int.from_bytes(view[pos + 4:pos + 8], "big")
+        end = pos + _PREFIX + blen + _SUM
+        if end > n:
+            break
+        if blake3.blake3(view[pos:end - _SUM]).digest() != view[end - _SUM:end]:
+            break
+        at = f"{where} at offset {pos}"
+        b0 = pos + _PREFIX
+        if blen < 4:
+            raise CorruptSteps(f"{at}: record too short for its transaction length")
+        tlen = int.from_bytes(view[b0:b0 + 4], "big")
+        q = b0 + 4 + tlen
+        body_end = end - _SUM
+        if q > body_end:
+            raise CorruptSteps(f"{at}: transaction runs past the record")
+        tx = _parse_tx(view[b0 + 4:q], at)
+        objs = []
+        while q < body_end:
+            if q + 36 > body_end:
+                raise CorruptSteps(f"{at}: object entry runs past the record")
+            oid = bytes(view[q:q + 32])
+            flen = int.from_bytes(view[q + 32:q + 36], "big")
+            if q + 36 + flen > body_end:
+                raise CorruptSteps(f"{at}: object frame runs past the record")
+            objs.append((oid, q + 36, flen))
+            q += 36 + flen
+        out.append(StepRecord(pos, end, tx, tuple(objs)))
+        pos = end
+    return out, pos
+
+
+# ------------------------------------------------------------------ the logs
+
+
+@dataclass
+class _Log:
+    """What this process has read of one step log: its bytes so far, in chunks, and its records."""
+
+    path: str
+    ident: tuple[int, int]  # device, inode
+    group: str
+    gen: int
+    header_len: int
+    end: int  # the committed records end here
+    size: int  # bytes read (end, plus an uncommitted tail)
+    starts: list[int]  # chunk start offsets, ascending
+    chunks: list[bytes]
+    records: list[StepRecord]
+    ids: set = field(default_factory=set)  # the objects its records hold
+
+    def slice(self, offset: int, length: int) -> bytes:
+        i = bisect.bisect_right(self.starts, offset) - 1
+        s = self.starts[i]
+        chunk = self.chunks[i]
+        if offset - s + length <= len(chunk):
+            return chunk[offset - s:offset - s + length]
+        return self._join()[offset:offset + length]
+
+    def _join(self) -> bytes:
+        if len(self.chunks) > 1:
+            self.chunks = [b"".join(self.chunks)]
+            self.starts = [0]
+        return self.chunks[0]
+
+
+class StepLogs:
+    """The step logs of a state dir: reading (cached), appending, and the index of their objects."""
+
+    def __init__(self, root: str, io: FileIO) -> None:
+        self.root = root
+        self.io = io
+        self._mu = threading.RLock()
+        self._logs: dict[str, _Log] = {}  # by path
+        self._index: dict[ObjectId, tuple[_Log, int, int]] = {}
+        # Step log names (and steps/<ns> dirs) this instance has made durable.
+        self._durable: set[str] = set()
+
+    def path(self, group: str) -> str:
+        ns, gid = group.split("/")
+        return os.path.join(self.root, "steps", ns, gid)
+
+    # ---------------------------------------------------------------- reading
+
+    def load(self, group: str) -> _Log | None:
+        """The log of ``group`` as it is now (committed records read, cached), or None if there is none."""
+        path = self.path(group)
+        io = self.io
+        with self._mu:
+            old = self._logs.get(path)
+            try:
+                f = io.open_read(path)
+            except FileNotFoundError:
+                if old is not None:
+                    self._forget(old)
+                return None
+            except OSError as e:
+                raise CorruptSteps(f"cannot read step log {path}: {e.strerror}") from None
+            with f:
+                st = io.fstat(f)
+                ident = (st.st_dev, st.st_ino)
+                if old is not None and old.ident == ident:
+                    if st.st_size == old.size:
+                        return old
+                    if st.st_size < old.end:
+                        # Cut below what was committed: not what writers do.
+                        raise CorruptSteps(f"step log {path} is shorter ({st.st_size} bytes) than its committed "
+                                           f"records ({old.end}); run fsck")
+                    f.seek(old.end)
+                    more = f.read()
+                    self._extend(old, more, st.st_size)
+                    return old
+                if old is not None:
+                    self._forget(old)
+                data = f.read()
+            group_in, gen, hlen = parse_header(data, path)
+            if group_in != group:
+                raise CorruptSteps(f"step log {path} names group {group_in}, not {group}")
+            log = _Log(path, ident, group, gen, hlen, hlen, hlen, [0], [data[:hlen]], [])
+            self._extend(log, data[hlen:], len(data))
+            self._logs[path] = log
+            return log
+
+    def _extend(self, log: _Log, more: bytes, size: int) -> None:
+        """Read the records in ``more`` (the file's bytes from ``log.end`` on)."""
+        base = log.end
+        recs, end = scan(more, 0, log.path)
+        if recs:
+            log.starts.append(base)
+            log.chunks.append(more[:end])
+            self._add(log, [StepRecord(r.offset + base, r.end + base, r.tx,
+                                       tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
+        log.end = base + end
+        log.size = size
+
+    def _add(self, log: _Log, recs: list[StepRecord]) -> None:
+        log.records.extend(recs)
+        for r in recs:
+            for oid, at, n in r.objects:
+                self._index[oid] = (log, at, n)
+                log.ids.add(oid)
+
+    def _forget(self, log: _Log) -> None:
+        self._logs.pop(log.path, None)
+        for r in log.records:
+            for oid, _, _ in r.objects:
+                if self._index.get(oid, (None,))[0] is log:
+                    del self._index[oid]
+
+    def scan_all(self) -> None:
+        """Read every step log of the state dir (new ones, and what the known ones have grown by)."""
+        io = self.io
+        top = os.path.join(self.root, "steps")
+        try:
+            namespaces = io.listdir(top)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for ns in sorted(namespaces):
+            d = os.path.join(top, ns)
+            try:
+                names = io.listdir(d)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for gid in sorted(names):
+                if gid.startswith("tmp_"):
+                    continue
+                try:
+                    self.load(f"{ns}/{gid}")
+                except (CorruptSteps, ValueError):
+                    continue  # fsck names it; a reader looks elsewhere
+
+    # ---------------------------------------------------------------- objects
+
+    def read_raw(self, oid: ObjectId) -> RawObject | None:
+        with self._mu:
+            hit = self._index.get(oid)
+        if hit is None:
+            return None
+        log, at, n = hit
+        where = f"{log.path} at offset {at}"
+        return parse_object(decompress_loose(log.slice(at, n), where), where, expect_id=oid)
+
+    def has(self, oid: ObjectId) -> bool:
+        return oid in self._index
+
+    def where(self, oid: ObjectId) -> _Log | None:
+        hit = self._index.get(oid)
+        return None if hit is None else hit[0]
+
+    def iter_ids(self) -> Iterator[ObjectId]:
+        with self._mu:
+            ids = list(self._index)
+        return iter(ids)
+
+    def with_prefix(self, hexprefix: str) -> list[ObjectId]:
+        with self._mu:
+            return [o for o in self._index if o.hex().startswith(hexprefix)]
+
+    # ---------------------------------------------------------------- writing
+
+    def append(self, group: str, gen: int, log: _Log | None, tx: StepTx, objects: list[RawObject]) -> None:
+        """Commit one record to ``group``'s log of generation ``gen`` (the caller holds the group's lock).
+
+        ``log``: the log as read under the lock (None: no file, or one of
+        another generation, which this replaces). One fsync when the file
+        exists, is of this generation, and this instance has made its name
+        durable before; a new file costs its directory's fsync too.
+        """
+        io = self.io
+        path = self.path(group)
+        d = os.path.dirname(path)
+        frames = [(o.id, compress_loose(o.raw)) for o in objects]
+        rec = encode_record(tx, frames)
+        with self._mu:
+            if log is None or log.gen != gen:
+                # A new log (the group's first step, or the first after a
+                # checkpoint that did not get to make its new file): made
+                # whole under a temp name, then renamed over whatever is
+                # there — a stale generation, which holds nothing of the group's.
+                if log is not None:
+                    self._forget(log)
+                header = encode_header(group, gen)
+                io.rename_into_place(io.write_tmp(d, header + rec), path)
+                io.fsync_dir(d)
+                self._durable.add(path)
+                st = io.stat(path)
+                log = _Log(path, (st.st_dev, st.st_ino), group, gen, len(header), len(header), len(header),
+                           [0], [header], [])
+                self._logs[path] = log
+            else:
+                if log.size > log.end:
+                    io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
+                    log.size = log.end
+                if path not in self._durable:
+                    # Found, not made here: its creator may have died before
+                    # syncing the directory (§9.3 rule 4's reasoning).
+                    io.fsync_dir(d)
+                    self._durable.add(path)
+                try:
+                    size = io.append(path, rec)
+                except OSError:
+                    # A short write leaves a torn record: readers ignore it and
+                    # the next writer cuts it. Try to cut it now all the same.
+                    try:
+                        io.truncate(path, log.end)
+                    except OSError:
+                        pass
+                    raise
+                if size != log.end + len(rec):
+                    raise CorruptSteps(f"step log {path} changed under its lock (size {size}, expected "
+                                       f"{log.end + len(rec)}); run fsck")
+            base = log.end
+            log.starts.append(base)
+            log.chunks.append(rec)
+            recs, end = scan(rec, 0, path)
+            self._add(log, [StepRecord(r.offset + base, r.end + base, r.tx,
+                                       tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
+            log.end = log.size = base + end
+
+    def start_generation(self, group: str, gen: int) -> None:
+        """Replace ``group``'s log by an empty one of generation ``gen`` (a checkpoint's last step)."""
+        io = self.io
+        path = self.path(group)
+        d = os.path.dirname(path)
+        with self._mu:
+            old = self._logs.get(path)
+            io.rename_into_place(io.write_tmp(d, encode_header(group, gen)), path)
+            io.fsync_dir(d)
+            self._durable.add(path)
+            if old is not None:
+                self._forget(old)
+
+    def forget(self, group: str) -> None:
+        """Drop what this instance has read of ``group``'s log (after its removal)."""
+        with self._mu:
+            old = self._logs.get(self.path(group))
+            if old is not None:
+                self._forget(old)
+
+    def remove(self, group: str) -> None:
+        path = self.path(group)
+        with self._mu:
+            old = self._logs.get(path)
+            if old is not None:
+                self._forget(old)
+        try:
+            self.io.unlink(path)
+            self.io.fsync_dir(os.path.dirname(path))
+        except FileNotFoundError:
+            pass
+
+    def groups(self, namespace: str | None = None) -> list[str]:
+        """The groups that have a step log (of any generation)."""
+        top = os.path.join(self.root, "steps")
+        io = self.io
+        try:
+            nss = [namespace] if namespace else sorted(io.listdir(top))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for ns in nss:
+            try:
+                names = io.listdir(os.path.join(top, ns))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            out += [f"{ns}/{g}" for g in sorted(names) if not g.startswith("tmp_")]
+        return out
