@@ -50,6 +50,7 @@ from kxen_agent.errors import KxenError, UsageError
 
 from .locks import LockBusy, file_lock
 from .objects import CorruptObject, ObjectId
+from .fold import fold_step_logs, step_objects
 from .repo import Store
 
 __all__ = ["AUTOPACK_ENV", "AutoPackReport", "AutoPacker", "DEFAULT_THRESHOLD", "PACK_LIMIT", "threshold_from_env"]
@@ -90,6 +91,8 @@ class AutoPackReport:
     packed: int = 0
     pack: str | None = None
     loose_removed: int = 0
+    #: Step logs folded into their ref files (§6.8).
+    folded: int = 0
     #: Objects left loose: past the pass's ``max_objects``, or corrupt (fsck names them).
     left: int = 0
     #: Why the pass did nothing or stopped short ("gc running", "writers busy"), if it did.
@@ -106,7 +109,7 @@ class AutoPackReport:
 
     def line(self) -> str:
         """What the pass did, in words ("" when it did nothing)."""
-        done = (f"packed {self.packed} loose object(s) in {self.seconds:.2f} s" if self.packed else "") + (
+        done = (f"packed {self.packed} object(s) in {self.seconds:.2f} s" if self.packed else "") + (
             " and consolidated the packs (gc)" if self.consolidated else "")
         if self.skipped and not self.busy:
             return (done.strip() + "; " if done else "") + f"automatic packing: {self.skipped}"
@@ -142,14 +145,19 @@ class AutoPacker:
 
     def estimate(self) -> int:
         """Loose objects now: one count of the fan-out dirs per process, then what this store wrote since."""
-        written = self.store.loose.written
+        written = self._written()
         if self._base is None:
-            self._base = sum(1 for _ in self.store.loose.iter_ids()) if self.store.exists else 0
+            self._base = (sum(1 for _ in self.store.loose.iter_ids()) + step_objects(self.store)
+                          if self.store.exists else 0)
             self._written_at_base = written
         return self._base + written - self._written_at_base
 
+    def _written(self) -> int:
+        # Objects written since this store opened: loose files and step-log records alike.
+        return self.store.loose.written + self.store.refs.steps.written
+
     def due(self) -> bool:
-        return (self.threshold > 0 and self.store.exists and self.store.loose.written >= self._not_before
+        return (self.threshold > 0 and self.store.exists and self._written() >= self._not_before
                 and self.estimate() > self.threshold)
 
     def between_turns(self, max_objects: int | None = None) -> AutoPackReport | None:
@@ -238,7 +246,7 @@ class AutoPacker:
         except LockBusy:
             rep.skipped, rep.busy = "a gc or another packer holds locks/gc-run.lock", True
             # Not again at the next turn: after a tenth of the threshold's worth of new objects.
-            self._not_before = self.store.loose.written + max(1, self.threshold // 10)
+            self._not_before = self._written() + max(1, self.threshold // 10)
         except (KxenError, OSError) as e:
             if not background:
                 raise
@@ -282,6 +290,11 @@ class AutoPacker:
                 rep.packed, rep.pack = info.count, info.name
                 store.reload_packs()
         rep.left = len(todo) - len(packed)
+        # The step logs next: their objects packed, their records folded
+        # into the ref files (each group's lock held only for its checkpoint).
+        folded = fold_step_logs(store)
+        rep.packed += folded.packed
+        rep.folded = len(folded.groups)
         gone = redundant + packed
         if not gone:
             return

@@ -54,6 +54,8 @@ class FsckReport:
     objects: int = 0
     loose: int = 0
     packed: int = 0
+    #: Object copies in step logs (§6.8).
+    in_steps: int = 0
     bytes: int = 0
     groups: int = 0
     refs: int = 0
@@ -73,6 +75,7 @@ class FsckReport:
             "objects": self.objects,
             "looseObjects": self.loose,
             "packedObjects": self.packed,
+            "stepLogObjects": self.in_steps,
             "bytes": self.bytes,
             "refGroups": self.groups,
             "refs": self.refs,
@@ -173,6 +176,36 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 rep.bytes += len(obj.raw)
             if progress:
                 progress(1)
+    # 2b. Every object in a step log (§6.8): each record's checksum, each
+    # object's frame and id. A log that does not read is a damaged group.
+    steps = store.refs.steps
+    for group in steps.groups():
+        try:
+            log = steps.load(group)
+        except (KxenError, ValueError) as e:
+            rep.problems.append(Problem("corrupt-ref", steps.path(group), str(e)))
+            continue
+        if log is None:
+            continue
+        if log.size > log.end:
+            strays.add(f"{log.path} (an uncommitted tail of {log.size - log.end} bytes from offset {log.end}: "
+                       "a writer that died in its append; the next writer cuts it)")
+        for rec in log.records:
+            for oid, at, n in rec.objects:
+                where = f"{log.path} at offset {at}"
+                try:
+                    obj = steps.read_frame(log, oid, at, n)
+                    value = decode_body(obj)
+                except CorruptObject as e:
+                    rep.problems.append(Problem("corrupt-object", where, e.reason))
+                    continue
+                rep.in_steps += 1
+                if oid not in links:
+                    links[oid] = links_of(obj.kind, value)
+                    check_shape(where, obj, value)
+                    rep.bytes += len(obj.raw)
+                if progress:
+                    progress(1)
     rep.objects = len(links)
 
     # 3. Refs and reflogs.
@@ -268,7 +301,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
-_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases"})
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps"})
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
 
@@ -285,7 +318,7 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
     """Entries outside ``objects/`` that no writer makes (§11 step 7).
 
     ``refs/`` holds namespace directories only (what is in one is a group,
-    judged by step 3); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
+    judged by step 3); ``steps/`` a step log per group (§6.8); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
     ref file exists (one without it is a removal's leftover, §6.7); ``locks/``
     the store's three lock files and ``<ns>/<id>.lock`` or ``.lease`` lock
     files of valid group names (left behind by design, §8.1). Temp files are
@@ -301,8 +334,15 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
     for name in ls(root):
         if name not in _TOP_NAMES and not name.startswith(_TEMP_PREFIXES):
             out.append(os.path.join(root, name))
-    refs, logs, locks = (os.path.join(root, d) for d in ("refs", "logs", "locks"))
+    refs, logs, locks, steps = (os.path.join(root, d) for d in ("refs", "logs", "locks", "steps"))
     out += [os.path.join(refs, ns) for ns in ls(refs) if not io.isdir(os.path.join(refs, ns))]
+    for ns in ls(steps):
+        d = os.path.join(steps, ns)
+        if not io.isdir(d):
+            out.append(d)
+            continue
+        out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
+                and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid))]
     for ns in ls(logs):
         d = os.path.join(logs, ns)
         if not io.isdir(d):

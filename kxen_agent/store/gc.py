@@ -39,6 +39,7 @@ from typing import Callable, Iterable
 
 from kxen_agent.errors import KxenError, UsageError
 
+from .fold import fold_step_logs
 from .locks import file_lock
 from .objects import CorruptObject, ObjectId, decode_stored, links_of
 from .pack import DICT_SAMPLE_MAX_OBJECT, PackReader, sample_dictionary
@@ -283,6 +284,9 @@ def gc(
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
+        # The step logs first: their objects into a pack, their records into
+        # the ref files; then the phases see every object in a file of its own.
+        fold_step_logs(store)
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
     store.reload_packs()

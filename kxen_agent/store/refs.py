@@ -603,6 +603,10 @@ class RefStore:
         # What the log already holds is durable with it: not written twice.
         known = log.ids if log is not None else frozenset()
         objs = [o for o in dict((o.id, o) for o in objects).values() if o.id not in known]
+        carried = {o.id for o in objs}
+        for u in updates:
+            if u.new is not None and u.new not in carried:
+                self.steps.make_durable(u.new, but=log)
         self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
         tail = list(cur.tail)
         size = cur.log_size

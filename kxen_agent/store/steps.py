@@ -218,7 +218,33 @@ def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRec
             q += 36 + flen
         out.append(StepRecord(pos, end, tx, tuple(objs)))
         pos = end
+    if pos < n:
+        bad = _later_record(view, pos)
+        if bad is not None:
+            raise CorruptSteps(f"{where}: the bytes at offset {pos} are not a record, yet a committed record "
+                               f"follows at offset {bad}: the log is damaged (not a torn append); run fsck")
     return out, pos
+
+
+def _later_record(view: memoryview, pos: int) -> int | None:
+    """Where a valid record starts after ``pos``, if one does.
+
+    Bytes past the last committed record are an uncommitted tail only if
+    no committed record follows them: one append at a time is ever in
+    flight, and each writer cuts a tail before it appends, so a torn
+    record is always the last thing in a log. Anything else is damage,
+    which no writer may cut away.
+    """
+    data = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else bytes(view)
+    at = data.find(RECORD_MAGIC, pos + 1)
+    while at != -1:
+        if at + _PREFIX <= len(data):
+            blen = int.from_bytes(data[at + 4:at + 8], "big")
+            end = at + _PREFIX + blen + _SUM
+            if end <= len(data) and blake3.blake3(data[at:end - _SUM]).digest() == data[end - _SUM:end]:
+                return at
+        at = data.find(RECORD_MAGIC, at + 1)
+    return None
 
 
 # ------------------------------------------------------------------ the logs
@@ -266,6 +292,10 @@ class StepLogs:
         self._index: dict[ObjectId, tuple[_Log, int, int]] = {}
         # Step log names (and steps/<ns> dirs) this instance has made durable.
         self._durable: set[str] = set()
+        #: Objects this instance has committed in records (automatic packing counts them).
+        self.written = 0
+        # (path, inode) of logs whose every byte this instance has fsynced.
+        self._synced: set[tuple[str, tuple[int, int]]] = set()
 
     def path(self, group: str) -> str:
         ns, gid = group.split("/")
@@ -371,6 +401,31 @@ class StepLogs:
         where = f"{log.path} at offset {at}"
         return parse_object(decompress_loose(log.slice(at, n), where), where, expect_id=oid)
 
+    def read_frame(self, log: _Log, oid: ObjectId, at: int, n: int) -> RawObject:
+        """The object whose frame lies at ``at`` in ``log`` (fsck reads every copy, not only the indexed one)."""
+        where = f"{log.path} at offset {at}"
+        return parse_object(decompress_loose(log.slice(at, n), where), where, expect_id=oid)
+
+    def make_durable(self, oid: ObjectId, but: _Log | None = None) -> None:
+        """Before a ref names ``oid``: if a log other than ``but`` holds it, fsync that log (once per process).
+
+        The record holding it was committed by its append, but its writer
+        may have died before the append's fsync: a ref of another group
+        must not outlive it (§9.3, as rule 4 for loose objects).
+        """
+        hit = self._index.get(oid)
+        if hit is None or hit[0] is but:
+            return
+        log = hit[0]
+        key = (log.path, log.ident)
+        if key in self._synced:
+            return
+        st = self.io.stat(log.path)
+        if (st.st_dev, st.st_ino) != log.ident:
+            return  # replaced by a checkpoint: its objects are in a committed pack now
+        self.io.fsync_path(log.path)
+        self._synced.add(key)
+
     def has(self, oid: ObjectId) -> bool:
         return oid in self._index
 
@@ -401,6 +456,7 @@ class StepLogs:
         path = self.path(group)
         d = os.path.dirname(path)
         frames = [(o.id, compress_loose(o.raw)) for o in objects]
+        self.written += len(frames)
         rec = encode_record(tx, frames)
         with self._mu:
             if log is None or log.gen != gen:

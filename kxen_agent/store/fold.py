@@ -1,0 +1,107 @@
+"""Folding step logs: their objects into a pack, their transactions into the ref files (§6.8, §12.11a).
+
+A step log grows by one record per durable step. Automatic packing and gc
+fold it: every object the logs hold goes into one pack, committed (§12.6:
+durable before anything else moves); then, group by group under the
+group's lock, a checkpoint writes the log's transactions into the reflog
+and the ref file and starts the log's next, empty generation. A record
+committed between the pack and the checkpoint has objects the pack lacks:
+those are written loose (one batch, durable) before the checkpoint, so
+the old log never holds the only copy of anything once it is replaced.
+
+Like the pack writers it runs under ``locks/gc-run.lock`` (the caller
+takes it), never prunes, and holds each group's lock only for its
+checkpoint: a few fsyncs, which a writer of that group waits out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kxen_agent.errors import KxenError
+
+from .objects import CorruptObject, ObjectId
+from .repo import Store
+
+__all__ = ["FoldReport", "fold_step_logs", "step_objects"]
+
+
+@dataclass
+class FoldReport:
+    packed: int = 0
+    pack: str | None = None
+    groups: list[str] = field(default_factory=list)
+    loose_written: int = 0
+
+
+def step_objects(store: Store) -> int:
+    """How many objects the step logs hold now (what automatic packing counts besides loose files)."""
+    store.refs.steps.scan_all()
+    return sum(1 for _ in store.refs.steps.iter_ids())
+
+
+def fold_step_logs(store: Store) -> FoldReport:
+    """Pack what the step logs hold, then checkpoint every group whose log has records."""
+    rep = FoldReport()
+    steps = store.refs.steps
+    steps.scan_all()
+    store.reload_packs()
+    groups = [g for g in steps.groups() if _has_records(store, g)]
+    if not groups:
+        return rep
+
+    def in_packs(oid: ObjectId) -> bool:
+        return any(p.has(oid) for p in store.packs if p not in store._pinned)
+
+    todo = [oid for oid in steps.iter_ids() if not in_packs(oid)]
+    if todo:
+        with store.pack_writer(None) as w:
+            n = 0
+            for oid in todo:
+                try:
+                    obj = steps.read_raw(oid)
+                except CorruptObject:
+                    continue  # fsck names it; the log keeps it (its group is not folded)
+                if obj is None:
+                    continue
+                w.add(obj)
+                n += 1
+            if n:
+                sealed = w.seal()
+            else:
+                w.abort()
+        if n:
+            try:
+                info = sealed.commit()
+            except BaseException:
+                sealed.discard()
+                raise
+            rep.packed, rep.pack = info.count, info.name
+            store.reload_packs()
+    for g in groups:
+        with store.writing(), store.refs.lock(g):
+            cur, log = store.refs.read_with_log(g)
+            if log is None or not log.records:
+                continue
+            missing = [oid for oid in log.ids if not in_packs(oid)]
+            try:
+                objs = [steps.read_raw(oid) for oid in missing]
+            except CorruptObject:
+                continue  # a damaged log is not folded: fsck names it, nothing is lost
+            if objs:
+                with store.loose.batch():
+                    for obj in objs:
+                        if obj is not None:
+                            store.loose.write(obj)
+                rep.loose_written += len(objs)
+            if store.refs.checkpoint(g, locked=True):
+                rep.groups.append(g)
+    return rep
+
+
+def _has_records(store: Store, group: str) -> bool:
+    try:
+        _, log = store.refs.read_with_log(group)
+    except KxenError:  # a damaged group: fsck's to name, not ours to fold
+        return False
+    return log is not None and bool(log.records)
