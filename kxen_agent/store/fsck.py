@@ -121,6 +121,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     not_dirs: set[str] = set()
     if store.format_version >= 2:
         for rel in store.skeleton_dirs():
+            if store.format_version < 3 and rel.split(os.sep)[0] == "steps":
+                continue  # made by the first write of this version (§10.2)
             d = os.path.join(store.root, rel)
             if store.io.isdir(d):
                 continue
@@ -180,6 +182,9 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # object's frame and id. A log that does not read is a damaged group.
     steps = store.refs.steps
     for group in steps.groups():
+        ns, gid = group.split("/", 1)
+        if not _group_name(ns, gid):
+            continue  # a stray name (step 7), never read as a group
         try:
             log = steps.load(group)
         except (KxenError, ValueError) as e:

@@ -418,12 +418,14 @@ def _phase2(store: Store, cutoff_ns, cutoff, rep: GcReport, p1: _Phase1, progres
         # Prune only on a durable listing of ref groups: a group removal
         # (ours, earlier, or a killed gc's) whose directory fsync never
         # happened could come back after a power loss, naming pruned objects.
-        refs_dir = os.path.join(store.root, "refs")
-        if store.io.isdir(refs_dir):
-            store.io.fsync_dir(refs_dir)
-            for ns in sorted(store.io.listdir(refs_dir)):
-                if store.io.isdir(os.path.join(refs_dir, ns)):
-                    store.io.fsync_dir(os.path.join(refs_dir, ns))
+        # Step logs likewise: a generation-0 log is a group of its own (§6.8).
+        for top in ("refs", "steps"):
+            top_dir = os.path.join(store.root, top)
+            if store.io.isdir(top_dir):
+                store.io.fsync_dir(top_dir)
+                for ns in sorted(store.io.listdir(top_dir)):
+                    if store.io.isdir(os.path.join(top_dir, ns)):
+                        store.io.fsync_dir(os.path.join(top_dir, ns))
         roots = _roots(store, cutoff_ns)
         reachable = set(p1.reachable)
         try:
@@ -533,9 +535,7 @@ def _remove_group(store: Store, group: str, cutoff_ns: int | None) -> bool:
             state = store.refs.read(group)  # re-read under the lock
             if state.deleted_ns is None or cutoff_ns is None or state.deleted_ns > cutoff_ns:
                 return False
-            for p in (store.refs.ref_path(group), store.refs.log_path(group)):
-                if _unlink(store, p):  # the ref file first: then the group is gone
-                    store.io.fsync_dir(os.path.dirname(p))
+            store.refs.unlink_group(group)  # in the order of §6.7: never a file that reads as the group alone
             return True
     except KxenError:
         return False

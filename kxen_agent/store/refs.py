@@ -34,6 +34,7 @@ from kxen_agent.errors import KxenError, UsageError
 
 from .fsio import FileIO
 from .locks import file_lock
+from .objects import decode_body, links_of
 
 __all__ = [
     "ANY",
@@ -479,10 +480,12 @@ class RefStore:
                 log = self.steps.load(group)
             except CorruptSteps as e:
                 raise CorruptRef(str(e)) from None
-            if log is None or log.gen < base.steps_gen or (log.gen > base.steps_gen and not base.exists):
-                return base, None  # no log, a stale one, or one of a removed group
+            if log is None or log.gen < base.steps_gen:
+                return base, None  # no log, or a stale one
             if log.gen > base.steps_gen:
-                continue  # a checkpoint between the two reads
+                if not base.exists and self._read_base(group).exists == base.exists:
+                    return base, None  # no ref file still: a removed group's leftover log
+                continue  # a checkpoint between the two reads: read again
             return self._apply(base, log), log
         raise CorruptRef(f"step log {self.steps.path(group)} keeps naming a generation its ref file does not; run fsck")
 
@@ -604,9 +607,13 @@ class RefStore:
         known = log.ids if log is not None else frozenset()
         objs = [o for o in dict((o.id, o) for o in objects).values() if o.id not in known]
         carried = {o.id for o in objs}
-        for u in updates:
-            if u.new is not None and u.new not in carried:
-                self.steps.make_durable(u.new, but=log)
+        named = [u.new for u in updates if u.new is not None]
+        for o in objs:
+            if o.kind != "blob":
+                named += links_of(o.kind, decode_body(o))
+        for oid in named:
+            if oid not in carried:
+                self.steps.make_durable(oid, but=log)
         self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
         tail = list(cur.tail)
         size = cur.log_size
@@ -680,7 +687,7 @@ class RefStore:
             self.io.fsync_dir(os.path.dirname(p))
         self._durable_dirs.update(named)
 
-    def remove_group(self, group: str) -> None:
+    def remove_group(self, group: str, timeout: float | None = None) -> None:
         """Delete a group's ref file, step log and reflog (gc's job, after the grace period).
 
         Whatever could read as the group alone goes last: the ref file
@@ -688,23 +695,27 @@ class RefStore:
         nobody's), after a generation-0 log (which without it would be
         the group's whole state, §6.8).
         """
+        with self.lock(group, timeout):
+            self.unlink_group(group)
+
+    def unlink_group(self, group: str) -> None:
+        """:meth:`remove_group`'s work, for a caller that holds the group's lock (gc)."""
         from .steps import CorruptSteps
 
-        with self.lock(group):
-            base = self._read_base(group)
+        base = self._read_base(group)
+        try:
+            log = self.steps.load(group)
+        except CorruptSteps:
+            log = None
+        ref, steps = self.ref_path(group), self.steps_path(group)
+        # A generation-0 log beside a ref file is a stale one (a checkpoint
+        # died before replacing it): alone it would read as the group, so it
+        # goes before the ref file does.
+        order = [ref, steps] if base.exists and (log is None or log.gen > 0) else [steps, ref]
+        for p in (*order, self.log_path(group)):
             try:
-                log = self.steps.load(group)
-            except CorruptSteps:
-                log = None
-            ref, steps = self.ref_path(group), self.steps_path(group)
-            # A generation-0 log beside a ref file is a stale one (a
-            # checkpoint died before replacing it): alone it would read as
-            # the group, so it goes before the ref file does.
-            order = [ref, steps] if base.exists and (log is None or log.gen > 0) else [steps, ref]
-            for p in (*order, self.log_path(group)):
-                try:
-                    self.io.unlink(p)
-                    self.io.fsync_dir(os.path.dirname(p))
-                except FileNotFoundError:
-                    pass
-            self.steps.forget(group)
+                self.io.unlink(p)
+                self.io.fsync_dir(os.path.dirname(p))
+            except FileNotFoundError:
+                pass
+        self.steps.forget(group)

@@ -162,9 +162,13 @@ def _parse_tx(data: memoryview, where: str) -> StepTx:
     if (type(v) is not dict or not keys <= v.keys() or not set(v) <= keys | {"newFence", "deleted"}
             or type(v["time"]) is not int or type(v["reason"]) is not str or type(v["fence"]) is not int
             or v["fence"] < 0 or v["time"] < 0 or type(v["updates"]) is not list
-            or type(v.get("newFence", 0)) is not int or ("deleted" in v and v["deleted"] is not None
-                                                          and type(v["deleted"]) is not int)):
+            or type(v.get("newFence", 0)) is not int or v.get("newFence", 0) < 0
+            or ("deleted" in v and v["deleted"] is not None and (type(v["deleted"]) is not int or v["deleted"] < 0))):
         raise CorruptSteps(f"{where}: transaction map does not have the fields of §6.8")
+    from .refs import clean_reason
+
+    if clean_reason(v["reason"]) != v["reason"]:
+        raise CorruptSteps(f"{where}: the reason holds a control character or uncollapsed whitespace")
     ups = []
     for u in v["updates"]:
         if type(u) is not list or len(u) != 3 or type(u[0]) is not str:
@@ -219,7 +223,13 @@ def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRec
         out.append(StepRecord(pos, end, tx, tuple(objs)))
         pos = end
     if pos < n:
-        bad = _later_record(view, pos)
+        # A torn record may carry anything, a record's bytes among them (a
+        # blob holding a copy of a log): look for committed records only
+        # past the length it claims.
+        after = pos + 1
+        if view[pos:pos + 4] == RECORD_MAGIC and pos + _PREFIX <= n:
+            after = max(after, pos + _PREFIX + int.from_bytes(view[pos + 4:pos + 8], "big") + _SUM)
+        bad = _later_record(view, after - 1)
         if bad is not None:
             raise CorruptSteps(f"{where}: the bytes at offset {pos} are not a record, yet a committed record "
                                f"follows at offset {bad}: the log is damaged (not a torn append); run fsck")
@@ -291,11 +301,11 @@ class StepLogs:
         self._logs: dict[str, _Log] = {}  # by path
         self._index: dict[ObjectId, tuple[_Log, int, int]] = {}
         # Step log names (and steps/<ns> dirs) this instance has made durable.
-        self._durable: set[str] = set()
+        self._durable: set[tuple[str, tuple[int, int]]] = set()
         #: Objects this instance has committed in records (automatic packing counts them).
         self.written = 0
         # (path, inode) of logs whose every byte this instance has fsynced.
-        self._synced: set[tuple[str, tuple[int, int]]] = set()
+        self._synced: dict[tuple[str, tuple[int, int]], int] = {}
 
     def path(self, group: str) -> str:
         ns, gid = group.split("/")
@@ -321,8 +331,11 @@ class StepLogs:
                 st = io.fstat(f)
                 ident = (st.st_dev, st.st_ino)
                 if old is not None and old.ident == ident:
-                    if st.st_size == old.size:
+                    if st.st_size == old.size == old.end:
                         return old
+                    # Grown, or with a tail this process saw: read on from the
+                    # committed end (another writer may have cut that tail and
+                    # appended a record of the same length since).
                     if st.st_size < old.end:
                         # Cut below what was committed: not what writers do.
                         raise CorruptSteps(f"step log {path} is shorter ({st.st_size} bytes) than its committed "
@@ -407,24 +420,29 @@ class StepLogs:
         return parse_object(decompress_loose(log.slice(at, n), where), where, expect_id=oid)
 
     def make_durable(self, oid: ObjectId, but: _Log | None = None) -> None:
-        """Before a ref names ``oid``: if a log other than ``but`` holds it, fsync that log (once per process).
+        """Before a ref or a new object names ``oid``: if a log other than ``but`` holds it, make that log durable.
 
         The record holding it was committed by its append, but its writer
-        may have died before the append's fsync: a ref of another group
-        must not outlive it (§9.3, as rule 4 for loose objects).
+        may have died before the append's fsync (or before the fsync of
+        the directory naming a new log): a ref of another group must not
+        outlive it (§9.3, as rule 4 for loose objects). Once per log and
+        length per process: the log's file, and its directory once.
         """
         hit = self._index.get(oid)
         if hit is None or hit[0] is but:
             return
-        log = hit[0]
+        log, at, _ = hit
         key = (log.path, log.ident)
-        if key in self._synced:
+        if self._synced.get(key, -1) > at:
             return
         st = self.io.stat(log.path)
         if (st.st_dev, st.st_ino) != log.ident:
             return  # replaced by a checkpoint: its objects are in a committed pack now
         self.io.fsync_path(log.path)
-        self._synced.add(key)
+        self._synced[key] = st.st_size
+        if key not in self._durable:
+            self.io.fsync_dir(os.path.dirname(log.path))
+            self._durable.add(key)
 
     def has(self, oid: ObjectId) -> bool:
         return oid in self._index
@@ -464,13 +482,14 @@ class StepLogs:
                 # checkpoint that did not get to make its new file): made
                 # whole under a temp name, then renamed over whatever is
                 # there — a stale generation, which holds nothing of the group's.
-                if log is not None:
-                    self._forget(log)
+                stale = log if log is not None else self._logs.get(path)
+                if stale is not None:
+                    self._forget(stale)
                 header = encode_header(group, gen)
                 io.rename_into_place(io.write_tmp(d, header + rec), path)
                 io.fsync_dir(d)
-                self._durable.add(path)
                 st = io.stat(path)
+                self._durable.add((path, (st.st_dev, st.st_ino)))
                 log = _Log(path, (st.st_dev, st.st_ino), group, gen, len(header), len(header), len(header),
                            [0], [header], [])
                 self._logs[path] = log
@@ -478,11 +497,12 @@ class StepLogs:
                 if log.size > log.end:
                     io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
                     log.size = log.end
-                if path not in self._durable:
-                    # Found, not made here: its creator may have died before
-                    # syncing the directory (§9.3 rule 4's reasoning).
+                if (path, log.ident) not in self._durable:
+                    # Found, not made here (this very file: a checkpoint
+                    # elsewhere may have replaced it and died before its
+                    # directory fsync): its name may not be durable (§9.3 rule 4).
                     io.fsync_dir(d)
-                    self._durable.add(path)
+                    self._durable.add((path, log.ident))
                 try:
                     size = io.append(path, rec)
                 except OSError:
@@ -513,7 +533,8 @@ class StepLogs:
             old = self._logs.get(path)
             io.rename_into_place(io.write_tmp(d, encode_header(group, gen)), path)
             io.fsync_dir(d)
-            self._durable.add(path)
+            st = io.stat(path)
+            self._durable.add((path, (st.st_dev, st.st_ino)))
             if old is not None:
                 self._forget(old)
 

@@ -558,35 +558,42 @@ class Recorder:
         store.batch = batched  # type: ignore[method-assign]
 
     def _note_commit(self, store: Store, group: str, start: int, end: int, st: Any) -> None:
-        from kxen_agent.store.refs import parse_ref_file
-
+        # A transaction's commit point is its step-log record reaching the
+        # log (§6.8): the append to the group's log, or the rename that puts
+        # a new log (header and first record) in place.
         trace = self.io.trace
-        ref_path = os.path.abspath(store.refs.ref_path(group))
+        steps_path = os.path.abspath(store.refs.steps_path(group))
         commit = next((i for i in range(end - 1, start - 1, -1)
-                       if trace[i].kind == "rename" and trace[i].dst is not None
-                       and os.path.abspath(trace[i].dst) == ref_path), None)
+                       if (trace[i].kind == "append" and os.path.abspath(trace[i].path) == steps_path)
+                       or (trace[i].kind == "rename" and trace[i].dst is not None
+                           and os.path.abspath(trace[i].dst) == steps_path)), None)
         if commit is None:
             if st is not None:  # it returned, but its commit point is not in the trace
-                self.problems.append(f"transaction on {group} returned with no traced rename of {ref_path} "
+                self.problems.append(f"transaction on {group} returned with no traced append to {steps_path} "
                                      "(bypassed store.io?)")
                 self.commits.append(Commit(group, group_key(st), start, end))
             return  # failed before its commit point: it never happened
         if st is not None:
             key = group_key(st)
-        else:  # failed after its rename: the new state may be visible, never acknowledged
-            tmp = trace[commit].path
-            data = b"".join(op.data for op in trace[start:commit] if op.kind == "write" and op.path == tmp)
-            key = group_key(parse_ref_file(data, group, tmp))
+        else:  # failed after its append (its fsync): the new state may be visible, never acknowledged
+            key = group_key(Store(store.root, namespaces=store.namespaces).refs.read(group))
         self.commits.append(Commit(group, key, commit, end if st is not None else INF))
 
     def removals(self, trace: Trace, end: int) -> None:
         """Ref files the workload unlinked (gc removing a group): committed there, acknowledged at the end."""
-        refs_dir = os.path.join(os.path.abspath(self.store.root), "refs")
+        # The first of a group's ref file and step log to go (§6.7): whichever
+        # could read as the group alone goes last, so from the first unlink on
+        # the group may read as gone.
+        root = os.path.abspath(self.store.root)
+        tops = {os.path.join(root, "refs"), os.path.join(root, "steps")}
+        seen: set[str] = set()
         for i, op in enumerate(trace.ops):
-            if (op.kind == "unlink" and os.path.dirname(os.path.dirname(os.path.abspath(op.path))) == refs_dir
+            if (op.kind == "unlink" and os.path.dirname(os.path.dirname(os.path.abspath(op.path))) in tops
                     and not os.path.basename(op.path).startswith(TEMP_PREFIX)):  # a temp file is no group
                 ns, gid = os.path.abspath(op.path).split(os.sep)[-2:]
-                self.commits.append(Commit(f"{ns}/{gid}", None, i, end))
+                if f"{ns}/{gid}" not in seen:
+                    seen.add(f"{ns}/{gid}")
+                    self.commits.append(Commit(f"{ns}/{gid}", None, i, end))
 
 
 # ================================================================== workloads
