@@ -80,7 +80,8 @@ def w_remote(plan: Any, res: Any, work: str, *, timed: Callable[..., tuple[float
              median: Callable[[list[float]], float], rate: Callable[..., str], mib: Callable[[float], str],
              log: Callable[[str], None]) -> dict:
     """Measure push, pull and the incremental push; add the rows to ``res`` (workload ``7 remote``)."""
-    from kxen_agent.session.remote import pull_sessions, push_sessions
+    from kxen_agent.session.remote import push_sessions
+    from kxen_agent.session.remote_pull import pull_sessions
     from kxen_agent.store import RefUpdate
 
     from ._kxen import Builder, measuring_store

@@ -153,3 +153,12 @@ class Progress:
         if self.enabled and self._last != -1:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def usage_line(usage: dict | None) -> str:
+    """``1234 input tokens (1000 cached), 56 output tokens`` for a §14.5 usage map; says when none was reported."""
+    if usage is None:
+        return "not reported by the provider"
+    cached = f" ({usage['cachedTokens']} cached)" if "cachedTokens" in usage else ""
+    turns = f" over {usage['turns']} turn{'' if usage['turns'] == 1 else 's'}" if "turns" in usage else ""
+    return f"{usage['inputTokens']} input tokens{cached}, {usage['outputTokens']} output tokens{turns}"

@@ -2,10 +2,12 @@
 
 Registered on the ``session`` group by :func:`register` (main.py calls it;
 this module must not import main.py). Each command calls
-:mod:`kxen_agent.session.remote` and renders text or ``--json``; its
-errors are :class:`~kxen_agent.errors.KxenError` subclasses that main.py
-prints as one line and maps to an exit code (1: refused or unreachable,
-75: another machine holds the session's remote lease). The ``run`` and
+:mod:`kxen_agent.session.remote` (push) or
+:mod:`kxen_agent.session.remote_pull` (pull, ls-remote) and renders text or
+``--json``; its errors are :class:`~kxen_agent.errors.KxenError`
+subclasses that main.py prints as one line and maps to an exit code (1:
+refused or unreachable, 75: another machine holds the session's remote
+lease). The ``run`` and
 ``--resume`` side (``--remote-lease``) is :mod:`kxen_agent.runtime.remote_lease`.
 """
 
@@ -96,7 +98,7 @@ def pull_cmd(
       kxen-agent session pull ses_6508d1c2e0f4a9b7c3d5 --workspace /workspace/repo
     """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
-    from kxen_agent.session.remote import pull_sessions
+    from kxen_agent.session.remote_pull import pull_sessions
 
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before anything is fetched
     default, per_session = _workspaces(workspace)
@@ -126,7 +128,7 @@ def ls_remote_cmd(
     Example:
       kxen-agent session ls-remote --remote origin
     """
-    from kxen_agent.session.remote import ls_remote
+    from kxen_agent.session.remote_pull import ls_remote
 
     listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)
     if json_out:

@@ -30,7 +30,7 @@ from kxen_agent.store import Store
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
 from ._live import View, cancel_note, make_view
-from ._render import emit_json, out, out_text, term_text as t
+from ._render import emit_json, out, out_text, term_text as t, usage_line
 
 #: The bundled scripted agent: `kxen-agent demo` runs it; `run` only with an explicit --agent naming it.
 DEMO_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
@@ -392,15 +392,6 @@ def approval_line(approval: dict) -> str:
           "no-terminal": "without asking: no terminal to ask at (give --yes to approve)"}.get(approval["by"],
                                                                                         t(approval["by"]))
     return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
-
-
-def usage_line(usage: dict | None) -> str:
-    """``1234 input tokens (1000 cached), 56 output tokens`` for a §14.5 usage map; says when none was reported."""
-    if usage is None:
-        return "not reported by the provider"
-    cached = f" ({usage['cachedTokens']} cached)" if "cachedTokens" in usage else ""
-    turns = f" over {usage['turns']} turn{'' if usage['turns'] == 1 else 's'}" if "turns" in usage else ""
-    return f"{usage['inputTokens']} input tokens{cached}, {usage['outputTokens']} output tokens{turns}"
 
 
 @run_app.command("resolve")

@@ -17,8 +17,7 @@ import typer
 
 from kxen_agent.errors import KxenError, UsageError
 
-from .run_cmds import usage_line
-from ._render import dumps_json, emit_json, err, out, term_block, term_text as t
+from ._render import dumps_json, emit_json, err, out, term_block, term_text as t, usage_line
 
 if TYPE_CHECKING:
     from kxen_agent.session.sessions import SessionInfo, SessionStore
@@ -50,14 +49,17 @@ def _sessions() -> SessionStore:
 
 def _runs_json(sessions: SessionStore, info: SessionInfo) -> list[dict]:
     """The session's runs, oldest first, each state checked to be that run's (as the runner reads them)."""
-    from kxen_agent.runtime.runner import Runner
+    # Not through a Runner: building one imports the loop, its providers and tools (start-up time).
+    from kxen_agent.runtime.lease import lease_backend
+    from kxen_agent.runtime.run_status import read_run, shown_status
 
-    runner = Runner(sessions.store)
+    store = sessions.store
+    leases = lease_backend(store)
     runs = []
     for run, oid in info.runs.items():
-        st = runner.read_run(info, run, oid)
+        st = read_run(store, info, run, oid)
         # "interrupted": unsettled, and no live process holds the session's lease
-        runs.append({"id": run, "index": st["index"], "status": runner.shown_status(info.id, st),
+        runs.append({"id": run, "index": st["index"], "status": shown_status(store, info.id, st, backend=leases),
                      "settled": st.get("settled", False), "turn": st["turn"], "model": st["model"],
                      "task": st["task"], "usage": st.get("usage"),
                      "startedNs": st.get("startedNs"), "updatedNs": st.get("updatedNs")})

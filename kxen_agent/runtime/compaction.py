@@ -59,31 +59,32 @@ SUMMARY_REQUEST = (
 def provider_view(history: list[Message]) -> list[dict]:
     """The messages the provider is shown of ``history`` (oldest first), in the provider seam's form."""
     start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "compaction"), None)
-    if start is None:
-        return [m.to_provider() for m in history]
-    c = history[start]
-    through = next((i for i in range(start - 1, -1, -1) if history[i].oid == c.through), None)
-    if through is None:
-        raise CorruptObject(c.oid.hex(), "compaction message whose 'through' is not an earlier message of its "
-                            "history (§14.4); `kxen-agent fsck` lists every damaged object")
-    view = [{"role": "user", "content": SUMMARY_PREFIX + (c.content or "")}]
-    return view + [m.to_provider() for m in history[through + 1:] if m.role != "compaction"]
+    latest = None if start is None else (
+        start, next((i for i in range(start - 1, -1, -1) if history[i].oid == history[start].through), None))
+    return _view([m.to_provider() for m in history], latest, lambda i: history[i].oid)
 
 
 def held_view(history: RunHistory, head: bytes | None, before: Sequence[dict] = ()) -> list[dict]:
     """``before``, then :func:`provider_view` of the history ending at ``head``, from the run's in-memory
     history (read from the store only for the messages it does not hold yet). Without a compaction it is
     the list :meth:`RunHistory.messages` hands out (not to be modified)."""
-    messages = history.messages(head, before)
-    latest = history.latest_compaction()
+    return _view(history.messages(head, before), history.latest_compaction(), history.oid_at, skip=len(before))
+
+
+def _view(messages: list[dict], latest: tuple[int, int | None] | None, oid_at: Callable[[int], bytes],
+          skip: int = 0) -> list[dict]:
+    """The rule of both views: ``messages[:skip]`` (the system message), then of the history
+    ``messages[skip:]`` (provider form) everything, or, with ``latest`` (the position in that history of the
+    newest compaction message and of the message it summarizes through, None if that is not an earlier
+    message), the summary and the messages after ``through`` but compaction messages. Without a
+    compaction it is ``messages`` itself, not a copy."""
     if latest is None:
         return messages
     at, through = latest
     if through is None:
-        raise CorruptObject(history.oid_at(at).hex(), "compaction message whose 'through' is not an earlier "
+        raise CorruptObject(oid_at(at).hex(), "compaction message whose 'through' is not an earlier "
                             "message of its history (§14.4); `kxen-agent fsck` lists every damaged object")
-    skip = len(before)
-    view = [*before, {"role": "user", "content": SUMMARY_PREFIX + (messages[skip + at].get("content") or "")}]
+    view = [*messages[:skip], {"role": "user", "content": SUMMARY_PREFIX + (messages[skip + at].get("content") or "")}]
     return view + [m for m in messages[skip + through + 1:] if m["role"] != "compaction"]
 
 

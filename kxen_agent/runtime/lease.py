@@ -79,6 +79,7 @@ __all__ = [
     "LeaseBusy",
     "LeaseLost",
     "MemoryLeaseBackend",
+    "RenewedHold",
     "StagedRecord",
     "blocking_reason",
     "lease_backend",
@@ -447,7 +448,38 @@ def lease_backend(store: Repository) -> LeaseBackend:
 # ---------------------------------------------------------------- the lease
 
 
-class Lease:
+class RenewedHold:
+    """What a held lease with a renewer thread keeps (the local :class:`Lease`, the remote one).
+
+    ``_mu`` serialises renew and release (a renewal may be under way while
+    the owner releases); ``released`` makes release idempotent and stops
+    later renewals.
+    """
+
+    def __init__(self) -> None:
+        self.released = False
+        self._mu = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _end_renewal(self) -> bool:
+        """Mark the hold released and stop its renewer; False if it was released already.
+
+        The renewer is waited for, so no renewal runs after this returns —
+        unless the caller is the renewer itself (``on_lost`` releasing), which
+        cannot wait for itself.
+        """
+        with self._mu:
+            if self.released:
+                return False
+            self.released = True
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        return True
+
+
+class Lease(RenewedHold):
     """A granted run lease; use as a context manager or call :meth:`release`.
 
     ``fence`` goes with every ref update made for the run. ``lost`` is set
@@ -467,12 +499,7 @@ class Lease:
         self._flock = flock
         self._have_fcntl = have_fcntl
         self._on_lost = on_lost
-        # Serialises renew and release (the renewer may pick up the fcntl
-        # lock while the owner releases).
-        self._mu = threading.Lock()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
-        self.released = False
+        super().__init__()
 
     @property
     def group(self) -> str:
@@ -622,13 +649,8 @@ class Lease:
 
     def release(self) -> None:
         """Give the lease back; idempotent. Never removes a newer holder's record."""
-        with self._mu:
-            if self.released:
-                return
-            self.released = True
-        self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
+        if not self._end_renewal():
+            return
         try:
             removed = False
             with self.store.refs.lock(self.group, timeout=GROUP_LOCK_WAIT_S):

@@ -64,7 +64,7 @@ from kxen_agent.session.workspace import inspect_workspace
 from kxen_agent.store import Store
 from kxen_agent.store.gitmap import lease_commit
 
-from .lease import Lease, lease_backend, lease_ttl_s, start_renewer
+from .lease import Lease, RenewedHold, lease_backend, lease_ttl_s, start_renewer
 from .runner import Runner
 
 __all__ = ["RemoteLease", "RemoteLeaseBusy", "RemoteLeaseLost", "RemoteLeaseScope", "remote_lease_scope"]
@@ -84,7 +84,7 @@ class RemoteLeaseLost(KxenError):
     exit_code = 75
 
 
-class RemoteLease:
+class RemoteLease(RenewedHold):
     """A held remote lease of one session: push steps, renew, release (see the module docstring)."""
 
     def __init__(self, rs: RemoteSession, holder: RemoteHolder, lease_oid: bytes, session_oid: bytes,
@@ -95,11 +95,8 @@ class RemoteLease:
         self.session_oid = session_oid
         self.ttl = ttl
         self.lost = threading.Event()
-        self.released = False
         self._on_lost = on_lost
-        self._mu = threading.Lock()
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        super().__init__()
 
     @property
     def ses(self) -> str:
@@ -252,13 +249,8 @@ class RemoteLease:
 
     def release(self) -> None:
         """Push the final state and delete the lease ref, atomically; idempotent, never raises a lost lease."""
-        with self._mu:
-            if self.released:
-                return
-            self.released = True
-        self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
+        if not self._end_renewal():
+            return
         try:
             if self.lost.is_set():
                 return

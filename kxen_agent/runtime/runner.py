@@ -43,7 +43,7 @@ from typing import Callable
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.agent_def import env_keep_of
-from kxen_agent.session.schema import misplaced, put, read, text_blob
+from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
@@ -62,6 +62,7 @@ from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
+from .run_status import read_run, shown_status
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 
 __all__ = [
@@ -161,11 +162,7 @@ class Runner:
 
     def read_run(self, info: SessionInfo, run: str, oid: bytes) -> dict:
         """The run state ``runs/<run>`` names, checked (§14.5) and checked to be that run's."""
-        st = read(self.store, oid, "run")
-        wrong = misplaced(info.id, f"runs/{run}", st)
-        if wrong:
-            raise CorruptObject(oid.hex(), f"{wrong}; `kxen-agent fsck` lists every damaged object")
-        return st
+        return read_run(self.store, info, run, oid)
 
     def latest_run(self, info: SessionInfo) -> tuple[str, bytes, dict] | None:
         best = None
@@ -209,14 +206,8 @@ class Runner:
         return e.get("output")
 
     def shown_status(self, ses: str, st: dict) -> str:
-        """The status to show of run state ``st``: ``interrupted`` for an unsettled run (``running``,
-        or ``completed`` before its final message) whose session's lease no live process holds —
-        its process died (a crash, a kill, a full disk) and ``--resume`` finishes it — else the
-        stored status (``input_required`` waits for ``run resolve``, not for a process)."""
-        if (not st.get("settled") and st["status"] != "input_required"
-                and not Lease.held(self.store, ses, backend=self.leases)):
-            return "interrupted"
-        return st["status"]
+        """The status to show of run state ``st`` of session ``ses`` (:func:`~.run_status.shown_status`)."""
+        return shown_status(self.store, ses, st, backend=self.leases)
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
         unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]

@@ -597,15 +597,3 @@ def _push_rejected(e: PushRejected, r: Remote, sessions: list[str], done: list) 
         f"or a branch is not a fast-forward; nothing was pushed there{before} — pull "
         f"({' '.join(sessions) or 'the sessions'}) and push again")
 
-
-# pull and ls-remote live in .remote_pull (which reads with the helpers above); imported on first use,
-# so that neither module imports the other while it loads.
-_PULL = ("PullReport", "RemoteListing", "ls_remote", "pull_sessions")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PULL:
-        from . import remote_pull
-
-        return getattr(remote_pull, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ import pytest
 
 from kxen_agent.errors import KxenError
 from kxen_agent.session import SessionStore, default_agent_definition, inspect_workspace
-from kxen_agent.session.remote import pull_sessions
+from kxen_agent.session.remote_pull import pull_sessions
 from kxen_agent.store import RawObject, RefUpdate, Store, encode_object
 from kxen_agent.store.gitmap import (
     GitObject,

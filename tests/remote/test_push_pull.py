@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.session import SessionStore, default_agent_definition, inspect_workspace
-from kxen_agent.session.remote import pull_sessions, push_sessions
+from kxen_agent.session.remote import push_sessions
+from kxen_agent.session.remote_pull import pull_sessions
 from kxen_agent.store import RefUpdate, Store, encode_object
 from tests.helpers import git
 from tests.remote.conftest import STEPS, Machine, Remote, both_went_on, make_machine

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.session import SessionStore
-from kxen_agent.session.remote import pull_sessions, push_sessions
+from kxen_agent.session.remote import push_sessions
+from kxen_agent.session.remote_pull import pull_sessions
 from kxen_agent.store import Store
 from tests.helpers import KXEN_AGENT
 from tests.remote.conftest import Machine, Remote, both_went_on, make_machine

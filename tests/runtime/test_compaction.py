@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kxen_agent.runtime.compaction import SUMMARY_PREFIX, SUMMARY_REQUEST, provider_view, view_tokens
+from kxen_agent.runtime.compaction import SUMMARY_PREFIX, SUMMARY_REQUEST, held_view, provider_view, view_tokens
+from kxen_agent.runtime.history import RunHistory
 from kxen_agent.session.agent_def import AgentDefinitionError, parse_agent_definition
 from kxen_agent.session.sessions import SessionStore
+from kxen_agent.store import CorruptObject
 from kxen_agent.store.memory import MemoryStore
 from tests.helpers import Cli, write_agent
 
@@ -180,6 +182,17 @@ def test_provider_view_and_estimate_in_process() -> None:
     assert view == [{"role": "user", "content": SUMMARY_PREFIX + "S"}, {"role": "user", "content": "more"},
                     {"role": "assistant", "content": "a2"}]
     assert provider_view(first) == [m.to_provider() for m in first]
+    # The run's in-memory view is the same rule, after the system message.
+    system = {"role": "system", "content": "sys"}
+    assert held_view(RunHistory(sessions), head, [system]) == [system, *view]
+    assert held_view(RunHistory(sessions), first[-1].oid) == provider_view(first)
+    # A compaction whose 'through' is not an earlier message of its history is refused by both.
+    stray = sessions.append_messages(None, [{"role": "user", "content": "other"}])
+    bad = sessions.append_messages(first[-1].oid, [{"role": "compaction", "content": "S", "through": stray}])
+    with pytest.raises(CorruptObject, match="not an earlier message"):
+        provider_view(sessions.history(bad))
+    with pytest.raises(CorruptObject, match="not an earlier message"):
+        held_view(RunHistory(sessions), bad, [system])
     assert view_tokens("", [{"role": "user", "content": "x" * 400}], []) == (400 + 2) // 4 + 4
     assert view_tokens("", [], [], reported=5000) == 5000
 

@@ -30,9 +30,11 @@ from kxen_agent.runtime.lease import (
     LeaseBusy,
     LeaseLost,
     MemoryLeaseBackend,
+    RenewedHold,
     blocking_reason,
     lease_backend,
     lease_ttl_s,
+    start_renewer,
 )
 from kxen_agent.session.agent_def import default_agent_definition
 from kxen_agent.session.sessions import NS, SessionStore, UnknownSession
@@ -675,3 +677,24 @@ def test_threads_cannot_both_hold_a_memory_session(tmp_path):
         Lease.acquire(store, "ses_0000000000000000")
 
 
+
+
+def test_a_hold_ends_its_renewal_once_and_its_renewer_never_waits_for_itself():
+    # Both leases (local and remote) release through RenewedHold._end_renewal.
+    hold = RenewedHold()
+    hold._renewer = start_renewer("kxen-test-hold", 0.03, hold._stop, lambda: None, LeaseLost, lambda: None)
+    assert hold._end_renewal() is True
+    assert hold.released and hold._stop.is_set() and not hold._renewer.is_alive()  # joined: no renewal after
+    assert hold._end_renewal() is False  # idempotent
+
+    # A lost lease released from its own renewer (``on_lost``) must not join itself.
+    lost = RenewedHold()
+    ended: list[bool] = []
+
+    def renew() -> None:
+        raise LeaseLost("ses_test", 1, 2)
+
+    lost._renewer = start_renewer("kxen-test-lost", 0.03, lost._stop, renew, LeaseLost,
+                                  lambda: ended.append(lost._end_renewal()))
+    lost._renewer.join(10)
+    assert ended == [True] and lost.released and not lost._renewer.is_alive()

@@ -26,7 +26,7 @@ from kxen_agent.runtime.providers import (
     make_provider,
     model_endpoint,
 )
-from kxen_agent.runtime.providers.openai_compat import retry_after_s
+from kxen_agent.runtime.providers.http_base import retry_after_s
 
 from .fake_openai import FakeOpenAI, Reply
 

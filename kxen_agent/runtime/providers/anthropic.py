@@ -36,15 +36,12 @@ are tool calls of the server's).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from .base import AssistantTurn, OnText, ProviderError, ToolCall, Usage, one_line
-from .http_base import HttpProvider
-from .openai_compat import retry_after_s
+from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
+from .http_base import HttpProvider, retry_after_s, should_retry
 
 __all__ = ["DEFAULT_ANTHROPIC_URL", "MAX_TOKENS", "AnthropicProvider", "to_messages"]
 
@@ -223,53 +220,36 @@ class AnthropicProvider(HttpProvider):
         super().__init__(base_url or DEFAULT_ANTHROPIC_URL, model, api_key_env, timeout_s)
         self.max_tokens = max_tokens
 
-    # ------------------------------------------------------------ the call
+    # ------------------------------------------------------------ the SDK and the request
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
-                 cancel: threading.Event | None = None, on_text: OnText | None = None) -> AssistantTurn:
-        key = self._api_key()
-        anthropic = _sdk()
+    def _sdk(self) -> Any:
+        return _sdk()
+
+    def _new_client(self, sdk: Any, options: dict[str, Any]) -> Any:
+        return sdk.AsyncAnthropic(**options)
+
+    def _sdk_error(self, sdk: Any) -> type[Exception]:
+        return sdk.AnthropicError
+
+    def _request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+                      stream: bool) -> dict[str, Any]:
         system, converted = to_messages(messages)
         request: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": converted}
         if system:
             request["system"] = system
         if tools:
             request["tools"] = _tools(tools)
-        if on_text is not None:
+        if stream:
             request["stream"] = True
+        return request
 
-        def make(emit: Callable[[str], None]) -> Any:
-            return self._request(anthropic, key, request, emit if on_text is not None else None)
+    def _send(self, client: Any, request: dict[str, Any]) -> Awaitable[Any]:
+        return client.messages.create(**request)
 
-        return self._call(make, cancel=cancel, on_text=on_text)
+    def _new_stream(self) -> _Streamed:
+        return _Streamed()
 
-    async def _request(self, anthropic: Any, key: str, request: dict[str, Any],
-                       emit: Callable[[str], None] | None) -> AssistantTurn:
-        # api_key and base_url explicit: the SDK then reads no credential or URL of its own.
-        client = await self._client_for(key, lambda k: anthropic.AsyncAnthropic(
-            base_url=self.base_url, api_key=k, timeout=self.timeout_s,
-            max_retries=0))  # one retry policy: the runtime's
-        try:
-            response = await client.messages.create(**request)
-        except anthropic.AnthropicError as e:
-            raise self._map_error(anthropic, e, key) from None
-        if emit is None:
-            return self._parse(response, key)
-        streamed = _Streamed()
-        try:
-            async for event in response:
-                piece = streamed.add(event)
-                if piece:
-                    emit(piece)
-        except asyncio.CancelledError:
-            raise
-        except anthropic.APIStatusError as e:  # an ``error`` event in the stream
-            raise self._map_error(anthropic, e, key) from None
-        except Exception as e:  # noqa: BLE001 - the transport's, raw or wrapped by the SDK (versions differ)
-            cause = e.__cause__ if isinstance(e, anthropic.APIConnectionError) and e.__cause__ is not None else e
-            raise self._stream_broke(cause, key) from None
-        finally:
-            await response.close()
+    def _streamed_turn(self, streamed: _Streamed, key: str) -> AssistantTurn:
         if streamed.stop_reason is None or not streamed.stopped:
             # A stream that ends without message_stop (or a stop reason) was cut short.
             raise ProviderError(f"the streamed answer from the model provider at {self.base_url} ended before "
@@ -280,35 +260,23 @@ class AnthropicProvider(HttpProvider):
 
     # ------------------------------------------------------------ errors
 
-    def _map_error(self, anthropic: Any, exc: Exception, key: str) -> ProviderError:
-        where = self.base_url
-        if isinstance(exc, anthropic.APITimeoutError):
-            err = ProviderError(f"model provider at {where} timed out after {self.timeout_s:g}s", transient=True)
-        elif isinstance(exc, anthropic.APIConnectionError):
-            cause = exc.__cause__ or exc
-            err = ProviderError(f"cannot reach model provider at {where} "
-                                f"({one_line(f'{type(cause).__name__}: {cause}')}); check the URL", transient=True)
-        elif isinstance(exc, anthropic.APIStatusError):
-            status = exc.status_code
-            kind = getattr(exc, "type", None)
-            body = exc.body
-            error = body.get("error") if isinstance(body, Mapping) else None
-            detail = error.get("message") if isinstance(error, Mapping) else None
-            detail = one_line(str(detail if detail is not None else exc.message))
-            headers = getattr(getattr(exc, "response", None), "headers", None)
-            transient = status in _TRANSIENT_STATUSES or status >= 500 or (status < 400 and kind in _TRANSIENT_TYPES)
-            should = (headers.get("x-should-retry") or "").strip().lower() if headers is not None else ""
-            if should in ("true", "false") and status >= 400:
-                transient = should == "true"
-            hint = self._status_hint(status, transient)
-            what = f"HTTP {status}" if status >= 400 else "an error event in the streamed answer"
-            err = ProviderError(f"model provider at {where} returned {what}: {kind or 'error'}: {detail}; {hint}",
-                                transient=transient, status=status if status >= 400 else None,
-                                retry_after=retry_after_s(headers) if status >= 400 else None)
-        else:
-            err = ProviderError(f"model provider at {where} failed: {one_line(str(exc))}; check the base URL and model",
-                                transient=False)
-        return self._scrub(err, key)
+    def _status_error(self, sdk: Any, exc: Any) -> ProviderError:
+        status = exc.status_code
+        kind = getattr(exc, "type", None)
+        body = exc.body
+        error = body.get("error") if isinstance(body, Mapping) else None
+        detail = error.get("message") if isinstance(error, Mapping) else None
+        detail = one_line(str(detail if detail is not None else exc.message))
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        transient = status in _TRANSIENT_STATUSES or status >= 500 or (status < 400 and kind in _TRANSIENT_TYPES)
+        should = should_retry(headers)
+        if should is not None and status >= 400:
+            transient = should
+        hint = self._status_hint(status, transient)
+        what = f"HTTP {status}" if status >= 400 else "an error event in the streamed answer"
+        return ProviderError(f"model provider at {self.base_url} returned {what}: {kind or 'error'}: {detail}; {hint}",
+                             transient=transient, status=status if status >= 400 else None,
+                             retry_after=retry_after_s(headers) if status >= 400 else None)
 
     # ------------------------------------------------------------ answers
 

@@ -21,16 +21,11 @@ within a poll interval of the run's cancel event, closing the connection
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
-import math
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from .base import AssistantTurn, OnText, ProviderError, ToolCall, Usage, one_line
-from .http_base import HttpProvider
+from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
+from .http_base import HttpProvider, retry_after_s, should_retry
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIProvider"]
 
@@ -57,34 +52,6 @@ def _to_openai(message: Mapping[str, Any], index: int) -> dict[str, Any]:
     if role == "tool":
         out["tool_call_id"] = message.get("tool_call_id")
     return out
-
-
-def retry_after_s(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
-    """The delay a response asks for: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date).
-
-    None when neither is there or readable; never negative.
-    """
-    if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            value = float(raw) / scale
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        return max(value, 0.0)
-    raw = headers.get("retry-after")
-    if raw:
-        try:
-            when = email.utils.parsedate_to_datetime(raw).timestamp()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        return max(when - (time.time() if now is None else now), 0.0)
-    return None
 
 
 def _usage(raw: Any) -> Usage | None:
@@ -157,54 +124,38 @@ class OpenAIProvider(HttpProvider):
     def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120) -> None:
         super().__init__(base_url or DEFAULT_BASE_URL, model, api_key_env, timeout_s)
 
-    # ------------------------------------------------------------ the call
+    # ------------------------------------------------------------ the SDK and the request
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
-                 cancel: threading.Event | None = None, on_text: OnText | None = None) -> AssistantTurn:
-        key = self._api_key()
-        openai = _sdk()
+    def _sdk(self) -> Any:
+        return _sdk()
+
+    def _new_client(self, sdk: Any, options: dict[str, Any]) -> Any:
+        return sdk.AsyncOpenAI(**options)
+
+    def _sdk_error(self, sdk: Any) -> type[Exception]:
+        return sdk.OpenAIError
+
+    def _request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+                      stream: bool) -> dict[str, Any]:
         request: dict[str, Any] = {
             "model": self.model,
             "messages": [_to_openai(m, i) for i, m in enumerate(messages)],
         }
         if tools:
             request["tools"] = tools
-        if on_text is not None:
+        if stream:
             request["stream"] = True
             # The usage of a streamed answer comes in a last chunk, only when asked for.
             request["stream_options"] = {"include_usage": True}
+        return request
 
-        def make(emit: Callable[[str], None]) -> Any:
-            return self._request(openai, key, request, emit if on_text is not None else None)
+    def _send(self, client: Any, request: dict[str, Any]) -> Awaitable[Any]:
+        return client.chat.completions.create(**request)
 
-        return self._call(make, cancel=cancel, on_text=on_text)
+    def _new_stream(self) -> _Streamed:
+        return _Streamed()
 
-    async def _request(self, openai: Any, key: str, request: dict[str, Any],
-                       emit: Callable[[str], None] | None) -> AssistantTurn:
-        client = await self._client_for(key, lambda k: openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=k, timeout=self.timeout_s,
-            max_retries=0))  # one retry policy: the runtime's
-        try:
-            response = await client.chat.completions.create(**request)
-        except openai.OpenAIError as e:
-            raise self._map_error(openai, e, key) from None
-        if emit is None:
-            return self._parse(response, key)
-        streamed = _Streamed()
-        try:
-            async for chunk in response:
-                piece = streamed.add(chunk)
-                if piece:
-                    emit(piece)
-        except asyncio.CancelledError:
-            raise
-        except openai.APIStatusError as e:  # an error event in the stream
-            raise self._map_error(openai, e, key) from None
-        except Exception as e:  # noqa: BLE001 - the transport's, raw or wrapped by the SDK (versions differ)
-            cause = e.__cause__ if isinstance(e, openai.APIConnectionError) and e.__cause__ is not None else e
-            raise self._stream_broke(cause, key) from None
-        finally:
-            await response.close()
+    def _streamed_turn(self, streamed: _Streamed, key: str) -> AssistantTurn:
         if streamed.finish_reason is None:
             # A stream that ends without saying why was cut short: the answer is incomplete.
             raise ProviderError(f"the streamed answer from the model provider at {self.base_url} ended before "
@@ -216,32 +167,20 @@ class OpenAIProvider(HttpProvider):
 
     # ------------------------------------------------------------ errors
 
-    def _map_error(self, openai: Any, exc: Exception, key: str) -> ProviderError:
-        where = self.base_url
-        if isinstance(exc, openai.APITimeoutError):
-            err = ProviderError(f"model provider at {where} timed out after {self.timeout_s:g}s", transient=True)
-        elif isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc
-            detail = one_line(f"{type(cause).__name__}: {cause}")
-            err = ProviderError(f"cannot reach model provider at {where} ({detail}); check the URL", transient=True)
-        elif isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            body = exc.body
-            detail = body.get("message") if isinstance(body, Mapping) else None
-            detail = one_line(str(detail if detail is not None else exc.message))
-            headers = getattr(getattr(exc, "response", None), "headers", None)
-            transient = status in _TRANSIENT_STATUSES or status >= 500
-            # The server may say outright whether a retry can help (OpenAI does).
-            should = (headers.get("x-should-retry") or "").strip().lower() if headers is not None else ""
-            if should in ("true", "false"):
-                transient = should == "true"
-            hint = self._status_hint(status, transient)
-            err = ProviderError(f"model provider at {where} returned HTTP {status}: {detail}; {hint}",
-                                transient=transient, status=status, retry_after=retry_after_s(headers))
-        else:
-            err = ProviderError(f"model provider at {where} failed: {one_line(str(exc))}; check the base URL and model",
-                                transient=False)
-        return self._scrub(err, key)
+    def _status_error(self, sdk: Any, exc: Any) -> ProviderError:
+        status = exc.status_code
+        body = exc.body
+        detail = body.get("message") if isinstance(body, Mapping) else None
+        detail = one_line(str(detail if detail is not None else exc.message))
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        transient = status in _TRANSIENT_STATUSES or status >= 500
+        # The server may say outright whether a retry can help (OpenAI does).
+        should = should_retry(headers)
+        if should is not None:
+            transient = should
+        hint = self._status_hint(status, transient)
+        return ProviderError(f"model provider at {self.base_url} returned HTTP {status}: {detail}; {hint}",
+                             transient=transient, status=status, retry_after=retry_after_s(headers))
 
     # ------------------------------------------------------------ answers
 
