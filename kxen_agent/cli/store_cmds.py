@@ -83,7 +83,8 @@ def fsck_cmd(
                 "write, or a name no writer makes)")
         status = "clean" if rep.clean else f"{len(rep.problems)} problem(s)"
         out(
-            f"fsck {t(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed), "
+            f"fsck {t(store.root)}: {rep.objects} objects ({rep.loose} loose, {rep.packed} packed, "
+            f"{rep.in_steps} in step logs), "
             f"{rep.refs} ref{'' if rep.refs == 1 else 's'} in {rep.groups} group{'' if rep.groups == 1 else 's'}, "
             f"{rep.reachable} reachable, "
             f"{len(rep.dangling)} dangling: {status}"
