@@ -40,8 +40,12 @@ def step_objects(store: Store) -> int:
     return sum(1 for _ in store.refs.steps.iter_ids())
 
 
-def fold_step_logs(store: Store) -> FoldReport:
-    """Pack what the step logs hold, then checkpoint every group whose log has records."""
+def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
+    """Pack what the step logs hold, then checkpoint every group whose log has records.
+
+    ``pack=False`` (gc, after its own pack): write no pack; fold only the
+    logs whose every object a committed pack holds already, leave the others.
+    """
     rep = FoldReport()
     steps = store.refs.steps
     steps.scan_all()
@@ -54,7 +58,7 @@ def fold_step_logs(store: Store) -> FoldReport:
         return any(p.has(oid) for p in store.packs if p not in store._pinned)
 
     todo = [oid for oid in steps.iter_ids() if not in_packs(oid)]
-    if todo:
+    if todo and pack:
         with store.pack_writer(None) as w:
             n = 0
             for oid in todo:
@@ -84,6 +88,8 @@ def fold_step_logs(store: Store) -> FoldReport:
             if log is None or not log.records:
                 continue
             missing = [oid for oid in log.ids if not in_packs(oid)]
+            if missing and not pack:
+                continue  # its objects are in no pack: left for automatic packing
             try:
                 objs = [steps.read_raw(oid) for oid in missing]
             except CorruptObject:

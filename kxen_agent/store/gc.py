@@ -278,19 +278,21 @@ def gc(
     cutoff = None if grace is None else now - grace
     cutoff_ns = None if cutoff is None else int(cutoff * 1e9)
     objects_dir = os.path.join(store.root, "objects")
-    rep.bytes_before = _disk_usage(store, objects_dir)
+    steps_dir = os.path.join(store.root, "steps")  # objects live in step logs too (§6.8)
+    rep.bytes_before = _disk_usage(store, objects_dir) + _disk_usage(store, steps_dir)
     # Before the first file gc makes (its lock file): upgrade a version-1
     # dir, or sync the state dir once, so that no file of gc's can outlive
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
-        # The step logs first: their objects into a pack, their records into
-        # the ref files; then the phases see every object in a file of its own.
-        fold_step_logs(store)
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
+        # Then the step logs: their objects are in phase 1's pack now (what
+        # is not, the fold packs), their records go into the ref files, and
+        # phase 2 sees every object in a pack or a loose file.
+        fold_step_logs(store, pack=False)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
     store.reload_packs()
-    rep.bytes_after = _disk_usage(store, objects_dir)
+    rep.bytes_after = _disk_usage(store, objects_dir) + _disk_usage(store, steps_dir)
     return rep
 
 
@@ -314,7 +316,10 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pac
     def in_old_packs(oid: ObjectId) -> bool:
         return any(p.has(oid) for p in old_packs)
 
-    needs = len(old_packs) > 1 or any(oid in reachable and not in_old_packs(oid) for oid in store.loose.iter_ids())
+    steps = store.refs.steps
+    steps.scan_all()
+    needs = len(old_packs) > 1 or any(oid in reachable and not in_old_packs(oid)
+                                      for oid in (*store.loose.iter_ids(), *steps.iter_ids()))
     if not needs and len(old_packs) == 1 and cutoff is not None:
         p = old_packs[0]
         needs = p.mtime() <= cutoff and any(oid not in reachable for oid in p.iter_ids())
@@ -346,6 +351,8 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pac
     replaced = sum(_file_size(store, p.path) + _file_size(store, p.path[: -len(".pack")] + ".idx")
                    for p in old_packs)
     replaced += sum(_file_size(store, store.loose.path(oid)) for oid in store.loose.iter_ids() if oid in reachable)
+    # And what folding the step logs frees: each log but its header's block.
+    replaced += sum(max(0, _file_size(store, steps.path(g)) - 4096) for g in steps.groups())
     sealed = _write_pack(store, order, best, dictionary, progress)
     if always_pack:
         replaced = _pack_disk_size(sealed) + 1

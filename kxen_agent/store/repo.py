@@ -604,8 +604,12 @@ class Store:
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.
-        return (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.refs.steps.has(oid)
-                or self.loose.has(oid))
+        if (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.refs.steps.has(oid)
+                or self.loose.has(oid)):
+            return True
+        # Committed by another process since this one read the step logs?
+        self.refs.steps.scan_all()
+        return self.refs.steps.has(oid)
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every object id, each once (an object may be both loose and packed)."""

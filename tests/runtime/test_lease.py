@@ -188,9 +188,11 @@ def tool_pid(tmp: Path, name: str = "tool") -> int:
     return wait_for(read, f"{name}.pid to be written by the tool")
 
 
-def group_files(store: Store, ses: str) -> tuple[bytes, bytes]:
+def group_files(store: Store, ses: str) -> tuple[bytes | None, ...]:
+    """Every file a group's state is read from: ref file, step log, reflog (None: absent)."""
     group = f"sessions/{ses}"
-    return Path(store.refs.ref_path(group)).read_bytes(), Path(store.refs.log_path(group)).read_bytes()
+    paths = (store.refs.ref_path(group), store.refs.steps_path(group), store.refs.log_path(group))
+    return tuple(Path(p).read_bytes() if Path(p).exists() else None for p in paths)
 
 
 def library_session(tmp: Path) -> tuple[Store, str]:
@@ -592,8 +594,7 @@ def memory_session(tmp: Path) -> tuple[MemoryStore, str]:
 
 
 def test_the_disk_lease_makes_the_same_file_operations_and_record(tmp_path):
-    """The disk backend is the lease's old file code moved behind a protocol: the same operations on
-    the same files in the same order (what fault injection and crash points count), and the same record."""
+    """The disk backend's file operations, in order (what fault injection and crash points count), and its record."""
     io = TracingIO(sync=False)
     store = Store(str(tmp_path / "state"), io=io, namespaces=(NS,))  # as the CLI opens it
     (tmp_path / "ws").mkdir()
@@ -614,13 +615,17 @@ def test_the_disk_lease_makes_the_same_file_operations_and_record(tmp_path):
     ops.append("-- release")
     lease.release()
     refs, leases = f"{store.root}/refs/sessions", f"{store.root}/leases/sessions"
-    grant = [f"r:read {refs}/{ses}", f"r:read {leases}/{ses}", f"r:read {refs}/{ses}",
-             f"create {refs}/tmp", f"write {refs}/tmp", f"fsync {refs}/tmp", f"rename {refs}/{ses}", f"fsync_dir {refs}",
+    steps = f"{store.root}/steps/sessions"
+    # A group's state is its ref file and its step log (§6.8); raising the
+    # fence is one record appended to the log, one fsync (the log's name is
+    # durable: this store made it when the session was created).
+    state = [f"r:read {refs}/{ses}", f"r:open {steps}/{ses}"]
+    grant = [*state, f"r:read {leases}/{ses}", *state, f"append {steps}/{ses}", f"fsync {steps}/{ses}",
              f"create {leases}/tmp", f"write {leases}/tmp", f"fsync {leases}/tmp", f"rename {leases}/{ses}",
              f"fsync_dir {leases}"]
-    renew = [f"create {leases}/tmp", f"write {leases}/tmp", f"fsync {leases}/tmp", f"r:read {refs}/{ses}",
+    renew = [f"create {leases}/tmp", f"write {leases}/tmp", f"fsync {leases}/tmp", *state,
              f"rename {leases}/{ses}", f"fsync_dir {leases}"]
-    busy = [f"r:read {leases}/{ses}", f"r:read {refs}/{ses}"]
+    busy = [f"r:read {leases}/{ses}", *state]
     release = [f"r:read {leases}/{ses}", f"unlink {leases}/{ses}", f"fsync_dir {leases}"]
     assert [re.sub(r"/tmp_[0-9a-f]{16}$", "/tmp", o) for o in ops] == (
         grant + ["-- renew"] + renew + ["-- busy"] + busy + ["-- release"] + release)

@@ -13,7 +13,7 @@ import signal
 import uuid
 from pathlib import Path
 
-from tests.helpers import CLI_TIMEOUT_S, Cli, object_bytes, read_lines, wait_for_file, write_agent
+from tests.helpers import CLI_TIMEOUT_S, Cli, object_bytes, read_lines, step_log_frames, wait_for_file, write_agent
 
 FINAL = "all done"
 
@@ -257,7 +257,8 @@ def test_the_key_value_is_never_persisted_nor_given_to_the_shell(cli: Cli, state
     assert cli.run_show(res["session"], res["run"])["task"] == "the key is [REDACTED]; keep it safe"
 
     files = list(object_bytes(state_dir))
-    assert any(p.parent.parent.name == "objects" for p, _ in files)
+    assert any(p.parent.parent.name == "steps" and step_log_frames(p.read_bytes()) for p, _ in files), \
+        "the run's objects are read out of its step log"
     leaks = [str(p) for p, data in files if value.encode() in data]
     assert leaks == []
     assert any(b"[REDACTED]" in data for _, data in files)
