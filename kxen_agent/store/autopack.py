@@ -1,10 +1,11 @@
-"""Automatic packing, as ``git gc --auto``: loose objects go into packs once there are too many.
+"""Automatic packing, as ``git gc --auto``: objects outside packs go into packs once there are too many.
 
-A run writes a handful of loose objects per tool call, one file each; a
-session of 2,000 calls left ~18,000 files. :class:`AutoPacker` keeps the
-number of loose objects near a threshold (git's default, 6,700; the
-``KXEN_AGENT_AUTOPACK`` variable sets it, ``0`` turns automatic packing
-off):
+A run writes a handful of objects per tool call: into its session's step
+log (§6.8), or loose files (objects put outside a step). :class:`AutoPacker`
+keeps the objects outside packs near a threshold (git's default, 6,700;
+the ``KXEN_AGENT_AUTOPACK`` variable sets it, ``0`` turns automatic
+packing off); a pass packs the loose objects, then folds the step logs
+(:mod:`.fold`: their objects into a pack, their records into the ref files):
 
 - :meth:`AutoPacker.between_turns`: cheap when under the threshold (a
   counter of the objects this store wrote, after one count of the fan-out
