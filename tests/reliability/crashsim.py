@@ -496,11 +496,17 @@ class Recorder:
     """Wraps a store's writes to learn what the workload was told was durable.
 
     Ref transactions: the state each committed (returned, or read back from
-    the bytes of the ref file it renamed into place if it then failed), the
-    index of that rename, and the index at which it returned (never, if it
-    raised). Object writes: the index at which they returned, or at which
-    their outermost batch ended. :meth:`attach` wraps more store instances
-    (a retry opens a new one, as a new process would).
+    the store if it failed after its commit point), the index of its commit
+    point (the append of its step-log record, or the rename of a new log),
+    and the index at which it returned (never, if it raised). Object
+    writes: a loose one (put outside any ``writing()`` block) at the index
+    at which it returned, or at which its outermost batch ended; one put
+    inside a ``writing()`` block is only staged for the block's next ref
+    transaction (§6.8): acknowledged when the transaction that took it into
+    its record returned, or, if none took it, when the outermost block
+    ended (it is written loose then, in one batch); never if the block
+    raised. :meth:`attach` wraps more store instances (a retry opens a new
+    one, as a new process would).
     """
 
     def __init__(self, store: Store, io: TracingIO) -> None:
@@ -511,6 +517,8 @@ class Recorder:
         self.problems: list[str] = []
         self._batch_depth = 0
         self._batched: list[bytes] = []
+        # Objects put inside a writing() block and not yet taken by a transaction (in order, once each).
+        self._staged: dict[bytes, None] = {}
         self.attach(store)
 
     def attach(self, store: Store) -> None:
@@ -518,19 +526,48 @@ class Recorder:
         txn = store.refs.transaction
         put_raw = store.put_raw
         batch = store.batch
+        writing = store.writing
+
+        def in_block() -> bool:
+            return getattr(store._stage, "depth", 0) > 0
 
         def transaction(group: str, updates: Any, **kw: Any) -> Any:
             start = io.mark()
             st = None
+            # What the store's transaction takes into its record: this thread's staged objects.
+            taken = [oid for oid in store._staged() if oid in self._staged]
             try:
                 st = txn(group, updates, **kw)
                 return st
             finally:
-                self._note_commit(store, group, start, io.mark(), st)
+                end = io.mark()
+                self._note_commit(store, group, start, end, st)
+                if st is not None:  # committed with the record, acknowledged with the transaction
+                    for oid in taken:
+                        self._staged.pop(oid, None)
+                        self.objects.append((oid, end))
+
+        @contextmanager
+        def written(*a: Any, **kw: Any) -> Iterator[None]:
+            outer = not in_block()
+            try:
+                with writing(*a, **kw):
+                    yield
+            except BaseException:
+                if outer:
+                    self._staged.clear()  # the store drops them: never written, never acknowledged
+                raise
+            if outer and self._staged:
+                end = io.mark()  # taken by no transaction: written loose, one batch, as the block ended
+                self.objects.extend((oid, end) for oid in self._staged)
+                self._staged.clear()
 
         def put(obj: Any) -> bool:
+            staged = in_block()
             out = put_raw(obj)
-            if self._batch_depth:
+            if staged:
+                self._staged.setdefault(obj.id, None)  # not durable yet: held for the block's step
+            elif self._batch_depth:
                 self._batched.append(obj.id)
             else:
                 self.objects.append((obj.id, io.mark()))
@@ -556,6 +593,7 @@ class Recorder:
         store.refs.transaction = transaction  # type: ignore[method-assign]
         store.put_raw = put  # type: ignore[method-assign]
         store.batch = batched  # type: ignore[method-assign]
+        store.writing = written  # type: ignore[method-assign]
 
     def _note_commit(self, store: Store, group: str, start: int, end: int, st: Any) -> None:
         # A transaction's commit point is its step-log record reaching the
@@ -704,6 +742,7 @@ class Checker:
             store = open_store(root, io=FastIO())
         except Exception as e:  # the first thing a user does must not fail
             return _Verdict([f"store does not open: {type(e).__name__}: {e}"], {}, None)
+        problems: list[str] = []
         try:
             rep = fsck(store)
             problems = [f"fsck: {p.line()}" for p in rep.problems]
@@ -714,8 +753,8 @@ class Checker:
             if not self.w.allow_pruned_objects:
                 objects = {oid for oid, _ in self.rec.objects if store.has(oid)}
             return _Verdict(problems, groups, objects)
-        except Exception as e:
-            return _Verdict([f"reading the store failed: {type(e).__name__}: {e}"], {}, None)
+        except Exception as e:  # what fsck found, then what reading the groups could not get past
+            return _Verdict(problems + [f"reading the store failed: {type(e).__name__}: {e}"], {}, None)
 
     def _acks(self, k: int, v: _Verdict) -> list[str]:
         out = []
@@ -727,6 +766,8 @@ class Checker:
                 if seen in [c.state for c in hist]:
                     why = "an older state than one acknowledged" if seen in [c.state for c in hist[:required]] \
                         else "a state committed only after the crash point"
+                elif seen is None:
+                    why = "nothing: the group is lost"
                 else:
                     why = "a state that was never committed (a mixture)"
                 out.append(f"group {g} shows {why}: {_show(seen)}; allowed {[_show(s) for s in allowed]}")

@@ -29,6 +29,7 @@ from kxen_agent.store.fsio import MUTATING_OPS, FaultyIO
 from .crashsim import FastIO, Workload, open_store, quiet_lease, scratch_dir
 
 __all__ = [
+    "ForkAfterDeathWorkload",
     "ForkWorkload",
     "FaultReport",
     "FaultThenRetry",
@@ -38,6 +39,7 @@ __all__ = [
     "AutoPackWorkload",
     "GcWorkload",
     "ImportWorkload",
+    "LooseWorkload",
     "ResumeWorkload",
     "RunWorkload",
     "READ_VARIANTS",
@@ -171,6 +173,122 @@ class _Interrupted(BaseException):
     """Stops a run in the middle (as a kill would, but in this process)."""
 
 
+class ForkAfterDeathWorkload(ForkWorkload):
+    """A writer of the parent dies between its step's append and the append's fsync; then the parent
+    is forked at its head, which that record holds (``objects_spec.md`` §9.3 rule 12).
+
+    The dead writer's record is committed (visible: its checksum is good)
+    but not durable; the fork names a message only that record holds, so
+    the fork must make the parent's log durable (``StepLogs.make_durable``)
+    before its own record commits, or a power loss keeps the fork and
+    loses what its head names.
+    """
+
+    name = "fork-after-death"
+
+    def run(self, store: Store) -> Any:
+        from kxen_agent.store import RefUpdate
+
+        io = store.io
+        group = SessionStore(store).group(self.parent)
+        log = os.path.abspath(store.refs.steps_path(group))
+        outer = io.hook  # a fault driver's (FaultThenRetry, fault_points): it sees every operation still
+        last: list[tuple[str, str]] = [("", "")]
+
+        def die_before_the_fsync(op: str, path: str) -> None:
+            if outer is not None:
+                outer(op, path)
+            if op == "fsync" and last[0] == ("append", log) and os.path.abspath(path) == log:
+                raise _Interrupted()
+            last[0] = (op, os.path.abspath(path))
+
+        # The dying writer is another process: a store instance of its own.
+        dying = open_store(store.root, io=io)
+        if self.recorder is not None:
+            self.recorder.attach(dying)
+        ss = SessionStore(dying)
+        io.hook = die_before_the_fsync
+        try:
+            with dying.writing():
+                head = ss.append_messages(self.head, [{"role": "user", "content": "a question nobody answered"}])
+                dying.refs.transaction(group, [RefUpdate("head", self.head, head)], reason="message: user")
+            raise AssertionError("the parent's writer did not die")
+        except _Interrupted:
+            pass
+        finally:
+            io.hook = outer
+        return super().run(store)
+
+    def recover(self, store: Store) -> None:
+        ss = SessionStore(store)
+        info = ss.get(self.parent)
+        ss.history(info.head)  # the dead writer's step is there or not: either way the history reads
+        again = ss.fork(self.parent)
+        assert again.head == info.head
+        for f in ss.list():
+            if f.meta.get("parentId") == self.parent:
+                ss.history(f.head)  # every fork's history reads back: nothing it names was lost
+
+    def verify(self, store: Store) -> None:
+        ss = SessionStore(store)
+        head = ss.get(self.parent).head
+        forks = [i for i in ss.list() if i.meta.get("parentId") == self.parent]
+        assert any(i.head == head for i in forks), "no fork at the parent's head"
+        for f in forks:
+            ss.history(f.head)
+
+
+class LooseWorkload(Workload):
+    """Objects put outside any ``Store.writing()`` block (a library caller's "objects first, refs
+    last", §9.3 rule 1): written loose, one alone and three in a batch, then named by ref
+    transactions of a namespace outside the skeleton, in a group that has a step log already
+    (found, not made) and in a new one."""
+
+    name = "loose"
+    GROUPS = ("lib/found", "lib/new")
+
+    def setup(self, top: str, aux: str) -> None:
+        from kxen_agent.store import RefUpdate
+
+        store = open_store(os.path.join(top, "state"), io=FastIO())
+        self.first = store.put("blob", b"found group's first object")
+        store.refs.transaction("lib/found", [RefUpdate("first", None, self.first)], reason="setup")
+        self.want = {"lib/found": {"first": self.first}, "lib/new": {}}
+
+    def _write(self, store: Store) -> None:
+        from kxen_agent.store import ANY, RefUpdate
+
+        one = store.put("blob", b"a loose object, alone")
+        with store.batch():
+            batch = [store.put("blob", b"a loose object in a batch, #%d" % i) for i in range(3)]
+        store.refs.transaction("lib/found", [RefUpdate("one", ANY, one), RefUpdate("batch", ANY, batch[1])],
+                               reason="loose objects, named")
+        store.refs.transaction("lib/new", [RefUpdate("batch", ANY, batch[2]), RefUpdate("first", ANY, batch[0])],
+                               reason="loose objects, named")
+        self.want = {"lib/found": {"first": self.first, "one": one, "batch": batch[1]},
+                     "lib/new": {"batch": batch[2], "first": batch[0]}}
+
+    def run(self, store: Store) -> Any:
+        self._write(store)
+
+    def recover(self, store: Store) -> None:
+        for g in self.GROUPS:
+            for oid in store.refs.read(g).refs.values():
+                store.read_raw(oid)  # MissingObject if a ref outlived its object
+        self._write(store)
+        self.verify(store)
+
+    def retry(self, store: Store) -> None:
+        self._write(store)
+
+    def verify(self, store: Store) -> None:
+        for g in self.GROUPS:
+            refs = dict(store.refs.read(g).refs)
+            assert refs == self.want[g], f"{g}: {refs}"
+            for oid in refs.values():
+                store.read_raw(oid)
+
+
 class ResumeWorkload(Workload):
     """Resolve an UNKNOWN operation by hand, then resume the run to its end.
 
@@ -266,7 +384,10 @@ class ImportWorkload(Workload):
 
 
 class GcWorkload(Workload):
-    """gc with no grace period over loose objects, an older pack, a deleted fork and dangling objects."""
+    """gc with no grace period over an older pack, step logs with records, a deleted fork (folded into
+    its ref file) and dangling objects; it packs even where the pack is not smaller (``always_pack``):
+    a handful of objects would otherwise stay in their step logs, and the pack, fold and removal
+    paths unexercised."""
 
     name = "gc"
     allow_pruned_objects = True
@@ -286,7 +407,9 @@ class GcWorkload(Workload):
         self.deleted = fork
         for i in range(3):
             store.put("blob", b"dangling %d" % i)
-        gc(store, prune="never")  # an older pack for this gc to replace
+        # An older pack for this gc to replace, and the step logs folded into ref files: a handful of
+        # objects packs no smaller than it stands in step logs, which gc alone would leave as they are.
+        gc(store, prune="never", always_pack=True)
         res = Runner(store).resume(self.live, task="more work after the first gc")
         assert res.status == "completed", res
         self.head = ss.get(self.live).head
@@ -294,7 +417,7 @@ class GcWorkload(Workload):
     def run(self, store: Store) -> Any:
         from kxen_agent.store.gc import gc
 
-        return gc(store, prune="now", now=time.time() + 60)
+        return gc(store, prune="now", now=time.time() + 60, always_pack=True)
 
     def recover(self, store: Store) -> None:
         self.run(store)
@@ -463,8 +586,8 @@ def barrier_faults(workload: Workload) -> list[tuple[tuple[str, str | None, str]
 
 
 def all_workloads() -> list[Workload]:
-    return [RunWorkload(), ResumeWorkload(), ForkWorkload(), ImportWorkload(), ImportWorkload(fresh=True), GcWorkload(),
-            AutoPackWorkload()]
+    return [RunWorkload(), ResumeWorkload(), ForkWorkload(), ForkAfterDeathWorkload(), ImportWorkload(),
+            ImportWorkload(fresh=True), GcWorkload(), AutoPackWorkload(), LooseWorkload()]
 
 
 # ================================================================== I/O errors
