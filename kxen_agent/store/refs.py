@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from kxen_agent.errors import KxenError, UsageError
@@ -185,9 +185,19 @@ class RefGroupState:
     #: The step log generation the ref file names (§6.8): 0 when there is no
     #: ref file, 1 when a ref file names none (format 2 wrote none).
     steps_gen: int = field(default=0, compare=False, repr=False)
-    #: Reflog entries of the step log's committed records, after the reflog's
-    #: ``log_size`` bytes (which count them as their lines would be).
-    tail: tuple["ReflogEntry", ...] = field(default=(), compare=False, repr=False)
+    #: The step log whose first ``steps_n`` committed records this state
+    #: applies (None: the ref file alone); their reflog entries are :attr:`tail`.
+    steps_log: object = field(default=None, compare=False, repr=False)
+    steps_n: int = field(default=0, compare=False, repr=False)
+
+    @property
+    def tail(self) -> tuple["ReflogEntry", ...]:
+        """Reflog entries of the step log's records, after the reflog's ``log_size`` bytes (which count them as
+        their lines would be)."""
+        if self.steps_log is None:
+            return ()
+        return tuple(ReflogEntry(u.old, u.new, r.tx.time_ns, r.tx.fence, u.name, r.tx.reason)
+                     for r in self.steps_log.records[:self.steps_n] for u in r.tx.updates)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -403,6 +413,8 @@ class RefStore:
         # this instance has made durable in their parents (see _ensure_dir).
         self._durable_dirs: set[str] = set()
         self.steps = StepLogs(root, io)
+        # group -> (base, log, records applied, state): see _apply.
+        self._applied: dict[str, tuple] = {}
 
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))
@@ -490,13 +502,27 @@ class RefStore:
         raise CorruptRef(f"step log {self.steps.path(group)} keeps naming a generation its ref file does not; run fsck")
 
     def _apply(self, base: RefGroupState, log) -> RefGroupState:
-        if not log.records:
+        """``base`` with ``log``'s committed records applied, from where this instance applied them last.
+
+        A reader re-reads a group every time (40 reads a turn in a run), and
+        a log holds thousands of records between checkpoints: applying them
+        all each time cost a long run time quadratic in its length.
+        """
+        n = len(log.records)
+        if n == 0:
             return base
-        refs = dict(base.refs)
-        fence, deleted, size = base.fence, base.deleted_ns, base.log_size
-        tail = []
+        done = self._applied.get(base.group)
+        if (done is not None and done[1] is log and done[0] == base and done[0].steps_gen == base.steps_gen
+                and done[2] <= n):
+            cur, start = done[3], done[2]
+        else:
+            cur, start = base, 0
+        if start == n:
+            return replace(cur, refs=dict(cur.refs))  # a state handed out is the caller's to change
+        refs = dict(cur.refs)
+        fence, deleted, size = cur.fence, cur.deleted_ns, cur.log_size
         where = log.path
-        for r in log.records:
+        for r in log.records[start:]:
             t = r.tx
             for u in t.updates:
                 try:
@@ -510,16 +536,16 @@ class RefStore:
                     refs.pop(u.name, None)
                 else:
                     refs[u.name] = u.new
-                e = ReflogEntry(u.old, u.new, t.time_ns, t.fence, u.name, t.reason)
-                tail.append(e)
-                size += len(format_reflog_line(e))
+                size += len(format_reflog_line(ReflogEntry(u.old, u.new, t.time_ns, t.fence, u.name, t.reason)))
             if t.new_fence is not None:
                 if t.new_fence <= fence:
                     raise CorruptRef(f"step log {where} at offset {r.offset}: the fence goes down or stays")
                 fence = t.new_fence
             if t.deleted != "leave":
                 deleted = t.deleted  # type: ignore[assignment]
-        return RefGroupState(base.group, refs, fence, size, deleted, True, base.steps_gen, tuple(tail))
+        out = RefGroupState(base.group, refs, fence, size, deleted, True, base.steps_gen, log, n)
+        self._applied[base.group] = (base, log, n, out)
+        return replace(out, refs=dict(refs))
 
     def get(self, group: str, name: str) -> bytes | None:
         return self.read(group).refs.get(validate_ref_name(name))
@@ -614,14 +640,11 @@ class RefStore:
         for oid in named:
             if oid not in carried:
                 self.steps.make_durable(oid, but=log)
-        self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
-        tail = list(cur.tail)
+        log = self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
         size = cur.log_size
         for u, old in zip(updates, olds):
-            e = ReflogEntry(old, u.new, now, used_fence, u.name, tx.reason)
-            tail.append(e)
-            size += len(format_reflog_line(e))
-        return RefGroupState(group, refs, out_fence, size, out_deleted, True, cur.steps_gen, tuple(tail))
+            size += len(format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, tx.reason)))
+        return RefGroupState(group, refs, out_fence, size, out_deleted, True, cur.steps_gen, log, len(log.records))
 
     def checkpoint(self, group: str, *, locked: bool = False) -> bool:
         """Fold ``group``'s step log into its ref file and reflog, and start the log's next generation.

@@ -462,7 +462,7 @@ class StepLogs:
 
     # ---------------------------------------------------------------- writing
 
-    def append(self, group: str, gen: int, log: _Log | None, tx: StepTx, objects: list[RawObject]) -> None:
+    def append(self, group: str, gen: int, log: _Log | None, tx: StepTx, objects: list[RawObject]) -> _Log:
         """Commit one record to ``group``'s log of generation ``gen`` (the caller holds the group's lock).
 
         ``log``: the log as read under the lock (None: no file, or one of
@@ -523,6 +523,7 @@ class StepLogs:
             self._add(log, [StepRecord(r.offset + base, r.end + base, r.tx,
                                        tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
             log.end = log.size = base + end
+            return log
 
     def start_generation(self, group: str, gen: int) -> None:
         """Replace ``group``'s log by an empty one of generation ``gen`` (a checkpoint's last step)."""
