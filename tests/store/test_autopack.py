@@ -1,10 +1,13 @@
-"""Automatic packing (issue #13, item 3): loose objects kept under a threshold, nothing lost.
+"""Automatic packing (issue #13, item 3): objects outside packs kept under a threshold, nothing lost.
 
-Real state dirs and the real runner; counts of files on disk, never times.
-A pass packs every loose object (reachable or not) into a committed pack,
-then removes only loose copies of what a pack holds: every object stays
-readable and fsck stays clean; a busy gc lock or busy writers make it skip
-or defer, never break anything.
+Real state dirs and the real runner; counts of objects on disk, never times.
+In format 3 (objects_spec.md §6.8, §12.11a) a run's steps put their objects
+in step logs, and objects put outside a step are loose files: the threshold
+counts both. A pass packs every loose object (reachable or not) into a
+committed pack, folds the step logs (their objects into a pack, their
+records into the ref files), then removes only loose copies of what a pack
+holds: every object stays readable and fsck stays clean; a busy gc lock or
+busy writers make it skip or defer, never break anything.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kxen_agent.session.schema import SESSION_SCHEMA
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import Store, fsck
 from kxen_agent.store.autopack import AUTOPACK_ENV, DEFAULT_THRESHOLD, AutoPacker, threshold_from_env
+from kxen_agent.store.fold import step_objects
 from kxen_agent.store.fsio import FaultyIO, FileIO
 from kxen_agent.store.locks import file_lock
 from tests.runtime.test_history import Tooling, session_with_history
@@ -37,13 +41,39 @@ def loose(store: Store) -> int:
     return sum(1 for _ in store.loose.iter_ids())
 
 
+def step_ids(store: Store) -> set[bytes]:
+    """The objects the step logs hold now (every log read again, as far as it has grown)."""
+    store.refs.steps.scan_all()
+    return set(store.refs.steps.iter_ids())
+
+
+def outside_ids(store: Store) -> set[bytes]:
+    """Objects outside packs: loose files and step-log entries (what the threshold counts), each once."""
+    return set(store.loose.iter_ids()) | step_ids(store)
+
+
+def outside(store: Store) -> int:
+    return len(outside_ids(store))
+
+
+def step_logs(store: Store) -> dict[str, bytes]:
+    """Every step log's bytes, by path."""
+    out = {}
+    for d, _dirs, files in os.walk(os.path.join(store.root, "steps")):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                out[os.path.join(d, f)] = fh.read()
+    return out
+
+
 def fast_store(root: Path) -> Store:
     # Real files, fsyncs skipped: these tests count files, not durability (the spec's order is the writer's).
     return Store(str(root), io=FaultyIO(None, sync=False), namespaces=(NS,))
 
 
 def run_calls(tmp_path: Path, calls: int, threshold: int, **kw) -> tuple[Store, Runner, str, list[int]]:
-    """A real run of ``calls`` read_file calls with a packer of ``threshold``; loose objects at each model call."""
+    """A real run of ``calls`` read_file calls with a packer of ``threshold``; objects outside packs at each
+    model call."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.txt").write_text("notes\n" * 40)
@@ -59,7 +89,7 @@ def run_calls(tmp_path: Path, calls: int, threshold: int, **kw) -> tuple[Store, 
         inner = p.complete
 
         def complete(messages, tools, **k):
-            counts.append(loose(store))
+            counts.append(outside(store))
             return inner(messages, tools, **k)
 
         p.complete = complete
@@ -80,11 +110,12 @@ def all_objects_read(store: Store, ids: set[bytes]) -> None:
 
 def test_between_turns_keeps_loose_objects_near_the_threshold(tmp_path: Path) -> None:
     store, runner, ses, counts = run_calls(tmp_path, 80, 150, background=False)
-    # Each turn adds ~7 objects; a pass packs everything loose once over the threshold.
+    # Each turn adds ~9 objects; a pass packs everything outside packs once over the threshold.
     assert max(counts) <= 150 + 20, counts
     packed = [r for r in runner.autopack.reports if r.packed]
     assert len(packed) >= 3 and all(r.skipped is None for r in runner.autopack.reports)
-    assert loose(store) <= 150 + 20
+    assert all(r.folded == 1 for r in packed)  # the run's session: its step log folded each time
+    assert outside(store) <= 150 + 20
     report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems]
     ss = SessionStore(store)
@@ -98,17 +129,19 @@ def test_in_the_background_passes_overlap_the_turns_and_the_run_waits_for_them(t
     assert any(r.background and r.packed for r in reports), reports
     assert all(r.skipped is None for r in reports), reports
     assert not runner.autopack.running(), "the run ends only after its pass"
-    assert loose(store) <= 150 + 20
+    assert outside(store) <= 150 + 20
     assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")]
     report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems]
 
 
 def test_without_packing_the_same_run_leaves_every_object_loose(tmp_path: Path) -> None:
-    # The control: the same run with packing off grows one file per object.
+    # The control: the same run with packing off keeps every object outside packs (in the session's step log).
     store, runner, _, counts = run_calls(tmp_path, 80, 0)
     assert runner.autopack.reports == []
-    assert max(counts) > 400 and loose(store) > 400
+    assert max(counts) > 400 and outside(store) > 400
+    store.reload_packs()
+    assert not store.packs and step_objects(store) > 400
 
 
 def test_a_pass_removes_no_object_reachable_or_not(tmp_path: Path) -> None:
@@ -118,12 +151,15 @@ def test_a_pass_removes_no_object_reachable_or_not(tmp_path: Path) -> None:
     old = store.put("blob", b"garbage from long ago")
     week3 = time.time() - 21 * 86400
     os.utime(store.loose.path(old), (week3, week3))
-    ids = set(store.loose.iter_ids())
-    assert young in ids and old in ids
+    in_files = set(store.loose.iter_ids())
+    in_logs = step_ids(store)
+    assert young in in_files and old in in_files and in_logs  # the run's steps: in its session's step log
+    ids = in_files | in_logs
     packer = AutoPacker(store, 1, background=False)
     rep = packer.after_run()
-    assert rep is not None and rep.packed == len(ids) and rep.loose_removed == len(ids) and rep.left == 0
-    assert loose(store) == 0
+    assert rep is not None and rep.packed == len(ids) and rep.loose_removed == len(in_files) and rep.left == 0
+    assert rep.folded == 1  # the session's log: its objects packed, its records in its ref file
+    assert loose(store) == 0 and outside(store) == 0
     all_objects_read(store, ids)
     report = fsck(Store(store.root, io=FileIO(), namespaces=(NS,)), schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems]
@@ -131,15 +167,22 @@ def test_a_pass_removes_no_object_reachable_or_not(tmp_path: Path) -> None:
 
 def test_a_budget_packs_part_and_leaves_the_rest_for_the_next_pass(tmp_path: Path) -> None:
     store, _, _, _ = run_calls(tmp_path, 10, 0)
-    ids = set(store.loose.iter_ids())
+    for i in range(30):  # loose objects for the budget to work on (put outside a step)
+        store.put("blob", b"loose %d" % i)
+    in_files = set(store.loose.iter_ids())
+    in_logs = step_ids(store) - in_files
+    assert len(in_files) > 40 and in_logs
     packer = AutoPacker(store, 1, background=False)
     first = packer.between_turns(max_objects=20)
-    assert first is not None and first.packed == 20 and first.left == len(ids) - 20
-    assert loose(store) == len(ids) - 20
+    assert first is not None and first.left == len(in_files) - 20
+    assert loose(store) == len(in_files) - 20
+    # The budget is the loose objects': the step logs are folded by the same pass, all of them.
+    assert first.packed == 20 + len(in_logs) and first.folded == 1 and step_ids(store) == set()
     second = packer.between_turns()
-    assert second is not None and second.packed == len(ids) - 20 and loose(store) == 0
+    assert second is not None and second.packed == len(in_files) - 20 and second.folded == 0 and loose(store) == 0
     assert packer.between_turns() is None  # under the threshold now: nothing to do, nothing read
-    all_objects_read(store, ids)
+    assert outside(store) == 0
+    all_objects_read(store, in_files | in_logs)
 
 
 @contextmanager
@@ -164,11 +207,14 @@ def held_in_a_thread(hold: Callable[[], Any]) -> Iterator[None]:
 
 def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
     store, _, _, _ = run_calls(tmp_path, 5, 0)
-    n = loose(store)
+    n, n_loose, logs = outside(store), loose(store), step_logs(store)
+    assert n > n_loose > 0  # loose objects and step-log objects both
     with held_in_a_thread(lambda: file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=5, io=store.io)):
         rep = AutoPacker(store, 1).after_run()
     assert rep is not None and rep.packed == 0 and "gc-run.lock" in (rep.skipped or "") and rep.line() == ""
-    assert loose(store) == n and not store.packs
+    assert rep.folded == 0 and step_logs(store) == logs  # no log folded either
+    store.reload_packs()
+    assert loose(store) == n_loose and outside(store) == n and not store.packs
 
     # Between turns, a busy lock is not tried again at every turn: after a tenth of the threshold's objects.
     packer = AutoPacker(store, 20, background=False)
@@ -181,21 +227,30 @@ def test_a_running_gc_makes_a_pass_skip(tmp_path: Path) -> None:
         store.put("blob", b"and another")
         again = packer.between_turns()
         assert again is not None and again.busy
+    assert step_logs(store) == logs
     done = packer.pack_now()
-    assert done.packed == n + 2 and loose(store) == 0
+    assert done.packed == n + 2 and done.folded == 1 and loose(store) == 0 and outside(store) == 0
 
 
 def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) -> None:
     store, _, _, _ = run_calls(tmp_path, 5, 0)
-    ids = set(store.loose.iter_ids())
+    for i in range(10):  # loose copies for the pass to keep (put outside a step)
+        store.put("blob", b"loose %d" % i)
+    in_files = set(store.loose.iter_ids())
+    in_logs = step_ids(store)
+    assert in_files and in_logs
     other = fast_store(Path(store.root))
     with held_in_a_thread(other.writing):  # a writer between its objects and its ref
         rep = AutoPacker(store, 1).after_run()
-    assert rep is not None and rep.packed == len(ids) and rep.loose_removed == 0 and "writers" in (rep.skipped or "")
-    assert loose(store) == len(ids), "nothing removed while a writer was inside"
+    assert rep is not None and rep.packed == len(in_files | in_logs) and rep.loose_removed == 0
+    assert "writers" in (rep.skipped or "")
+    assert loose(store) == len(in_files), "nothing removed while a writer was inside"
+    # Folding holds the store lock's shared side only (and each group's lock): the log was folded all the same.
+    assert rep.folded == 1 and step_ids(store) == set()
     again = AutoPacker(store, 1).after_run()
-    assert again is not None and again.packed == 0 and again.loose_removed == len(ids)
-    all_objects_read(store, ids)
+    assert again is not None and again.packed == 0 and again.loose_removed == len(in_files) and again.folded == 0
+    assert outside(store) == 0
+    all_objects_read(store, in_files | in_logs)
 
 
 def test_past_the_pack_limit_the_packs_are_consolidated(tmp_path: Path) -> None:
@@ -256,7 +311,7 @@ def test_the_cli_packs_past_the_threshold_its_environment_sets(cli, workspace: P
     assert out["status"] == "completed", out
     store = Store(str(state_dir), io=FileIO(), namespaces=(NS,))
     assert [n for n in os.listdir(store.pack_dir) if n.endswith(".idx")], "no pack: the run did not pack"
-    assert loose(store) <= 30
+    assert outside(store) <= 30
     report = fsck(store, schema=SESSION_SCHEMA)
     assert report.clean, [p.line() for p in report.problems]
     # The same run with packing off leaves every object loose.
@@ -265,22 +320,26 @@ def test_the_cli_packs_past_the_threshold_its_environment_sets(cli, workspace: P
             env={AUTOPACK_ENV: "0", "KXEN_AGENT_STATE_DIR": str(other)}, expect=0)
     assert p.json()["status"] == "completed"
     off = Store(str(other), io=FileIO(), namespaces=(NS,))
-    assert not off.packs and loose(off) > 60
+    assert not off.packs and outside(off) > 60
 
 
 def test_a_slow_background_pass_overlapping_many_turns_loses_nothing(tmp_path: Path, monkeypatch) -> None:
     # The pass is slowed (each object it reads waits 2 ms) so that it overlaps many turns: the run
     # writes, reads back and moves refs while the pass lists, packs and unlinks under it.
     from kxen_agent.store.loose import LooseObjects
+    from kxen_agent.store.steps import StepLogs
 
-    read = LooseObjects.read_raw
+    def slowed(read):
+        def slow_in_the_packer(self, oid):
+            if threading.current_thread().name == "kxen-autopack":
+                time.sleep(0.002)
+            return read(self, oid)
 
-    def slow_in_the_packer(self, oid):
-        if threading.current_thread().name == "kxen-autopack":
-            time.sleep(0.002)
-        return read(self, oid)
+        return slow_in_the_packer
 
-    monkeypatch.setattr(LooseObjects, "read_raw", slow_in_the_packer)
+    # Loose objects and step-log objects alike: a run's steps are in its step log (format 3).
+    monkeypatch.setattr(LooseObjects, "read_raw", slowed(LooseObjects.read_raw))
+    monkeypatch.setattr(StepLogs, "read_raw", slowed(StepLogs.read_raw))
     store, runner, ses, _ = run_calls(tmp_path, 150, 60)
     reports = runner.autopack.reports
     assert any(r.background and r.packed for r in reports), reports
@@ -319,10 +378,11 @@ def test_a_full_disk_fails_the_pass_not_the_caller(tmp_path: Path) -> None:
     disk = FaultyIO(None, sync=False, persistent=True)
     store = Store(str(tmp_path / "state"), io=disk, namespaces=(NS,))
     ids = set(store.loose.iter_ids())
+    logs = step_logs(store)
     disk.fail_at = disk.op_count + 1  # the next write fails, and every one after it
     lines = AutoPacker(store, 1, background=False).step(after_run=True)
     assert len(lines) == 1 and lines[0].startswith("automatic packing skipped:") and "No space" in lines[0], lines
     disk.heal()
-    assert set(store.loose.iter_ids()) == ids and not store.packs
+    assert set(store.loose.iter_ids()) == ids and not store.packs and step_logs(store) == logs
     assert not [n for n in os.listdir(store.pack_dir) if n.startswith("tmp_")], "the failed pack's temp file stayed"
-    all_objects_read(store, ids)
+    all_objects_read(store, ids | step_ids(store))

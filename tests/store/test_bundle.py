@@ -34,6 +34,7 @@ from kxen_agent.store.bundle import (
     iter_bundle_objects,
     verify_bundle,
 )
+from kxen_agent.store.fold import fold_step_logs
 from kxen_agent.store.fsio import FaultyIO, FileIO
 from kxen_agent.store.refs import RefUpdate
 from kxen_agent.store.repo import MissingObject
@@ -328,11 +329,21 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     meta = dst.get(dst.refs.get("ses/a", "meta"), "session")
     assert meta["workspace"] == "/runner-b" and res.refs["ses/a"]["meta"] == dst.refs.get("ses/a", "meta")
     assert fsck(Store(dst.root)).clean
-    before = {k: v[0] for k, v in state(dst.root).items()}
-    again = import_bundle(dst, str(out), transform=rebind)  # deterministic transform: a no-op
-    # (its put freshens the rebound object's mtime, as any rewrite does; nothing else changes)
-    assert set(again.groups.values()) == {"unchanged"} and again.new_objects == 0
-    assert {k: v[0] for k, v in state(dst.root).items()} == before
+    # Format 3: the rebound object was put in the import's writing() block,
+    # so ses/a's step-log record carries it (objects_spec.md §6.8).
+    assert dst.refs.steps.has(res.refs["ses/a"]["meta"])
+    assert res.refs["ses/a"]["meta"] not in set(dst.loose.iter_ids())
+    # A repeated import writes nothing (§12.10): the transform's put of an
+    # object the store holds (in a step log, then, once folded, in a pack)
+    # freshens at most; no file is added, removed or changes size.
+    for folded in (False, True):
+        if folded:
+            fold_step_logs(dst)
+        before = {k: v[0] for k, v in state(dst.root).items()}
+        again = import_bundle(dst, str(out), transform=rebind)  # deterministic transform: a no-op
+        assert set(again.groups.values()) == {"unchanged"} and again.new_objects == 0
+        assert {k: v[0] for k, v in state(dst.root).items()} == before, folded
+    assert fsck(Store(dst.root)).clean
 
 
 def test_a_failure_while_committing_leaves_no_trace(src, tmp_path):

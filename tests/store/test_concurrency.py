@@ -17,46 +17,85 @@ N = 200
 GROUP = "bench/counter"
 
 _WRITER = r"""
-import sys
+import os, sys, time
 from kxen_agent.store import RefConflict, RefUpdate, Store
 root, group, who, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 print("ready", flush=True)
 assert sys.stdin.readline() == "go\n"
 store = Store(root)  # opened after the barrier: both may initialise the state dir
+ref_path = store.refs.ref_path(group)
 conflicts = 0
-for _ in range(n):
+for i in range(n):
+    if i == n // 2:
+        # Half way: wait for a checkpoint of the group (the folder's), so that
+        # checkpoints certainly happen while both writers are at work.
+        while not os.path.exists(ref_path):
+            time.sleep(0.005)  # a poll: the folder is what ends the wait
     while True:
         cur = store.refs.get(group, "counter")
         count = store.get(cur, "message")["n"] if cur is not None else 0
-        new = store.put("message", {"n": count + 1, "by": who, "prev": cur})
-        try:
-            store.refs.transaction(group, [RefUpdate("counter", cur, new)], reason=f"{who} {count + 1}")
-            break
-        except RefConflict:
-            conflicts += 1
+        # A durable step (objects_spec.md §6.8): the object and the ref change in one step-log record.
+        with store.writing():
+            new = store.put("message", {"n": count + 1, "by": who, "prev": cur})
+            try:
+                store.refs.transaction(group, [RefUpdate("counter", cur, new)], reason=f"{who} {count + 1}")
+                break
+            except RefConflict:
+                conflicts += 1
 print(conflicts, flush=True)
+"""
+
+_FOLDER = r"""
+import select, sys, time
+from kxen_agent.store import Store
+from kxen_agent.store.autopack import AutoPacker
+root = sys.argv[1]
+print("ready", flush=True)
+assert sys.stdin.readline() == "go\n"
+store = Store(root)
+while not store.exists:  # the writers make the state dir (a poll)
+    time.sleep(0.005)
+    store = Store(root)
+packer = AutoPacker(store, 1, background=False)
+folded = 0
+stop = False
+while True:
+    # Automatic packing as a run's background pass does it: pack, fold the step logs, unlink loose copies.
+    folded += packer.pack_now().folded
+    if stop:
+        break
+    if select.select([sys.stdin], [], [], 0.02)[0]:  # paced only; the writers' order does not depend on it
+        assert sys.stdin.readline() == "stop\n"
+        stop = True  # one more pass: whatever the writers committed last is folded too
+print(folded, flush=True)
 """
 
 _READER = r"""
 import sys, time
 from kxen_agent.store import Store
-from kxen_agent.store.refs import format_ref_file, parse_ref_file, parse_reflog
+from kxen_agent.store.refs import format_ref_file, parse_ref_file
 root, group, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = Store(root)
-ref_path, log_path = store.refs.ref_path(group), store.refs.log_path(group)
-reads, last, seen = 0, 0, set()
-deadline = time.monotonic() + 60
+ref_path = store.refs.ref_path(group)
+reads, last, seen, gens = 0, 0, set(), set()
+deadline = time.monotonic() + 120
 print("ready", flush=True)
 while time.monotonic() < deadline:
+    # The ref file, whenever there is one, is whole: only ever replaced by a rename.
     try:
         with open(ref_path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
+        pass
+    else:
+        base = parse_ref_file(data, group, ref_path)  # a torn file raises CorruptRef
+        assert format_ref_file(base.refs, base.fence, base.log_size, base.deleted_ns, base.steps_gen) == data
+    # The group's state: its ref file, then its step log's committed records (§6.8);
+    # the reflog checked against that one snapshot.
+    state = store.refs.read(group)
+    if not state.exists:
         continue
-    state = parse_ref_file(data, group, ref_path)  # a torn file raises CorruptRef
-    assert format_ref_file(state.refs, state.fence, state.log_size, state.deleted_ns) == data
-    with open(log_path, "rb") as f:
-        log = parse_reflog(f.read()[: state.log_size], log_path)
+    log = store.refs.reflog(group, state)
     cur = state.refs["counter"]
     n = store.get(cur, "message")["n"]
     assert len(log) == n and log[-1].new == cur, (len(log), n)
@@ -64,9 +103,10 @@ while time.monotonic() < deadline:
     last = n
     reads += 1
     seen.add(n)
+    gens.add(state.steps_gen)
     if n == total:
         break
-print(reads, len(seen), last, flush=True)
+print(reads, len(seen), last, len(gens), flush=True)
 """
 
 
@@ -79,31 +119,43 @@ def _spawn(script: str, *args: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_two_processes_cas_increment_one_ref(state_dir):
+    # Two writers, each step a step-log record; a third process packs and
+    # folds the log into the ref file (checkpoints) meanwhile, and a reader
+    # watches the group throughout.
     root = str(state_dir)
     reader = _spawn(_READER, root, GROUP, str(2 * N))
+    folder = _spawn(_FOLDER, root)
     writers = [_spawn(_WRITER, root, GROUP, who, str(N)) for who in ("w1", "w2")]
-    procs = [reader, *writers]
+    procs = [reader, folder, *writers]
     try:
         for p in procs:
             assert p.stdout.readline() == "ready\n", p.stderr.read()
-        for w in writers:
+        for w in (folder, *writers):
             w.stdin.write("go\n")
             w.stdin.flush()
         for w in writers:
-            _, err = w.communicate(timeout=120)
+            _, err = w.communicate(timeout=300)
             assert w.returncode == 0, err
-        out, err = reader.communicate(timeout=60)
+        folder.stdin.write("stop\n")
+        folder.stdin.flush()
+        folded_out, err = folder.communicate(timeout=120)
+        assert folder.returncode == 0, err
+        out, err = reader.communicate(timeout=120)
         assert reader.returncode == 0, err
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    reads, versions, last = map(int, out.split())
+    reads, versions, last, gens = map(int, out.split())
     assert last == 2 * N
     assert versions > 1  # the reader really watched the ref move
+    assert gens > 1  # ... and the ref file being checkpointed
+    assert int(folded_out) >= 2  # one before the writers' half-way wait ended, one at least after
 
     store = Store(root)
+    state = store.refs.read(GROUP)
+    assert state.steps_gen >= 2 and not state.tail  # the last pass folded every record
     log = store.refs.reflog(GROUP)
     assert len(log) == 2 * N
     assert log[0].old is None

@@ -82,6 +82,9 @@ def test_broken_link_is_a_problem(state_dir, store, populated):
 
 
 def test_edited_reflog_is_a_mismatch(state_dir, store, populated):
+    # The reflog file is written by a checkpoint (objects_spec.md §6.8); the
+    # objects the ref names are loose (put outside a writing() block).
+    assert store.refs.checkpoint(G)
     path = store.refs.log_path(G)
     with open(path, "rb") as f:
         data = f.read()
@@ -96,8 +99,25 @@ def test_edited_reflog_is_a_mismatch(state_dir, store, populated):
     assert populated["dangling"].hex() in rep["problems"][0]["message"]
 
 
+def test_edited_step_record_is_damage_not_a_tail(state_dir, store, populated):
+    # The step log's counterpart: a committed record followed by another
+    # that a byte flip broke is no torn append (§6.8): fsck names the group.
+    store.refs.transaction(G, [RefUpdate("tip", None, populated["blob"])], reason="second")
+    path = store.refs.steps_path(G)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    at = data.index(b"first message")  # inside the first record: its checksum fails, the second is intact
+    data[at] ^= 0x20
+    with open(path, "wb") as f:
+        f.write(data)
+    code, rep = _fsck_json(state_dir)
+    assert code == 1
+    assert ("corrupt-ref", G) in [(x["kind"], x["where"]) for x in rep["problems"]]
+
+
 def test_ref_missing_from_its_reflog_is_a_mismatch(state_dir, store, populated):
     store.refs.transaction(G, [RefUpdate("tip", None, populated["blob"])], reason="second")
+    assert store.refs.checkpoint(G)  # both transactions' lines in the reflog file
     path = store.refs.log_path(G)
     with open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
@@ -112,6 +132,7 @@ def test_ref_missing_from_its_reflog_is_a_mismatch(state_dir, store, populated):
 
 def test_garbage_in_refs_dir_is_reported_not_fatal(state_dir, store, populated):
     # An editor's backup file next to a ref file must not crash fsck.
+    assert store.refs.checkpoint(G)  # the ref file exists
     with open(store.refs.ref_path(G) + "~", "wb") as f:
         f.write(b"junk")
     code, rep = _fsck_json(state_dir)
@@ -119,9 +140,29 @@ def test_garbage_in_refs_dir_is_reported_not_fatal(state_dir, store, populated):
     assert [(x["kind"], x["where"]) for x in rep["problems"]] == [("corrupt-ref", f"{G}~")]
 
 
-def test_corrupt_ref_file(state_dir, store, populated):
-    with open(store.refs.ref_path(G), "ab") as f:
-        f.write(b"not a ref line\n")
+def test_garbage_in_steps_dir_is_reported_not_fatal(state_dir, store, populated):
+    # The same next to a step log (§11 checks 2b and 7): not a group's log, nor a crash.
+    backup = store.refs.steps_path(G) + "~"
+    with open(backup, "wb") as f:
+        f.write(b"junk")
+    code, rep = _fsck_json(state_dir)
+    assert code == 1
+    assert [(x["kind"], x["where"]) for x in rep["problems"]] == [("corrupt-ref", f"{G}~")]
+    assert backup in rep["strayFiles"]
+
+
+@pytest.mark.parametrize("damaged", ["ref file", "step log header"])
+def test_corrupt_ref_file(state_dir, store, populated, damaged):
+    if damaged == "ref file":
+        assert store.refs.checkpoint(G)  # the ref file exists
+        with open(store.refs.ref_path(G), "ab") as f:
+            f.write(b"not a ref line\n")
+    else:
+        path = store.refs.steps_path(G)
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data.replace(b"kxen-steps 1 ", b"kxen-steps 2 ", 1))
     code, rep = _fsck_json(state_dir)
     assert code == 1 and rep["problems"][0]["kind"] == "corrupt-ref"
 

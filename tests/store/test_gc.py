@@ -150,6 +150,16 @@ def test_objects_named_by_reflogs_are_roots(tmp_path):
     assert fsck(s2).clean
 
 
+def logical(root: str) -> tuple[dict, dict]:
+    """What a state dir holds, whatever its files: each group's refs, fence, mark and reflog; each object's bytes."""
+    s = Store(root)
+    groups = {}
+    for g in s.refs.groups():
+        st = s.refs.read(g)
+        groups[g] = (st.refs, st.fence, st.deleted_ns, s.refs.reflog(g, st))
+    return groups, {oid: s.read_raw(oid).raw for oid in s.iter_ids()}
+
+
 def test_gc_aborts_and_changes_nothing_when_a_reachable_object_is_missing(tmp_path):
     store = Store(str(tmp_path / "s"))
     history(store, "ses/a", 3)
@@ -157,14 +167,28 @@ def test_gc_aborts_and_changes_nothing_when_a_reachable_object_is_missing(tmp_pa
     lost = encode_object("blob", b"never written")
     msg = store.put("message", {"text": "points at nothing", "out": lost.id})
     store.refs.transaction("ses/b", [RefUpdate("head", None, msg)], reason="broken")
-    before = snapshot(store.root)
+    with store.writing():  # a durable step: its object in its step-log record
+        carried = store.put("blob", b"carried by a step record")
+        store.refs.transaction("ses/d", [RefUpdate("head", None, carried)], reason="a step")
+    assert store.refs.steps.has(carried) and carried not in loose_ids(store)
+
+    # Format 3: step records are pending (ses/d's carries its object); gc
+    # aborts in phase 1, before its pack and before it folds the step logs
+    # (objects_spec.md §12.11): not a byte changes.
+    before, content = snapshot(store.root), logical(store.root)
     with pytest.raises(GcAborted, match=lost.hex):
         gc(store, prune="now", now=time.time() + 100 * DAY)
     assert snapshot(store.root) == before
+    assert logical(store.root) == content
+    assert not packs(store) and store.refs.steps.has(carried)
+
     store.refs.transaction("ses/c", [RefUpdate("head", None, lost.id)], reason="broken too")
     store.refs.transaction("ses/b", [RefUpdate("head", msg, None)], reason="repair b")
+    before, content = snapshot(store.root), logical(store.root)
     with pytest.raises(GcAborted, match="is missing"):
         gc(store, prune="now")
+    assert snapshot(store.root) == before
+    assert logical(store.root) == content
 
 
 def test_a_deleted_group_goes_only_after_the_grace_period_and_an_undeleted_one_never(tmp_path):
@@ -179,6 +203,7 @@ def test_a_deleted_group_goes_only_after_the_grace_period_and_an_undeleted_one_n
     rep = gc(store, prune="2w", now=now + 15 * DAY)
     assert rep.groups_removed == ["ses/gone"]
     assert not os.path.exists(store.refs.ref_path("ses/gone")) and not os.path.exists(store.refs.log_path("ses/gone"))
+    assert not os.path.exists(store.refs.steps_path("ses/gone"))  # its step log too (§6.7)
     s2 = Store(store.root)
     assert not any(s2.has(o) for o in gone) and all(s2.has(o) for o in kept)
     assert list(s2.refs.groups()) == ["ses/kept"]
@@ -520,10 +545,14 @@ def test_gc_command(tmp_path, capsys, monkeypatch):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "invalid --prune value" in err
 
 def _bytes(store: Store) -> int:
-    """Disk usage of the objects, as du counts it (the measure gc decides and reports by)."""
+    """Disk usage of the objects, as du counts it (the measure gc decides and reports by).
+
+    In format 3 objects live in step logs too (objects_spec.md §6.8): ``objects/`` and ``steps/``.
+    """
     total = 0
-    for dirpath, _dirs, files in os.walk(os.path.join(store.root, "objects")):
-        total += sum(os.lstat(os.path.join(dirpath, f)).st_blocks * 512 for f in files)
+    for top in ("objects", "steps"):
+        for dirpath, _dirs, files in os.walk(os.path.join(store.root, top)):
+            total += sum(os.lstat(os.path.join(dirpath, f)).st_blocks * 512 for f in files)
     return total
 
 

@@ -169,7 +169,9 @@ def test_a_new_state_dir_is_made_with_a_durable_skeleton_before_format(tmp_path)
         # Its name is durable before FORMAT exists: its parent is synced
         # after its mkdir and before FORMAT is renamed in.
         assert ("fsync_dir", os.path.dirname(d)) in ops[made:fmt], rel
-    assert (tmp_path / "state" / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    # Version 3's skeleton holds the step logs' directories (§10.3).
+    assert {"steps", os.path.join("steps", "sessions")} <= set(skeleton_dirs(CLI_NAMESPACES))
+    assert (tmp_path / "state" / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
 
 
 def test_in_a_version_2_dir_an_object_write_syncs_only_its_fanout_dir(state_dir):
@@ -195,7 +197,7 @@ def test_in_a_version_2_dir_an_object_write_syncs_only_its_fanout_dir(state_dir)
 def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
     # A version-1 dir was made lazily: a fan-out dir may come from a
     # process that died before syncing objects/. The first write of this
-    # version makes the whole skeleton durable, then writes FORMAT 2.
+    # version makes the whole skeleton durable, then writes FORMAT 3.
     os.makedirs(os.path.join(str(state_dir), "objects", "c3"))
     (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 1\n")
     io = TracingIO()
@@ -206,7 +208,8 @@ def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
     fmt = io.ops.index(("rename", os.path.join(store.root, "FORMAT")))
     synced = [p for op, p in io.ops[:fmt] if op == "fsync_dir"]
     assert os.path.join(store.root, "objects") in synced and store.root in synced
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    assert os.path.join(store.root, "steps") in synced  # steps/sessions, made by the upgrade
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
     assert store.get(obj.id) == obj.body
     for rel in skeleton_dirs(CLI_NAMESPACES):
         assert os.path.isdir(os.path.join(store.root, rel))
@@ -268,16 +271,39 @@ def test_upgrading_a_version_1_dir_with_its_whole_skeleton_syncs_every_parent(st
     assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs(CLI_NAMESPACES)} <= synced
 
 
+def test_upgrading_a_version_2_dir_makes_the_step_logs_dirs_durable_before_format(state_dir):
+    # Version 2's skeleton has no steps/ (§10.2): the first write of this
+    # version makes it, syncs every skeleton directory's parent (those
+    # found existing too), and only then replaces FORMAT with version 3.
+    for d in skeleton_dirs(CLI_NAMESPACES):
+        if d.split(os.sep)[0] != "steps":
+            os.makedirs(os.path.join(str(state_dir), d), exist_ok=True)
+    (state_dir / "FORMAT").write_bytes(b"kxen-agent-state 2\n")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io, namespaces=CLI_NAMESPACES)
+    assert store.format_version == 2 and not os.path.exists(os.path.join(store.root, "steps"))
+    store.put("blob", b"z")
+    fmt = io.ops.index(("rename", os.path.join(store.root, "FORMAT")))
+    for d in ("steps", os.path.join("steps", "sessions")):
+        made = io.ops.index(("mkdir", os.path.join(store.root, d)))
+        assert ("fsync_dir", os.path.dirname(os.path.join(store.root, d))) in io.ops[made:fmt], d
+    synced = {p for op, p in io.ops[:fmt] if op == "fsync_dir"}
+    assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs(CLI_NAMESPACES)} <= synced
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert fsck(Store(store.root, namespaces=CLI_NAMESPACES)).clean
+
+
 def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_path):
     root = tmp_path / "state"
     root.mkdir()
     for rel in skeleton_dirs(CLI_NAMESPACES)[:40]:
         (root / rel).mkdir()
-    (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 2\n")
+    (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 3\n")
     store = Store(str(root))
     assert not store.exists
     store.put("blob", b"hello")
-    assert (root / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    assert (root / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert os.path.isdir(root / "steps")  # the rest of the skeleton was made
     # Anything else in it is somebody else's directory.
     other = tmp_path / "other"
     (other / "objects" / "zz").mkdir(parents=True)
@@ -285,17 +311,29 @@ def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_pat
         Store(str(other))
 
 
-def test_existing_ref_dirs_have_their_names_synced_before_the_commit(state_dir, populated):
+@pytest.mark.parametrize("found", [False, True], ids=["made", "found"])
+def test_existing_ref_dirs_have_their_names_synced_before_the_commit(state_dir, populated, found):
     # A namespace outside the skeleton: its directories are made on first
-    # use, and a found-existing one has its name synced (§9.1).
+    # use, and a found-existing one has its name synced (§9.1): steps/<ns>
+    # before a transaction's commit (§6.8 writing step 1), refs/<ns> and
+    # logs/<ns> before a checkpoint's.
+    if found:  # made by a process that died before it synced their parents
+        for top in ("refs", "logs", "steps"):
+            os.makedirs(os.path.join(str(state_dir), top, "agents"))
     io = TracingIO()
     store = Store(str(state_dir), io=io)
     store.refs.transaction("agents/s2", [RefUpdate("head", None, populated["a"])], reason="x")
-    ref_path = store.refs.ref_path("agents/s2")
-    commit = io.ops.index(("rename", ref_path))
+    steps_path = store.refs.steps_path("agents/s2")
+    renamed = io.ops.index(("rename", steps_path))  # a new log: its directory's fsync is the commit point
+    assert io.ops[renamed + 1] == ("fsync_dir", os.path.dirname(steps_path))
+    assert os.path.join(store.root, "steps") in [p for op, p in io.ops[:renamed] if op == "fsync_dir"]
+    io.ops.clear()
+    assert store.refs.checkpoint("agents/s2")
+    commit = io.ops.index(("rename", store.refs.ref_path("agents/s2")))
     before = [p for op, p in io.ops[:commit] if op == "fsync_dir"]
     for d in ("refs", "logs"):
         assert os.path.join(store.root, d) in before
+    assert Store(str(state_dir)).refs.get("agents/s2", "head") == populated["a"]
 
 
 def test_skeleton_ref_dirs_need_no_sync_of_their_parents(state_dir, populated):
@@ -305,21 +343,61 @@ def test_skeleton_ref_dirs_need_no_sync_of_their_parents(state_dir, populated):
     synced = [p for op, p in io.ops if op == "fsync_dir"]
     assert synced == [
         store.root, os.path.dirname(store.root),  # once per instance that found FORMAT
-        os.path.join(store.root, "logs", "sessions"),  # a new reflog's name
-        os.path.join(store.root, "refs", "sessions"),  # the commit
+        os.path.join(store.root, "steps", "sessions"),  # the new step log's name: the commit
     ]
+    io.ops.clear()
+    assert store.refs.checkpoint("sessions/s2")
+    synced = [p for op, p in io.ops if op == "fsync_dir"]
+    assert synced == [
+        os.path.join(store.root, "logs", "sessions"),  # a new reflog's name
+        os.path.join(store.root, "refs", "sessions"),  # the ref file's rename: the checkpoint's commit
+        os.path.join(store.root, "steps", "sessions"),  # the log's new generation
+    ]
+    io.ops.clear()
+    store.refs.transaction("sessions/s2", [RefUpdate("head", populated["a"], populated["b"])], reason="y")
+    assert [p for op, p in io.ops if op == "fsync_dir"] == []  # a log this instance made: one file fsync
+    assert [op for op, _ in io.ops] == ["append", "fsync"]
 
 
 def test_a_reflog_no_commit_counts_has_its_name_synced(state_dir, populated):
-    # A transaction died after creating the reflog of a new group, before
-    # its directory fsync and its commit: the file exists, log is 0.
+    # A group's first checkpoint died after creating its reflog, before the
+    # directory fsync and its commit: the file exists, the ref file's log is 0.
     log = _touch(os.path.join(str(state_dir), "logs", "sessions", "s3"), b"uncommitted tail\n")
     io = TracingIO()
     store = Store(str(state_dir), io=io)
     store.refs.transaction("sessions/s3", [RefUpdate("head", None, populated["a"])], reason="x")
+    assert store.refs.checkpoint("sessions/s3")
+    appended = io.ops.index(("append", log))
     commit = io.ops.index(("rename", store.refs.ref_path("sessions/s3")))
-    assert ("fsync_dir", os.path.dirname(log)) in io.ops[:commit]
+    assert ("fsync_dir", os.path.dirname(log)) in io.ops[appended:commit]
     assert [e.reason for e in store.refs.reflog("sessions/s3")] == ["x"]
+    with open(log, "rb") as f:
+        assert b"uncommitted tail" not in f.read()
+
+
+def test_a_step_log_found_existing_has_its_name_synced_before_the_append(state_dir, populated):
+    # The step log's counterpart (§6.8 writing step 3.2): another instance
+    # made G's log and may have died before syncing steps/<ns>; this one
+    # syncs it once before its first append to that file.
+    steps_dir = os.path.join(str(state_dir), "steps", "sessions")
+    io = TracingIO()
+    store = Store(str(state_dir), io=io, namespaces=CLI_NAMESPACES)
+    a, b = populated["a"], populated["b"]
+    store.refs.transaction(G, [RefUpdate("head", a, b)], reason="found")
+    path = store.refs.steps_path(G)
+    appended = io.ops.index(("append", path))
+    assert ("fsync_dir", steps_dir) in io.ops[:appended]
+    io.ops.clear()
+    store.refs.transaction(G, [RefUpdate("head", b, a)], reason="again")
+    assert ("fsync_dir", steps_dir) not in io.ops  # once per log file per instance
+    # Another instance's checkpoint replaced the file: a new one, synced again.
+    assert Store(str(state_dir)).refs.checkpoint(G)
+    io.ops.clear()
+    store.refs.transaction(G, [RefUpdate("head", a, b)], reason="after a checkpoint")
+    appended = io.ops.index(("append", path))
+    assert ("fsync_dir", steps_dir) in io.ops[:appended]
+    assert [e.reason for e in Store(str(state_dir)).refs.reflog(G)] == ["first", "found", "again",
+                                                                        "after a checkpoint"]
 
 
 # ------------------------------------------------- 3. element limit (§2.7)
@@ -428,6 +506,7 @@ def test_temp_files_anywhere_are_strays_not_problems(store: Store, populated):
             ("FORMAT.tmp_0123456789abcdef",),
             ("refs", "sessions", TEMP),
             ("logs", "sessions", TEMP),
+            ("steps", "sessions", TEMP),
             ("objects", "pack", "tmp_pack_0123456789abcdef"),
             ("objects", "00", TEMP),
         ]

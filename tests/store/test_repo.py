@@ -20,8 +20,9 @@ def test_state_dir_is_created_by_the_first_write_only(state_dir):
     assert fsck(store).clean
     assert not state_dir.exists()
     store.put("blob", b"x")
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
     assert store.exists and Store(str(state_dir)).exists
+    assert Store(str(state_dir)).format_version == 3
 
 
 _CRASH_IN_INIT = r"""
@@ -43,8 +44,9 @@ def test_a_crash_during_the_first_write_does_not_brick_the_dir(state_dir):
     # The skeleton's directories (empty) and the temp file; no FORMAT.
     assert "FORMAT" not in leftovers
     assert [n for n in leftovers if n.startswith("FORMAT.tmp_")] and all(
-        n.startswith("FORMAT.tmp_") or n in ("objects", "refs", "logs", "locks", "leases") for n in leftovers
+        n.startswith("FORMAT.tmp_") or n in ("objects", "refs", "logs", "locks", "leases", "steps") for n in leftovers
     )
+    assert "steps" in leftovers  # version 3's skeleton, made before FORMAT (§10.3)
     store = Store(str(state_dir))
     oid = store.put("blob", b"x")
     assert store.get(oid) == b"x"
@@ -54,7 +56,8 @@ def test_a_crash_during_the_first_write_does_not_brick_the_dir(state_dir):
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (2)"),
+        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (3)"),
+        (b"kxen-agent-state 4\n", "has format version 4, newer than this kxen-agent understands (3)"),
         (b"kxen-agent-state 0\n", "unknown format version 0"),
         (b"kxen-agent-state 1", "is not a kxen-agent format file"),
         (b"", "is not a kxen-agent format file"),
@@ -95,9 +98,12 @@ def test_the_skeleton_holds_the_namespaces_the_store_is_given(tmp_path):
         assert os.listdir(tmp_path / "cli" / top) == list(CLI_NAMESPACES)
     assert set(cli.skeleton_dirs()) - set(skeleton_dirs()) == {os.path.join(t, ns) for t in NAMESPACE_TOPS
                                                                for ns in CLI_NAMESPACES}
-    # Byte for byte the layout of objects_spec.md §1.3/§10.3: refs/, logs/, locks/, leases/ each with sessions/.
+    # Byte for byte the layout of objects_spec.md §1.3/§10.3: refs/, logs/, locks/, leases/, steps/,
+    # each with sessions/.
+    tops = ["refs", "logs", "locks", "leases", "steps"]
+    assert sorted(NAMESPACE_TOPS) == sorted(tops)
     assert sorted(d for d in cli.skeleton_dirs() if not d.startswith("objects")) == sorted(
-        [*NAMESPACE_TOPS, *(os.path.join(t, "sessions") for t in NAMESPACE_TOPS)])
+        [*tops, *(os.path.join(t, "sessions") for t in tops)])
 
 
 @pytest.mark.parametrize("ns", ["", "a/b", "tmp_x", "x.lock", "..", "ses sions"])
@@ -141,11 +147,11 @@ def test_an_unfinished_first_write_with_other_namespaces_is_not_a_foreign_dir(st
     state_dir.mkdir()
     for rel in skeleton_dirs(("sessions", "agents")):
         (state_dir / rel).mkdir()
-    (state_dir / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 2\n")
+    (state_dir / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 3\n")
     store = Store(str(state_dir))
     assert not store.exists
     store.put("blob", b"y")
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 2\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
     # A file in a namespace directory is not a skeleton's, nor a directory one level deeper.
     for extra in ("refs/agents/g", "refs/agents/deeper/"):
         other = state_dir.parent / f"other-{extra.count('/')}"
