@@ -100,7 +100,11 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
                         if obj is not None:
                             store.loose.write(obj)
                 rep.loose_written += len(objs)
-            if store.refs.checkpoint(g, locked=True):
+            try:
+                folded = store.refs.checkpoint(g, locked=True)
+            except KxenError:
+                continue  # a damaged group (fsck names it) is left as it is; the others are folded
+            if folded:
                 rep.groups.append(g)
     return rep
 

@@ -286,11 +286,13 @@ def gc(
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
-        # Then the step logs: their objects are in phase 1's pack now (what
-        # is not, the fold packs), their records go into the ref files, and
-        # phase 2 sees every object in a pack or a loose file.
-        fold_step_logs(store, pack=False)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
+        # Last, the step logs whose objects phase 1's pack now holds (it is
+        # kept: phase 2 passed its checks): their records go into the ref
+        # files. Folded before phase 2, an aborted phase 2 would have removed
+        # the one pack holding them. Logs with objects in no pack are left
+        # for automatic packing: gc writes no pack that does not shrink the store.
+        fold_step_logs(store, pack=False)
     store.reload_packs()
     rep.bytes_after = _disk_usage(store, objects_dir) + _disk_usage(store, steps_dir)
     return rep

@@ -489,6 +489,11 @@ class Store:
             return self._put_loose(obj)
 
     def _put_loose(self, obj: RawObject) -> bool:
+        if self.refs.steps.has(obj.id):
+            # Held by a committed step record: present, and made durable
+            # before any ref may name it (§9.3 rule 12), not copied.
+            self.refs.steps.make_durable(obj.id)
+            return False
         for p in self.packs:
             if p.has(obj.id):
                 if self._freshen(p):

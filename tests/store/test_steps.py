@@ -236,3 +236,63 @@ def test_removing_a_group_leaves_nothing_that_reads_as_it(tmp_path):
     assert not fresh.refs.read(G).exists and G not in list(fresh.refs.groups())
     for p in (fresh.refs.ref_path(G), fresh.refs.steps_path(G), fresh.refs.log_path(G)):
         assert not os.path.exists(p)
+
+
+def test_an_aborted_gc_loses_no_object_a_step_log_held(tmp_path, monkeypatch):
+    import importlib
+
+    gcm = importlib.import_module("kxen_agent.store.gc")  # the package's `gc` name is the function
+    GcAborted, gc = gcm.GcAborted, gcm.gc
+
+    root = str(tmp_path / "s")
+    store = _open(root)
+    head = _step(store, 0, None)
+    real = gcm._phase2
+    lost = encode_object("blob", b"never written")
+
+    def phase2(*a, **kw):  # another writer commits a ref to a missing object: phase 2's check aborts gc
+        other = _open(root)
+        m = other.put("message", {"role": "user", "content": "x", "blob": lost.id})
+        other.refs.transaction("sessions/ses_b", [RefUpdate("head", None, m)], reason="broken")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gcm, "_phase2", phase2)
+    with pytest.raises(GcAborted):
+        gc(store, prune="now", always_pack=True)
+    fresh = _open(root)
+    assert fresh.get(head, "message")["content"] == "step 0"
+    assert fresh.has(fresh.get(head, "message")["blob"])
+    problems = {(p.kind, p.where) for p in fsck(fresh).problems}
+    assert all("ses_b" in w or k == "broken-link" for k, w in problems), problems  # only the broken group
+
+
+def test_a_damaged_group_does_not_stop_the_others_from_folding(tmp_path):
+    store = _open(str(tmp_path / "s"))
+    heads = {}
+    for g in ("sessions/ses_a", "sessions/ses_b"):
+        with store.writing():
+            oid = store.put("blob", g.encode())
+            store.refs.transaction(g, [RefUpdate("head", None, oid)], reason="one")
+        heads[g] = oid
+    fold_step_logs(store)
+    for g in heads:
+        with store.writing():
+            oid = store.put("blob", g.encode() + b" 2")
+            store.refs.transaction(g, [RefUpdate("head", heads[g], oid)], reason="two")
+    log = store.refs.log_path("sessions/ses_a")
+    with open(log, "r+b") as f:
+        f.truncate(os.path.getsize(log) - 10)  # damage: shorter than its ref file records
+    rep = fold_step_logs(_open(store.root))
+    assert rep.groups == ["sessions/ses_b"]
+    fresh = _open(store.root)
+    assert fresh.refs.read("sessions/ses_b").steps_gen == 2 and not fresh.refs.read("sessions/ses_b").tail
+    with pytest.raises(CorruptRef):
+        fresh.refs.reflog("sessions/ses_a")
+
+
+def test_putting_again_what_a_step_log_holds_writes_nothing(tmp_path):
+    store = _open(str(tmp_path / "s"))
+    _step(store, 0, None)
+    with store.writing():
+        store.put("blob", b"output 0 " + b"x" * 2000)  # already in the log's record
+    assert list(store.loose.iter_ids()) == []

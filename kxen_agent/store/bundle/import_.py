@@ -152,6 +152,9 @@ def import_bundle(
             try:
                 found_dirs: set[str] = set()
                 found_packed = False
+                found_steps: list = []
+                steps = store.refs.steps
+                steps.scan_all()
                 loose = LooseNames(store.loose, r.header.objects)
                 add_checked = None
                 for item in r:
@@ -160,6 +163,8 @@ def import_bundle(
                         found_dirs.add(os.path.dirname(store.loose.path(oid)))
                     elif store.packs and any(p.has(oid) for p in store.packs):
                         found_packed = True
+                    elif steps.has(oid):
+                        found_steps.append(oid)  # in a step log: made durable below (§9.3 rule 12)
                     else:
                         if writer is None:
                             writer = store.pack_writer(r.dictionary)
@@ -185,6 +190,8 @@ def import_bundle(
                 store.loose._barrier(d)
             if found_packed:
                 store.sync_pack_dir_once()
+            for oid in found_steps:
+                steps.make_durable(oid)
             try:
                 return _apply_refs(store, info, r.header.refs, sealed, transform)
             finally:
