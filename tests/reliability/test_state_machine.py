@@ -44,6 +44,7 @@ from kxen_agent.session.transfer import export_sessions, import_sessions
 from kxen_agent.store import BundleRefused, Store, fsck, gc
 from kxen_agent.store.fsio import FileIO
 from kxen_agent.store.refs import ReflogEntry, format_reflog_line
+from kxen_agent.store.steps import StepTx, TxUpdate, encode_record
 
 EXAMPLES = int(os.environ.get("KXEN_STATE_MACHINE_EXAMPLES", "20"))
 STEPS_PER_EXAMPLE = int(os.environ.get("KXEN_STATE_MACHINE_STEPS", "25"))
@@ -274,15 +275,23 @@ class LibraryMachine(RuleBasedStateMachine):
         lost = None
         if orphan:  # objects written, the ref transaction never ran
             lost = store.put("message", {"seq": 0, "role": "user", "content": f"lost {secrets.token_hex(4)}"})
-        if groups and tail:  # reflog appended, the ref file never renamed in
+        if groups and tail:
             g = groups[0]
-            line = format_reflog_line(ReflogEntry(None, lost or b"\x07" * 32, time.time_ns(), 0, "head", "crashed"))
-            with open(store.refs.log_path(g), "ab") as f:
-                f.write(line + line[: len(line) // 2])  # a whole line, then a torn one
-        if groups and temp_ref:  # a ref file written to its temp name, never renamed
-            d = os.path.dirname(store.refs.ref_path(groups[0]))
+            # A step record cut short by a crash in its append (objects_spec.md §6.8)...
+            rec = encode_record(StepTx(time.time_ns(), "crashed", 0, None, "leave",
+                                       (TxUpdate("head", None, lost or b"\x07" * 32),)), [])
+            if os.path.exists(store.refs.steps_path(g)):
+                with open(store.refs.steps_path(g), "ab") as f:
+                    f.write(rec[: len(rec) // 2])
+            # ... and, in a group a checkpoint has folded, its reflog appended, the ref file never renamed in.
+            if os.path.exists(store.refs.log_path(g)):
+                line = format_reflog_line(ReflogEntry(None, lost or b"\x07" * 32, time.time_ns(), 0, "head", "crashed"))
+                with open(store.refs.log_path(g), "ab") as f:
+                    f.write(line + line[: len(line) // 2])  # a whole line, then a torn one
+        if groups and temp_ref:  # a new step log written to its temp name, never renamed
+            d = os.path.dirname(store.refs.steps_path(groups[0]))
             with open(os.path.join(d, f"tmp_{secrets.token_hex(8)}"), "wb") as f:
-                f.write(b"kxen-refs 1\nfence 0\nlog 0\n")
+                f.write(b"kxen-steps 1 sessions/ses_0 0\n")
         del store
         self.stores[s] = Store(self.paths[s], io=_NoSyncIO())
 

@@ -989,11 +989,10 @@ class LeaseTorture:
     # ------------------------------------------------------------ reading the state dir (no locks, no store)
 
     def fence(self) -> int:
-        """The group's current fence, from the ref file (replaced whole, so always consistent)."""
-        from kxen_agent.store.refs import parse_ref_file
+        """The group's current fence: its ref file and step log as a fresh reader reads them (§6.8; no lock)."""
+        from kxen_agent.store import Store
 
-        path = self.state / "refs" / "sessions" / self.ses
-        return parse_ref_file(path.read_bytes(), f"sessions/{self.ses}", str(path)).fence
+        return Store(str(self.state)).refs.read(f"sessions/{self.ses}").fence
 
     def holder(self) -> dict | None:
         try:
