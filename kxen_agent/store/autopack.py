@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from kxen_agent.errors import KxenError, UsageError
 
 from .locks import LockBusy, file_lock
-from .objects import CorruptObject, ObjectId
-from .fold import fold_step_logs, step_objects
+from .objects import ObjectId
+from .fold import fold_step_logs, pack_objects, step_objects
 from .repo import Store
 
 __all__ = ["AUTOPACK_ENV", "AutoPackReport", "AutoPacker", "DEFAULT_THRESHOLD", "PACK_LIMIT", "threshold_from_env"]
@@ -266,30 +266,9 @@ class AutoPacker:
         todo = [oid for oid in ids if not any(p.has(oid) for p in packs)] if redundant else ids
         packed: list[ObjectId] = []
         if todo:
-            with store.pack_writer(None) as w:
-                for n, oid in enumerate(todo):
-                    if max_objects is not None and n >= max_objects:
-                        break
-                    try:
-                        obj = store.loose.read_raw(oid)
-                    except CorruptObject:
-                        continue  # left loose for fsck to name; never packed, never removed
-                    if obj is None:
-                        continue  # removed since the listing (a gc)
-                    w.add(obj)
-                    packed.append(oid)
-                if packed:
-                    sealed = w.seal()
-                else:
-                    w.abort()
-            if packed:
-                try:
-                    info = sealed.commit()
-                except BaseException:
-                    sealed.discard()
-                    raise
+            packed, info = pack_objects(store, todo, store.loose.read_raw, max_objects)
+            if info is not None:
                 rep.packed, rep.pack = info.count, info.name
-                store.reload_packs()
         rep.left = len(todo) - len(packed)
         # The step logs next: their objects packed, their records folded
         # into the ref files (each group's lock held only for its checkpoint).

@@ -17,13 +17,14 @@ checkpoint: a few fsyncs, which a writer of that group waits out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from kxen_agent.errors import KxenError
 
-from .objects import CorruptObject, ObjectId
+from .objects import CorruptObject, ObjectId, RawObject
 from .repo import Store
 
-__all__ = ["FoldReport", "fold_step_logs", "step_objects"]
+__all__ = ["FoldReport", "fold_step_logs", "pack_objects", "step_objects"]
 
 
 @dataclass
@@ -59,29 +60,9 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
 
     todo = [oid for oid in steps.iter_ids() if not in_packs(oid)]
     if todo and pack:
-        with store.pack_writer(None) as w:
-            n = 0
-            for oid in todo:
-                try:
-                    obj = steps.read_raw(oid)
-                except CorruptObject:
-                    continue  # fsck names it; the log keeps it (its group is not folded)
-                if obj is None:
-                    continue
-                w.add(obj)
-                n += 1
-            if n:
-                sealed = w.seal()
-            else:
-                w.abort()
-        if n:
-            try:
-                info = sealed.commit()
-            except BaseException:
-                sealed.discard()
-                raise
+        packed, info = pack_objects(store, todo, steps.read_raw)
+        if info is not None:
             rep.packed, rep.pack = info.count, info.name
-            store.reload_packs()
     for g in groups:
         with store.writing(), store.refs.lock(g):
             cur, log = store.refs.read_with_log(g)
@@ -107,6 +88,41 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
             if folded:
                 rep.groups.append(g)
     return rep
+
+
+def pack_objects(store: Store, ids: list[ObjectId], read: Callable[[ObjectId], RawObject | None],
+                 limit: int | None = None) -> tuple[list[ObjectId], Any]:
+    """Write one pack (no dictionary) of ``ids`` as ``read`` gives them, and commit it (§12.6).
+
+    An object ``read`` finds corrupt or gone is left out (fsck names the
+    first; the second was removed since the listing); at most ``limit``
+    objects. The ids packed and the committed pack's info (None: nothing
+    to pack, no pack written).
+    """
+    packed: list[ObjectId] = []
+    with store.pack_writer(None) as w:
+        for oid in ids:
+            if limit is not None and len(packed) >= limit:
+                break
+            try:
+                obj = read(oid)
+            except CorruptObject:
+                continue
+            if obj is None:
+                continue
+            w.add(obj)
+            packed.append(oid)
+        if not packed:
+            w.abort()
+            return packed, None
+        sealed = w.seal()
+    try:
+        info = sealed.commit()
+    except BaseException:
+        sealed.discard()
+        raise
+    store.reload_packs()
+    return packed, info
 
 
 def _has_records(store: Store, group: str) -> bool:

@@ -558,10 +558,7 @@ class Store:
         if obj is not None:
             return obj
         steps = self.refs.steps
-        try:
-            obj = steps.read_raw(oid)
-        except CorruptObject as e:
-            err = err or e
+        obj, err = self._read_stepped(oid, err)
         if obj is not None:
             return obj
         try:
@@ -573,10 +570,7 @@ class Store:
         # Another process may have committed it in a step log since we
         # read them, or gc may have packed it since we listed packs.
         steps.scan_all()
-        try:
-            obj = steps.read_raw(oid)
-        except CorruptObject as e:
-            err = err or e
+        obj, err = self._read_stepped(oid, err)
         if obj is not None:
             return obj
         if self.io.isdir(self.pack_dir):
@@ -587,6 +581,13 @@ class Store:
         if err is not None:
             raise err
         raise MissingObject(oid.hex(), self.root)
+
+    def _read_stepped(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
+        """The object from the step logs this instance has read, and the first error met (or ``err``)."""
+        try:
+            return self.refs.steps.read_raw(oid), err
+        except CorruptObject as e:
+            return None, err or e
 
     def _read_packed(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
         """The object from the first pack with a good copy, and the first error met (or ``err``)."""

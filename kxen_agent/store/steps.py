@@ -37,7 +37,7 @@ from kxen_agent.errors import KxenError
 
 from . import codec
 from .fsio import FileIO
-from .objects import CorruptObject, ObjectId, RawObject, compress_loose, decompress_loose, parse_object
+from .objects import ObjectId, RawObject, compress_loose, decompress_loose, parse_object
 
 __all__ = [
     "RECORD_MAGIC",
