@@ -301,11 +301,12 @@ class StepLogs:
         self._logs: dict[str, _Log] = {}  # by path
         self._index: dict[ObjectId, tuple[_Log, int, int]] = {}
         # Step log names (and steps/<ns> dirs) this instance has made durable.
-        self._durable: set[tuple[str, tuple[int, int]]] = set()
+        # Keyed by path, inode and generation: an inode number may be reused.
+        self._durable: set[tuple[str, tuple[int, int], int]] = set()
         #: Objects this instance has committed in records (automatic packing counts them).
         self.written = 0
         # (path, inode) of logs whose every byte this instance has fsynced.
-        self._synced: dict[tuple[str, tuple[int, int]], int] = {}
+        self._synced: dict[tuple[str, tuple[int, int], int], int] = {}
 
     def path(self, group: str) -> str:
         ns, gid = group.split("/")
@@ -330,7 +331,10 @@ class StepLogs:
             with f:
                 st = io.fstat(f)
                 ident = (st.st_dev, st.st_ino)
-                if old is not None and old.ident == ident:
+                # The same inode number may be a new file (a checkpoint
+                # replaced the log and the number was reused): the header,
+                # which names the generation, tells them apart.
+                if old is not None and old.ident == ident and f.read(old.header_len) == old.chunks[0][:old.header_len]:
                     if st.st_size == old.size == old.end:
                         return old
                     # Grown, or with a tail this process saw: read on from the
@@ -346,6 +350,7 @@ class StepLogs:
                     return old
                 if old is not None:
                     self._forget(old)
+                f.seek(0)
                 data = f.read()
             group_in, gen, hlen = parse_header(data, path)
             if group_in != group:
@@ -432,7 +437,7 @@ class StepLogs:
         if hit is None or hit[0] is but:
             return
         log, at, _ = hit
-        key = (log.path, log.ident)
+        key = (log.path, log.ident, log.gen)
         if self._synced.get(key, -1) > at:
             return
         st = self.io.stat(log.path)
@@ -489,7 +494,7 @@ class StepLogs:
                 io.rename_into_place(io.write_tmp(d, header + rec), path)
                 io.fsync_dir(d)
                 st = io.stat(path)
-                self._durable.add((path, (st.st_dev, st.st_ino)))
+                self._durable.add((path, (st.st_dev, st.st_ino), gen))
                 log = _Log(path, (st.st_dev, st.st_ino), group, gen, len(header), len(header), len(header),
                            [0], [header], [])
                 self._logs[path] = log
@@ -497,12 +502,12 @@ class StepLogs:
                 if log.size > log.end:
                     io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
                     log.size = log.end
-                if (path, log.ident) not in self._durable:
+                if (path, log.ident, log.gen) not in self._durable:
                     # Found, not made here (this very file: a checkpoint
                     # elsewhere may have replaced it and died before its
                     # directory fsync): its name may not be durable (§9.3 rule 4).
                     io.fsync_dir(d)
-                    self._durable.add((path, log.ident))
+                    self._durable.add((path, log.ident, log.gen))
                 try:
                     size = io.append(path, rec)
                 except OSError:
@@ -535,7 +540,7 @@ class StepLogs:
             io.rename_into_place(io.write_tmp(d, encode_header(group, gen)), path)
             io.fsync_dir(d)
             st = io.stat(path)
-            self._durable.add((path, (st.st_dev, st.st_ino)))
+            self._durable.add((path, (st.st_dev, st.st_ino), gen))
             if old is not None:
                 self._forget(old)
 

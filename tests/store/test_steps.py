@@ -296,3 +296,35 @@ def test_putting_again_what_a_step_log_holds_writes_nothing(tmp_path):
     with store.writing():
         store.put("blob", b"output 0 " + b"x" * 2000)  # already in the log's record
     assert list(store.loose.iter_ids()) == []
+
+
+def test_a_log_replaced_by_a_file_with_the_same_inode_number_is_read_again(tmp_path):
+    # A checkpoint in another process replaces the log, and the new file can
+    # get the old one's inode number (freed by the rename): same (device,
+    # inode), another generation. Made here by folding a copy of the state
+    # dir and writing its files back, the step log into the very same inode.
+    store = _open(str(tmp_path / "s"))
+    head = None
+    for n in range(3):
+        head = _step(store, n, head)
+    path = store.refs.steps_path(G)
+    assert store.refs.read(G).refs["head"] == head  # cached: 3 records of generation 0
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store.root, copy)
+    fold_step_logs(_open(copy))
+    for d, _, files in os.walk(copy):
+        for name in files:
+            src = os.path.join(d, name)
+            dst = os.path.join(store.root, os.path.relpath(src, copy))
+            if dst == path:
+                with open(dst, "r+b") as f:  # the same inode, the new generation's bytes
+                    f.truncate(0)
+                    f.write(open(src, "rb").read())
+            elif not os.path.exists(dst) or "refs" in dst or "logs" in dst:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(src, dst)
+    st = store.refs.read(G)
+    assert st.refs["head"] == head and st.steps_gen == 1 and not st.tail
+    head = _step(store, 3, head)  # and the writer appends to generation 1
+    assert _open(store.root).refs.read(G).refs["head"] == head
+    assert fsck(_open(store.root)).clean
