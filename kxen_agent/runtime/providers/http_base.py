@@ -16,6 +16,7 @@ names are the subclasses'.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import email.utils
 import math
@@ -74,7 +75,7 @@ class StreamedAnswer(Protocol):
         """Take one event of the stream; the text it adds, if any (shown as it comes)."""
 
 
-class HttpProvider:
+class HttpProvider(abc.ABC):
     """The shared part of a provider that calls an endpoint through an async SDK client.
 
     ``base_url`` is where requests go (never an SDK's environment default);
@@ -97,42 +98,51 @@ class HttpProvider:
 
     # ------------------------------------------------------------ what a provider supplies
 
+    @abc.abstractmethod
     def _sdk(self) -> Any:
         """The SDK module (imported on first use: it is an optional extra)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _new_client(self, sdk: Any, options: dict[str, Any]) -> Any:
         """The SDK's async client made with ``options`` (:meth:`_client_options`)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _sdk_error(self, sdk: Any) -> type[Exception]:
         """The base class of every error the SDK raises for a request."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
                       stream: bool) -> dict[str, Any]:
         """The request for ``messages`` and ``tools`` in the endpoint's wire format (streamed if ``stream``)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _send(self, client: Any, request: dict[str, Any]) -> Awaitable[Any]:
         """Send ``request`` with ``client``: the answer, or the stream of its events."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _parse(self, response: Any, key: str) -> AssistantTurn:
         """The turn of a whole (unstreamed) answer."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _new_stream(self) -> StreamedAnswer:
         """An empty streamed answer, fed the stream's events one by one."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _streamed_turn(self, streamed: Any, key: str) -> AssistantTurn:
         """The turn of a stream read to its end; a :class:`ProviderError` if it was cut short."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _status_error(self, sdk: Any, exc: Any) -> ProviderError:
         """The error for the SDK's ``APIStatusError`` ``exc`` (an HTTP status, or an error event in a stream)."""
-        raise NotImplementedError
+        ...
 
     # ------------------------------------------------------------ the call
 
