@@ -22,7 +22,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate
@@ -134,9 +134,12 @@ def msg_id(oid: bytes) -> str:
     return "msg_" + oid.hex()
 
 
-@dataclass(frozen=True)
-class Message:
-    """One history message, as read back (``content`` already resolved from its blob)."""
+class Message(NamedTuple):
+    """One history message, as read back (``content`` already resolved from its blob).
+
+    A named tuple: a resume makes one per message of the history, and a
+    tuple is made in a fraction of a frozen dataclass's time.
+    """
 
     oid: bytes
     seq: int
@@ -347,20 +350,10 @@ class SessionStore:
 
     def read_message(self, oid: bytes) -> Message:
         v = read(self.store, oid, "message")
-        content = v.get("content")
-        if "contentBlob" in v:
-            content = text_blob(self.store, v["contentBlob"])
-        return Message(
-            oid=oid,
-            seq=v["seq"],
-            role=v["role"],
-            content=content,
-            run=v.get("run"),
-            tool_calls=v.get("toolCalls", []),
-            tool_call_id=v.get("toolCallId"),
-            parent=v.get("parent"),
-            through=v.get("through"),
-        )
+        get = v.get
+        blob = get("contentBlob")  # the schema says: a link, and then no "content"
+        return Message(oid, v["seq"], v["role"], get("content") if blob is None else text_blob(self.store, blob),
+                       get("run"), get("toolCalls", []), get("toolCallId"), get("parent"), get("through"))
 
     def iter_back(self, head: bytes | None) -> Iterator[Message]:
         """Messages from ``head`` back to the first (newest first; streams)."""

@@ -268,6 +268,7 @@ class Store:
         self._stage = threading.local()
         self._check_format()
         self.packs: list[ObjectSource] = []
+        self._hot_pack: ObjectSource | None = None  # the pack that answered the last packed read
         # Sources read like packs but not listed in objects/pack (an import's
         # staged pack, before its index is committed): kept across reloads.
         self._pinned: list[ObjectSource] = []
@@ -423,6 +424,7 @@ class Store:
             names = []
         if not old and not any(n.startswith("pack-") and n.endswith(".idx") for n in names):
             self.packs = list(self._pinned)
+            self._hot_pack = None
             return  # no pack: the pack code is not even imported (the CLI's start-up)
         from .pack import BadPack, BrokenPack, PackReader
 
@@ -447,6 +449,7 @@ class Store:
             if close:
                 close()
         self.packs = packs + self._pinned
+        self._hot_pack = None
 
     def reload_packs(self) -> None:
         """See packs written or removed by other processes since the last look."""
@@ -463,6 +466,8 @@ class Store:
             self._pinned.remove(source)
             if source in self.packs:
                 self.packs.remove(source)
+            if self._hot_pack is source:  # an aborted import's staged pack must answer nothing more
+                self._hot_pack = None
 
     # ------------------------------------------------------------ objects
 
@@ -546,9 +551,19 @@ class Store:
             st.objs.update((o.id, o) for o in objs)
 
     def read_raw(self, oid: ObjectId) -> RawObject:
-        staged = self._staged().get(oid)
-        if staged is not None:
-            return staged
+        staged = getattr(self._stage, "objs", None)
+        if staged and oid in staged:
+            return staged[oid]
+        # The common case of a long read (a resume), first: the pack that
+        # answered last has it. Any other outcome takes the general path.
+        hot = self._hot_pack
+        if hot is not None:
+            try:
+                obj = hot.read_raw(oid)
+            except CorruptObject:
+                obj = None  # the general path below records the error, and tries the other copies
+            if obj is not None:
+                return obj
         # Packs first (Git's order): an index lookup costs no system call,
         # while a failed open of a loose name costs one per packed object.
         # A corrupt copy is passed over while another copy is good (fsck
@@ -591,13 +606,29 @@ class Store:
 
     def _read_packed(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
         """The object from the first pack with a good copy, and the first error met (or ``err``)."""
+        # The pack that answered last is asked first (Git's most-recently-used
+        # order): a history lives mostly in one pack, and every other pack
+        # asked first costs a lookup per object — a resume through two packs
+        # paid twice. Kept beside the list, never moved within it, so that a
+        # reader in another thread never sees a pack missing from it.
+        hot = self._hot_pack
+        if hot is not None:
+            try:
+                obj = hot.read_raw(oid)
+            except CorruptObject as e:
+                err, obj = err or e, None
+            if obj is not None:
+                return obj, err
         for p in self.packs:
+            if p is hot:
+                continue
             try:
                 obj = p.read_raw(oid)
             except CorruptObject as e:
                 err = err or e
                 continue
             if obj is not None:
+                self._hot_pack = p
                 return obj, err
         return None, err
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import zstandard
 
-from ..objects import CorruptObject, ObjectId, RawObject, check_frame_parameters
+from ..objects import MAX_WINDOW, CorruptObject, ObjectId, RawObject, check_frame_parameters
 from .format import METHOD_STORED, METHOD_ZSTD, METHOD_ZSTD_DICT, BadPack, Entry
 
 __all__ = sorted(
@@ -73,11 +73,12 @@ class Decompressor:
         if params.content_size != raw_len:
             size = "no size" if params.content_size == zstandard.CONTENTSIZE_UNKNOWN else f"{params.content_size} bytes"
             raise CorruptObject(where, f"zstd frame declares {size}, the entry {raw_len}")
-        if method == METHOD_ZSTD_DICT:
-            check_frame_parameters(params, where, dict_ids=self._dict_ids,
-                                   why=f"this pack's dictionary is {self._dict_ids[-1]}")
-        else:
-            check_frame_parameters(params, where, why="a method-1 entry uses none")
+        if params.window_size > MAX_WINDOW or params.dict_id not in (self._dict_ids if method == METHOD_ZSTD_DICT else (0,)):
+            if method == METHOD_ZSTD_DICT:  # the check again, for the precise error
+                check_frame_parameters(params, where, dict_ids=self._dict_ids,
+                                       why=f"this pack's dictionary is {self._dict_ids[-1]}")
+            else:
+                check_frame_parameters(params, where, why="a method-1 entry uses none")
         dctx = self._dict if method == METHOD_ZSTD_DICT else self._plain
         if dctx is None:
             raise CorruptObject(where, "entry needs a dictionary the pack does not have")

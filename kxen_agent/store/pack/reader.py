@@ -237,10 +237,21 @@ class PackReader:
         # checks of entry(), with the header parsed to a tuple, the CRC
         # computed in place and error texts built only for an error. Any
         # failed check goes through entry(), which raises the precise error.
-        loc = self._locate(oid)
-        if loc is None:
-            return None
-        off, crc = loc
+        pos = self._pos
+        if pos is not None and not self._closed:  # a long load: the lookup of _locate, inline
+            i = pos.get(oid, -1)
+            if i < 0:
+                return None
+            try:
+                off = _U64.unpack_from(self._idx, self._offs_at + 8 * i)[0]
+                crc = _U32.unpack_from(self._idx, self._crcs_at + 4 * i)[0]
+            except ValueError:  # mapping closed by another thread's reload
+                return None
+        else:
+            loc = self._locate(oid)
+            if loc is None:
+                return None
+            off, crc = loc
         pack = self._pack
         try:
             if self.data_start <= off and off + ENTRY_HEADER_SIZE <= self.entries_end:
@@ -259,9 +270,11 @@ class PackReader:
                 ):
                     stored = pack[off + ENTRY_HEADER_SIZE : end]
                     if zlib.crc32(stored, zlib.crc32(head[:_CRC_COVERED])) == crc:
-                        where = f"{self.path}:{oid.hex()}"
-                        raw = self._decompressor().decompress_raw(method, raw_len, stored, where)
-                        return parse_object(raw, where, expect_id=oid)
+                        try:
+                            raw = self._decompressor().decompress_raw(method, raw_len, stored, "")
+                            return parse_object(raw, "", expect_id=oid)
+                        except CorruptObject as e:  # named here: the name costs more than the read
+                            raise CorruptObject(f"{self.path}:{oid.hex()}", e.reason) from None
         except ValueError:  # mapping closed by another thread's reload
             return None
         found = self.entry(oid)  # raises the precise error (or None: closed meanwhile)
