@@ -64,9 +64,16 @@ def fsck_cmd(
     from kxen_agent.session.schema import SESSION_SCHEMA
     from kxen_agent.store import fsck as run_fsck
 
+    from kxen_agent.runtime.history_index import verify_indexes
+    from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.store import Problem
+
     store = _store()
     prog = Progress("fsck", enabled=not json_out)
     rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
+    # The history indexes (objects_spec.md §14.12): derived files a resume trusts, checked against the objects.
+    wrong, notes = verify_indexes(SessionStore(store))
+    rep.problems.extend(Problem("history-index", path, text) for path, text in wrong)
     prog.done()
     if json_out:
         emit_json(rep.to_json())
@@ -76,6 +83,8 @@ def fsck_cmd(
             err(t(p.line(), quote=False))
         for d in rep.dangling:
             out(f"dangling object {d}")
+        for note in notes:
+            out(f"history index {t(note)}")
         for f in rep.stray_files:
             # Temp files (an interrupted write's; gc removes those under objects/) and names no
             # writer makes (objects_spec.md §11 steps 1, 6, 7): nothing reads either.

@@ -17,10 +17,18 @@ Session's, a rewound head) shares the longest such prefix; one that shares
 nothing is read whole, as before. ``seq`` only says where to look: a chain
 whose ``seq`` values are wrong never joins and is read whole.
 
-What it never does: write, cache anything but the history of the one head
-it was last given, or trust a message without reading it through the store
-(every message it adds is read, checked and decoded by
-:class:`~kxen_agent.session.sessions.SessionStore`). The dicts it hands out
+What it never does: write anything but its history index (below), cache
+anything but the history of the one head it was last given, or trust a
+message without reading it through the store (every message it adds is
+read, checked and decoded by :class:`~kxen_agent.session.sessions.SessionStore`)
+or from a history index whose checksums hold.
+
+The history index (:mod:`.history_index`) is where a process's first call
+starts: :meth:`RunHistory.load_index` takes the good prefix of a Session's
+index (or of its parent's, for a fork) as what is held, and the join above
+then reads from the store only the messages the index lacks — and drops
+whatever of it is not the head's history. :meth:`RunHistory.save_index`,
+after a run, appends what the index lacks. The dicts it hands out
 are shared from turn to turn: a provider treats the messages it is given as
 read-only (the :class:`~kxen_agent.runtime.providers.Provider` inputs).
 """
@@ -30,9 +38,16 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
+from kxen_agent.errors import KxenError
 from kxen_agent.session.sessions import SessionStore
+from kxen_agent.store import Store
+
+from .history_index import INDEX_MIN_MESSAGES, Entry, index_path, read_index, write_index
 
 __all__ = ["RunHistory"]
+
+#: How far up a fork's ancestry :meth:`RunHistory.start` looks for an index.
+_ANCESTORS = 8
 
 
 class RunHistory:
@@ -48,6 +63,10 @@ class RunHistory:
         # The list the last call handed out, and its length and prefix length then (see messages()).
         self._handed: list[dict[str, Any]] | None = None
         self._handed_len = self._handed_before = 0
+        # The index file last loaded or written, its entries and bytes, and the count of leading
+        # positions unchanged since (a rewind lowers it): what save_index may append to.
+        self._index: tuple[str, int, int] | None = None
+        self._stable = 0
 
     @property
     def head(self) -> bytes | None:
@@ -80,6 +99,7 @@ class RunHistory:
         """Hold the history of ``head``; the provider dicts appended, or None if any held one was dropped."""
         if head is None:
             self._oids, self._messages, self._compactions = [], [], []
+            self._stable = 0
             return None
         held = len(self._oids)
         if held and self._oids[-1] == head:
@@ -101,6 +121,7 @@ class RunHistory:
             cur = parent
         del self._oids[join + 1:]
         del self._messages[join + 1:]
+        self._stable = min(self._stable, join + 1)
         self._compactions = [c for c in self._compactions if c[0] <= join]
         added = []
         for oid, msg, through in reversed(newer):
@@ -110,6 +131,79 @@ class RunHistory:
             self._messages.append(msg)
             added.append(msg)
         return added if join == held - 1 else None
+
+    def start(self, ses: str) -> int:
+        """Before a run of Session ``ses``: if nothing is held yet, hold its history index's good prefix
+        (or, for a fork, its nearest ancestor's); how many messages that gave. Never raises: the index is
+        a cache, and the messages it cannot give are read from the store."""
+        store = self._sessions.store
+        if self._oids or not isinstance(store, Store):
+            return 0
+        paths, cur = [], ses
+        try:
+            for _ in range(_ANCESTORS):
+                paths.append(index_path(store.root, cur))
+                parent = self._sessions.get(cur).meta.get("parentId")
+                if not parent or parent == ses:
+                    break
+                cur = parent
+        except KxenError:
+            pass  # an ancestor deleted and pruned: the paths found so far
+        return self.load_index(store.io, paths)
+
+    def finish(self, ses: str, head: bytes | None) -> str | None:
+        """After a run of Session ``ses`` that ended at ``head``: bring its history index up to date.
+        None, or what failed in one line (the run's result is not affected: the index is a cache)."""
+        store = self._sessions.store
+        if not isinstance(store, Store):
+            return None
+        try:
+            self.save_index(store.io, index_path(store.root, ses), head)
+        except (OSError, KxenError) as e:
+            return f"history index of {ses} not written: {e}"
+        return None
+
+    def load_index(self, io: Any, paths: Sequence[str]) -> int:
+        """Hold the good prefix of the first of ``paths`` (a Session's index, then its ancestors') that
+        has one, if nothing is held yet; how many messages that gave (0: none, or something was held)."""
+        if self._oids:
+            return 0
+        for path in paths:
+            parsed = read_index(io, path)
+            if parsed is None or not parsed.entries:
+                continue
+            for oid, msg, through in parsed.entries:
+                if through is not None:
+                    self._compactions.append((len(self._oids), through))
+                self._oids.append(oid)
+                self._messages.append(msg)
+            self._handed = None
+            n = len(self._oids)
+            # Appending is for a file whose every byte is the prefix held: a torn tail is rewritten.
+            self._index = (path, n, parsed.good_bytes) if parsed.stopped is None else None
+            self._stable = n
+            return n
+        return 0
+
+    def save_index(self, io: Any, path: str, head: bytes | None) -> bool:
+        """Make the index at ``path`` hold the history of ``head``: append what it lacks when it holds a
+        prefix of it, else write it anew. Whether anything was written (not below
+        :data:`~.history_index.INDEX_MIN_MESSAGES` messages). Raises OSError."""
+        self._sync(head)
+        n = len(self._oids)
+        if n < INDEX_MIN_MESSAGES:
+            return False
+        through = dict(self._compactions)
+        entries: list[Entry] = [(self._oids[i], self._messages[i], through.get(i)) for i in range(n)]
+        idx = self._index
+        if idx is not None and idx[0] == path and idx[1] <= self._stable and idx[1] <= n:
+            if idx[1] == n:
+                return False
+            size = write_index(io, path, entries, keep=idx[1], keep_bytes=idx[2])
+        else:
+            size = write_index(io, path, entries)
+        self._index, self._stable = (path, n, size), n
+        return True
 
     def last_role(self) -> str | None:
         """The role of the newest message held (None: none)."""

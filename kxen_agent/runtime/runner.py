@@ -398,6 +398,7 @@ class Runner:
     def _loop(self, ses: str, run: str, lease: Lease, *, new: bool = False,
               override: ModelEndpoint | None = None) -> RunResult:
         ctx = _RunCtx(self, ses, run, lease)
+        self.history.start(ses)  # a process's first run of a long session starts from its history index
         try:
             if override is not None and ctx.st["status"] not in TERMINAL and override != ctx.endpoint:
                 ctx.update({"requestedModel": override.model, "baseUrl": override.base_url},
@@ -414,6 +415,8 @@ class Runner:
             ctx.close()
             self.activity = Activity("step")
         if not self.cancel.is_set():  # a canceled run ends now; its background pass dies with the process, safely
+            for line in filter(None, [self.history.finish(ses, self.sessions.get(ses).head)]):
+                self.on_event(line)
             self.pack_loose(after_run=True)
         info = self.sessions.get(ses)
         oid, st = self.run_state(info, run)

@@ -83,6 +83,7 @@ __all__ = [
     "decode_admitted",
     "decode_strict",
     "encode",
+    "encode_ordered",
 ]
 
 #: Deepest nesting of arrays and maps accepted, on encode and decode.
@@ -227,6 +228,23 @@ def encode(value: Any, *, links_only: bool = False) -> bytes:
         if n > MAX_BODY_ITEMS:
             raise EncodeError(f"value of {n} data items, more than the {MAX_BODY_ITEMS} one object may hold")
     return bytes(out)
+
+
+def encode_ordered(value: Any) -> bytes:
+    """:func:`encode` of a value whose every map already lists its keys in canonical order.
+
+    cbor2's C encoder then writes exactly the canonical bytes (what
+    :func:`_fast_codec` checks before using it), ~30 times faster than
+    :func:`encode`; without it, or for a value it cannot write, :func:`encode`
+    (which also says what is wrong). Nothing is checked on the fast path:
+    for values built by code that orders the keys, not for input.
+    """
+    if _fast_dumps is not None:
+        try:
+            return _fast_dumps(value)
+        except Exception:
+            pass
+    return encode(value)
 
 
 def _count_items(value: Any) -> int:

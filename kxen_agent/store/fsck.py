@@ -40,7 +40,7 @@ __all__ = ["FsckReport", "Problem", "fsck"]
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton | schema
+    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton | schema | history-index (the CLI's)
     where: str
     message: str
 
@@ -306,7 +306,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
-_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps"})
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache"})
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
 
@@ -348,6 +348,19 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
             continue
         out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
                 and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid))]
+    # cache/<kind>/<ns>/<id>: a derived file of a group that exists (§11a); its content is the layer
+    # above's to check (the history index: `kxen-agent fsck`, §14.12).
+    cache = os.path.join(root, "cache")
+    for kind in ls(cache):
+        k = os.path.join(cache, kind)
+        for ns in ls(k) if io.isdir(k) else [None]:
+            d = k if ns is None else os.path.join(k, ns)
+            if ns is None or not io.isdir(d):
+                out.append(d)
+                continue
+            out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
+                    and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid)
+                         or not io.lexists(os.path.join(refs, ns, gid)) and not io.lexists(os.path.join(steps, ns, gid)))]
     for ns in ls(logs):
         d = os.path.join(logs, ns)
         if not io.isdir(d):

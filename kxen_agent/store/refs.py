@@ -742,3 +742,15 @@ class RefStore:
             except FileNotFoundError:
                 pass
         self.steps.forget(group)
+        # Then the group's caches (§11a): derived files, nothing without the group; no fsync (a
+        # leftover is a stray file that the next gc of the group's name, or a user, removes).
+        cache = os.path.join(self.root, "cache")
+        try:
+            kinds = self.io.listdir(cache)
+        except (FileNotFoundError, NotADirectoryError):
+            kinds = []
+        for kind in kinds:
+            try:
+                self.io.unlink(os.path.join(cache, kind, *validate_group(group).split("/")))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                pass

@@ -1,0 +1,312 @@
+"""The history index (issue #13, item 4; objects_spec.md §14.12): a resume starts from one file.
+
+The byte format first (round trip, canonical CBOR, every torn length and
+every flipped byte of a small file: never a traceback, never an entry that
+was not written), then :class:`RunHistory` joining an index to a head (its
+own, a fork's parent's, a longer branch's, a damaged one), then the runner
+on a disk state dir (the index written after a run; the next process's
+first turn reads only what the index lacks), fsck and gc.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kxen_agent.runtime import history_index as hi
+from kxen_agent.runtime.history import RunHistory
+from kxen_agent.runtime.runner import Runner
+from kxen_agent.session.sessions import NS, SessionStore
+from kxen_agent.store import RefUpdate, Store, codec
+from kxen_agent.store.fsio import FileIO
+
+from .test_history import Tooling, chat, full, session_with_history
+
+
+def entries_of(ss: SessionStore, head: bytes | None) -> list[hi.Entry]:
+    return [(m.oid, m.to_provider(), m.through if m.role == "compaction" else None) for m in ss.history(head)]
+
+
+def sample_entries() -> list[hi.Entry]:
+    a, b, c, d = (bytes([i]) * 32 for i in range(1, 5))
+    return [
+        (a, {"role": "user", "content": "fix the bug"}, None),
+        (b, {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": '{"path": "a.py"}'}]}, None),
+        (c, {"role": "tool", "content": "x" * 3000, "tool_call_id": "call_1"}, None),
+        (d, {"role": "compaction", "content": "summary"}, b),
+    ]
+
+
+# ------------------------------------------------------------------ bytes
+
+
+def test_round_trip_and_the_body_is_canonical_cbor() -> None:
+    entries = sample_entries()
+    data = hi.MAGIC + hi.encode_segments(None, entries)
+    parsed = hi.parse_index(data)
+    assert parsed.stopped is None and parsed.good_bytes == len(data)
+    assert parsed.entries == entries
+    # The frame's CBOR is the canonical encoding of §2 (the fast encoder's output, checked).
+    values = hi.encode_entries(entries)
+    assert codec.encode_ordered(values) == codec.encode(values)
+    assert codec.decode(codec.encode(values)) == values
+
+
+def test_segments_chain_by_their_base() -> None:
+    entries = sample_entries()
+    one = hi.MAGIC + hi.encode_segment(None, entries[:2])
+    two = one + hi.encode_segment(entries[1][0], entries[2:])
+    assert hi.parse_index(two).entries == entries
+    # A segment whose base is not the previous segment's last message (a stale writer's) ends the prefix.
+    stale = one + hi.encode_segment(entries[0][0], entries[2:])
+    p = hi.parse_index(stale)
+    assert p.entries == entries[:2] and p.good_bytes == len(one) and "base" in (p.stopped or "")
+
+
+def test_every_torn_length_gives_a_prefix() -> None:
+    entries = sample_entries()
+    first = hi.MAGIC + hi.encode_segment(None, entries[:1])
+    data = first + hi.encode_segment(entries[0][0], entries[1:])
+    for cut in range(len(data)):
+        p = hi.parse_index(data[:cut])
+        expect = entries[:1] if cut >= len(first) else []
+        assert p.entries == expect, cut
+        assert p.stopped is not None or cut in (len(hi.MAGIC), len(first))
+
+
+def test_every_flipped_byte_gives_a_prefix_of_what_was_written() -> None:
+    entries = sample_entries()
+    data = hi.MAGIC + hi.encode_segment(None, entries[:2]) + hi.encode_segment(entries[1][0], entries[2:])
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x41
+        p = hi.parse_index(bytes(bad))
+        assert p.entries == entries[: len(p.entries)], i
+        assert len(p.entries) < len(entries), f"a flip at byte {i} went unnoticed"
+
+
+def test_hostile_bytes_never_raise() -> None:
+    import blake3
+
+    for body in (b"", b"\xa0", codec.encode([{"id": b"x"}]), codec.encode([1, 2]), codec.encode([{"id": bytes(32)}])):
+        import zstandard
+
+        frame = zstandard.ZstdCompressor().compress(body)
+        head = hi._SEG.pack(hi.SEGMENT_MAGIC, 1, hi.NO_BASE, len(frame))
+        seg = head + frame + blake3.blake3(head + frame).digest()
+        p = hi.parse_index(hi.MAGIC + seg)
+        assert p.entries == [] and p.stopped
+    for junk in (b"kxen-history 2\n", hi.MAGIC + b"HSEG" + b"\xff" * 40, hi.MAGIC + b"\x00" * 100):
+        assert hi.parse_index(junk).entries == []
+
+
+# ------------------------------------------------------------------ RunHistory and an index, on disk
+
+
+def long_session(tmp_path: Path, n: int = 600) -> tuple[Store, str]:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "notes.txt").write_text("some notes\n")
+    ses = session_with_history(tmp_path / "state", ws, n)
+    return Store(str(tmp_path / "state"), io=FileIO(), namespaces=(NS,)), ses
+
+
+def test_finish_writes_the_index_and_start_reads_only_what_it_lacks(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(store)
+    head = ss.get(ses).head
+    h = RunHistory(ss)
+    assert h.start(ses) == 0  # no index yet
+    assert h.finish(ses, head) is None
+    path = hi.index_path(store.root, ses)
+    assert hi.read_index(store.io, path).entries == entries_of(ss, head)
+    # A new process: the index gives all 600, the store is read for nothing else.
+    h2 = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
+    assert h2.start(ses) == 600
+    assert h2.messages(head) == full(ss, head) and h2.reads == 0
+    # Ten messages later: the next run appends one segment, not the whole file again.
+    size = os.path.getsize(path)
+    head2 = ss.append_messages(head, chat(10, start=600))
+    assert h2.finish(ses, head2) is None and h2.reads == 10
+    assert os.path.getsize(path) > size
+    assert hi.read_index(store.io, path).entries == entries_of(ss, head2)
+    with open(path, "rb") as f:
+        assert f.read(size) == open(path, "rb").read()[:size], "appended, not rewritten"
+
+
+def test_a_fork_starts_from_its_parents_index(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(store)
+    parent_head = ss.get(ses).head
+    RunHistory(ss).finish(ses, parent_head)
+    fork = ss.fork(ses)
+    fork_head = ss.append_messages(ss.get(fork.id).head, chat(3, start=600, tag="fork"))
+    store.refs.transaction(f"{NS}/{fork.id}", [RefUpdate("head", ss.get(fork.id).head, fork_head)], reason="test")
+    h = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
+    assert h.start(fork.id) == 600  # the parent's
+    assert h.messages(fork_head) == full(ss, fork_head) and h.reads == 3
+    h.finish(fork.id, fork_head)  # the fork's own index, written whole
+    assert hi.read_index(store.io, hi.index_path(store.root, fork.id)).entries == entries_of(ss, fork_head)
+
+
+def test_an_index_of_a_longer_branch_is_cut_to_the_head(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(store)
+    head = ss.get(ses).head
+    longer = ss.append_messages(head, chat(20, start=600, tag="later"))
+    RunHistory(ss).finish(ses, longer)  # the index holds 620; the session's head is message 599
+    h = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
+    assert h.start(ses) == 620
+    assert h.messages(head) == full(ss, head) and h.reads == 1  # the head itself, found held
+    other = ss.append_messages(head, chat(2, start=600, tag="other"))
+    assert h.messages(other) == full(ss, other) and h.reads == 3
+
+
+def test_a_damaged_index_is_read_up_to_the_damage_then_rewritten(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path, 2000)
+    ss = SessionStore(store)
+    head = ss.get(ses).head
+    RunHistory(ss).finish(ses, head)
+    path = hi.index_path(store.root, ses)
+    parsed = hi.read_index(store.io, path)
+    data = bytearray(open(path, "rb").read())
+    assert len(parsed.entries) == 2000
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    h = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
+    got = h.start(ses)
+    assert 0 < got < 2000
+    assert h.messages(head) == full(ss, head) and h.reads == 2000 - got
+    h.finish(ses, head)
+    again = hi.read_index(store.io, path)
+    assert again.stopped is None and again.entries == entries_of(ss, head)
+
+
+def test_no_index_below_the_threshold(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path, hi.INDEX_MIN_MESSAGES - 1)
+    ss = SessionStore(store)
+    RunHistory(ss).finish(ses, ss.get(ses).head)
+    assert not os.path.exists(hi.index_path(store.root, ses))
+
+
+# ------------------------------------------------------------------ the runner
+
+
+@pytest.fixture(autouse=True)
+def no_lease_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KXEN_AGENT_LEASE_TTL_S", "3600")
+
+
+def resume(store_root: str, ses: str, calls: int) -> tuple[Tooling, Store]:
+    store = Store(store_root, io=FileIO(), namespaces=(NS,))  # a fresh counter, as one CLI process
+    tooling = Tooling(store, calls)
+    result = Runner(store, providers=tooling.factory).resume(ses, task="read the notes")
+    assert result.status == "completed", result
+    return tooling, store
+
+
+def test_a_run_writes_the_index_and_the_next_process_starts_from_it(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    first, _ = resume(store.root, ses, 2)
+    path = hi.index_path(store.root, ses)
+    ss = SessionStore(Store(store.root, namespaces=(NS,)))
+    head = ss.get(ses).head
+    assert hi.read_index(FileIO(), path).entries == entries_of(ss, head)  # written after the run, all of it
+    second, st2 = resume(store.root, ses, 2)
+    # The first turn of the second process read the index, not 600 messages and their 200 blobs
+    # (the other reads of a first turn, the same in both, are refs, run state, journal and agent).
+    assert first.read_marks[0] - second.read_marks[0] >= 800 - 10, (first.read_marks, second.read_marks)
+    # And the model was sent exactly the stored history.
+    sent = second.sent[0][1:]
+    assert sent == full(ss, head) + sent[len(full(ss, head)):]
+    assert len(sent) == len(full(ss, head)) + 1  # the history, then the new task
+    assert hi.read_index(FileIO(), path).entries == entries_of(ss, SessionStore(st2).get(ses).head)
+
+
+# ------------------------------------------------------------------ fsck and gc
+
+
+def fsck(root: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KXEN_AGENT_STATE_DIR=root)
+    return subprocess.run([sys.executable, "-m", "kxen_agent", "fsck"], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_fsck_checks_the_index_against_the_objects(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(store)
+    head = ss.get(ses).head
+    RunHistory(ss).finish(ses, head)
+    r = fsck(store.root)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "stray" not in r.stdout
+    path = hi.index_path(store.root, ses)
+    # Checksums that hold over content that is not the messages': a problem, exit 1.
+    entries = entries_of(ss, head)
+    oid, p, t = entries[5]
+    entries[5] = (oid, dict(p, content="not what the message says"), t)
+    hi.write_index(FileIO(), path, entries)
+    r = fsck(store.root)
+    assert r.returncode == 1
+    assert "history-index" in r.stderr and "entry 5" in r.stderr, r.stderr
+    # A torn tail is a note, not a problem.
+    hi.write_index(FileIO(), path, entries_of(ss, head))
+    with open(path, "ab") as f:
+        f.write(b"HSEG\x00\x00")
+    r = fsck(store.root)
+    assert r.returncode == 0, r.stderr
+    assert "history index" in r.stdout and "torn" in r.stdout
+
+
+def test_gc_removes_a_pruned_sessions_index(tmp_path: Path) -> None:
+    from kxen_agent.store import gc
+
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(store)
+    RunHistory(ss).finish(ses, ss.get(ses).head)
+    path = hi.index_path(store.root, ses)
+    assert os.path.exists(path)
+    ss.delete(ses)
+    gc(store, prune=0)
+    assert not os.path.exists(path)
+    # A leftover of a group that no longer exists is a stray file for fsck.
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "wb").write(hi.MAGIC)
+    r = fsck(store.root)
+    assert "stray file" in r.stdout and ses in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------ the spec's vector (§14.12)
+
+
+def test_the_spec_vector_reads_and_encodes_back() -> None:
+    import re
+
+    import blake3
+    import zstandard
+
+    text = (Path(__file__).resolve().parents[2] / "objects_spec.md").read_text()
+    m = re.search(r"```\nhistory-index: two-messages\n(.*?)```", text, re.S)
+    assert m, "objects_spec.md §14.12 has no history-index block"
+    v = dict(line.split(": ", 1) for line in m.group(1).strip().split("\n"))
+    data, cbor = bytes.fromhex(v["bytes"]), bytes.fromhex(v["cbor"])
+    assert len(data) == 189
+    a, b = bytes([0x11]) * 32, bytes([0x22]) * 32
+    entries = [(a, {"role": "user", "content": "hi"}, None),
+               (b, {"role": "assistant", "content": None,
+                    "tool_calls": [{"id": "c1", "name": "ls", "arguments": "{}"}]}, None)]
+    p = hi.parse_index(data)
+    assert p.stopped is None and p.entries == entries
+    # The table's offsets, the frame's content and the checksum rule.
+    assert data[15:19] == b"HSEG" and int.from_bytes(data[19:23], "big") == 2 and data[23:55] == bytes(32)
+    assert int.from_bytes(data[55:59], "big") == 98
+    assert zstandard.ZstdDecompressor().decompress(data[59:157]) == cbor == codec.encode(hi.encode_entries(entries))
+    assert data[157:] == blake3.blake3(data[15:157]).digest()
+    # The normative parts encode back the same (the frame is informative: this library's level-3 frame).
+    again = hi.MAGIC + hi.encode_segment(None, entries)
+    assert again[:55] == data[:55] and zstandard.ZstdDecompressor().decompress(again[59:-32]) == cbor
