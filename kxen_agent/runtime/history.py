@@ -139,9 +139,15 @@ class RunHistory:
         store = self._sessions.store
         if self._oids or not isinstance(store, Store):
             return 0
-        paths, cur = [], ses
+        paths, cur, limit = [], ses, None
         try:
-            for _ in range(_ANCESTORS):
+            head = self._sessions.get(ses).head
+            if head is None:
+                return 0
+            # Never more entries than the head's history has: a fork of a far longer parent, or a
+            # planted file, is not parsed past what the join could keep.
+            limit = self._sessions.read_message(head).seq + 1
+            for _ in range(_ANCESTORS + 1):
                 paths.append(index_path(store.root, cur))
                 parent = self._sessions.get(cur).meta.get("parentId")
                 if not parent or parent == ses:
@@ -149,7 +155,9 @@ class RunHistory:
                 cur = parent
         except KxenError:
             pass  # an ancestor deleted and pruned: the paths found so far
-        return self.load_index(store.io, paths)
+        if limit is None:
+            return 0
+        return self.load_index(store.io, paths, limit)
 
     def finish(self, ses: str, head: bytes | None) -> str | None:
         """After a run of Session ``ses`` that ended at ``head``: bring its history index up to date.
@@ -163,13 +171,14 @@ class RunHistory:
             return f"history index of {ses} not written: {e}"
         return None
 
-    def load_index(self, io: Any, paths: Sequence[str]) -> int:
+    def load_index(self, io: Any, paths: Sequence[str], limit: int | None = None) -> int:
         """Hold the good prefix of the first of ``paths`` (a Session's index, then its ancestors') that
-        has one, if nothing is held yet; how many messages that gave (0: none, or something was held)."""
+        has one, at most ``limit`` entries, if nothing is held yet; how many messages that gave (0: none,
+        or something was held)."""
         if self._oids:
             return 0
         for path in paths:
-            parsed = read_index(io, path)
+            parsed = read_index(io, path, limit)
             if parsed is None or not parsed.entries:
                 continue
             for oid, msg, through in parsed.entries:
@@ -189,7 +198,10 @@ class RunHistory:
         """Make the index at ``path`` hold the history of ``head``: append what it lacks when it holds a
         prefix of it, else write it anew. Whether anything was written (not below
         :data:`~.history_index.INDEX_MIN_MESSAGES` messages). Raises OSError."""
-        self._sync(head)
+        if self._sync(head) != []:
+            # What is held changed behind the list messages() last handed out: it must be built anew
+            # next time, not extended by what that call's own sync adds.
+            self._handed = None
         n = len(self._oids)
         if n < INDEX_MIN_MESSAGES:
             return False

@@ -100,11 +100,17 @@ def encode_entries(entries: Iterable[Entry]) -> list[dict[str, Any]]:
         if through is not None:
             v["through"] = through
         if p.get("tool_calls"):
-            v["toolCalls"] = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in p["tool_calls"]]
+            v["toolCalls"] = [{k: c[k] for k in sorted(c, key=_key_order)} for c in p["tool_calls"]]
         if p.get("tool_call_id") is not None:
             v["toolCallId"] = p["tool_call_id"]
         out.append(v)
     return out
+
+
+def _key_order(key: str) -> tuple[int, bytes]:
+    """§2.5's map key order: shorter UTF-8 first, then bytewise."""
+    b = key.encode("utf-8")
+    return len(b), b
 
 
 def encode_segment(base: bytes | None, entries: Sequence[Entry]) -> bytes:
@@ -153,8 +159,10 @@ def parse_index(data: bytes) -> ParsedIndex:
     return _parse(take)
 
 
-def _parse(take: Callable[[int], bytes]) -> ParsedIndex:
-    """The good prefix of the index whose bytes ``take(n)`` gives in order (fewer than n: the end)."""
+def _parse(take: Callable[[int], bytes], limit: int | None = None) -> ParsedIndex:
+    """The good prefix of the index whose bytes ``take(n)`` gives in order (fewer than n: the end);
+    with ``limit``, no segment is read after one that reaches ``limit`` entries (the rest is not
+    looked at: ``stopped`` says so)."""
     out = ParsedIndex()
     if take(len(MAGIC)) != MAGIC:
         out.stopped = "the file does not start with 'kxen-history 1'"
@@ -171,6 +179,10 @@ def _parse(take: Callable[[int], bytes]) -> ParsedIndex:
             return out
         out.good_bytes += len(head) + _SEG.unpack(head)[3] + _SUM
         last = entries[-1][0]
+        if limit is not None and len(entries) >= limit:
+            if take(1):
+                out.stopped = f"not read past entry {len(entries)} (the head's history has {limit})"
+            return out
 
 
 def _segment(head: bytes, take: Callable[[int], bytes], last: bytes, entries: list[Entry]) -> str | None:
@@ -230,8 +242,8 @@ def _entry(v: Any) -> Entry | None:
         if type(calls) is not list or not calls or role != "assistant":
             return None
         for c in calls:
-            if not (type(c) is dict and c.keys() == {"id", "name", "arguments"}
-                    and all(type(x) is str for x in c.values())):
+            if not (type(c) is dict and type(c.get("id")) is str and type(c.get("name")) is str
+                    and type(c.get("arguments")) is str):
                 return None
         p["tool_calls"] = calls
     tcid = v.get("toolCallId")
@@ -248,12 +260,12 @@ def _entry(v: Any) -> Entry | None:
 # ---------------------------------------------------------------- files
 
 
-def read_index(io: Any, path: str) -> ParsedIndex | None:
-    """The good prefix of the index at ``path``, read a segment at a time; None if there is none
-    (or it cannot be read)."""
+def read_index(io: Any, path: str, limit: int | None = None) -> ParsedIndex | None:
+    """The good prefix of the index at ``path``, read a segment at a time, up to the segment that
+    reaches ``limit`` entries; None if there is none (or it cannot be read)."""
     try:
         with io.open_read(path) as f:
-            return _parse(f.read)
+            return _parse(f.read, limit)
     except OSError:
         return None
 

@@ -22,7 +22,7 @@ from kxen_agent.runtime.history import RunHistory
 from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import RefUpdate, Store, codec
-from kxen_agent.store.fsio import FileIO
+from kxen_agent.store.fsio import FaultyIO, FileIO
 
 from .test_history import Tooling, chat, full, session_with_history
 
@@ -310,3 +310,44 @@ def test_the_spec_vector_reads_and_encodes_back() -> None:
     # The normative parts encode back the same (the frame is informative: this library's level-3 frame).
     again = hi.MAGIC + hi.encode_segment(None, entries)
     assert again[:55] == data[:55] and zstandard.ZstdDecompressor().decompress(again[59:-32]) == cbor
+
+
+@pytest.mark.parametrize("n", [20, 600])
+def test_one_runner_running_twice_sends_the_whole_history_the_second_time(tmp_path: Path, n: int) -> None:
+    # finish() syncs the held history to the run's last message behind the list the last model call
+    # was handed; the next run's first call must still get every message (the first run's answer too).
+    store, ses = long_session(tmp_path, n)
+    s2 = Store(store.root, io=FileIO(), namespaces=(NS,))
+    tooling = Tooling(s2, 1)
+    runner = Runner(s2, providers=tooling.factory)
+    assert runner.resume(ses, task="first").status == "completed"
+    before = len(tooling.sent)
+    assert runner.resume(ses, task="second").status == "completed"
+    ss = SessionStore(s2)
+    stored = full(ss, ss.get(ses).head)
+    sent = tooling.sent[before][1:]
+    assert sent[-1] == {"role": "user", "content": "second"}
+    assert sent == stored[: len(sent)]
+    assert {"role": "assistant", "content": "done"} in sent
+
+
+def test_a_tool_calls_other_keys_survive_the_index() -> None:
+    a = bytes([7]) * 32
+    e = [(a, {"role": "assistant", "content": None,
+              "tool_calls": [{"id": "c", "name": "n", "arguments": "{}", "type": "function"}]}, None)]
+    assert hi.parse_index(hi.MAGIC + hi.encode_segment(None, e)).entries == e
+    values = hi.encode_entries(e)
+    assert codec.encode_ordered(values) == codec.encode(values)
+
+
+def test_start_reads_no_segment_past_the_heads_history(tmp_path: Path) -> None:
+    store, ses = long_session(tmp_path)
+    ss = SessionStore(Store(store.root, io=FaultyIO(None, sync=False), namespaces=(NS,)))  # setup: no fsyncs
+    head = ss.get(ses).head
+    longer = ss.append_messages(head, chat(1500, start=600, tag="later"))
+    RunHistory(ss).finish(ses, longer)  # 2,100 entries in several segments; the head is message 599
+    assert len(hi.read_index(store.io, hi.index_path(store.root, ses)).entries) == 2100
+    h = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
+    got = h.start(ses)
+    assert 600 <= got < 2100
+    assert h.messages(head) == full(ss, head)
