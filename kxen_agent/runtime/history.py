@@ -141,18 +141,19 @@ class RunHistory:
             return 0
         paths, cur, limit = [], ses, None
         try:
-            head = self._sessions.get(ses).head
-            if head is None:
+            info = self._sessions.get(ses)
+            if info.head is None:
                 return 0
             # Never more entries than the head's history has: a fork of a far longer parent, or a
             # planted file, is not parsed past what the join could keep.
-            limit = self._sessions.read_message(head).seq + 1
+            limit = self._sessions.read_message(info.head).seq + 1
             for _ in range(_ANCESTORS + 1):
                 paths.append(index_path(store.root, cur))
-                parent = self._sessions.get(cur).meta.get("parentId")
+                parent = info.meta.get("parentId")
                 if not parent or parent == ses:
                     break
                 cur = parent
+                info = self._sessions.get(cur)
         except KxenError:
             pass  # an ancestor deleted and pruned: the paths found so far
         if limit is None:

@@ -315,7 +315,7 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
     from kxen_agent.store import MissingObject
 
     store = sessions.store
-    base = os.path.join(store.root, "cache", "history", "sessions")
+    base = os.path.dirname(index_path(store.root, "_"))
     try:
         names = sorted(store.io.listdir(base))
     except (FileNotFoundError, NotADirectoryError):

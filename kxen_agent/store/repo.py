@@ -554,16 +554,6 @@ class Store:
         staged = getattr(self._stage, "objs", None)
         if staged and oid in staged:
             return staged[oid]
-        # The common case of a long read (a resume), first: the pack that
-        # answered last has it. Any other outcome takes the general path.
-        hot = self._hot_pack
-        if hot is not None:
-            try:
-                obj = hot.read_raw(oid)
-            except CorruptObject:
-                obj = None  # the general path below records the error, and tries the other copies
-            if obj is not None:
-                return obj
         # Packs first (Git's order): an index lookup costs no system call,
         # while a failed open of a loose name costs one per packed object.
         # A corrupt copy is passed over while another copy is good (fsck
