@@ -20,7 +20,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import RawObject, RefUpdate, Store
-from kxen_agent.store.gitmap import BadGitImage, GroupImage, kxen_id_of_path
+from kxen_agent.store.gitmap import (
+    BadGitImage,
+    GroupImage,
+    group_tree_blob,
+    parse_commit,
+    parse_group_commit,
+    parse_objects_commit,
+    parse_objects_root,
+    parse_objects_subtree,
+)
 from kxen_agent.store.objects import CorruptObject, SchemaViolation, a_kind, links_of, parse_object
 
 from .gitio import Mirror, Remote, Workbench, resolve_remote
@@ -147,19 +156,10 @@ def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], 
     index: dict[bytes, bytes] = {}
 
     def read_new(full: bool) -> None:
-        for oid, path in bench.rev_list_objects(commits, () if full else exclude):
-            kid = kxen_id_of_path(path)
-            if kid is not None and kid not in index and not objs.has(kid):
+        for kid, oid in _checked_objects_trees(bench, commits, () if full else exclude, where).items():
+            if kid not in index and not objs.has(kid):
                 index[kid] = oid
         wanted = [(k, g) for k, g in index.items() if k not in candidates]
-        sizes = bench.sizes([g for _, g in wanted])
-        for kid, g in wanted:
-            t, size = sizes.get(g, ("missing", 0))
-            if t != "blob":
-                raise BadGitImage(f"{where} {g.hex()}", f"object {kid.hex()} is a Git {t}, not a blob")
-            if size > _MAX_RAW:
-                raise CorruptObject(kid.hex(), f"the remote's copy ({where}) is {size} bytes, more than the "
-                                    f"{_MAX_RAW} an object may be; nothing was pulled")
         by_git = {g: k for k, g in wanted}
         for g, _, body in bench.read([g for _, g in wanted]):
             kid = by_git[g]
@@ -219,6 +219,98 @@ def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], 
             wrong = misplaced(ses, name, value)
             if wrong:
                 raise RemoteRefused(f"{where}: {wrong}; nothing was pulled")
+
+
+def _checked_objects_trees(bench: Workbench, tips: Sequence[bytes], exclude: Sequence[bytes],
+                           where: str) -> dict[bytes, bytes]:
+    """Check every commit reachable from ``tips`` and not from ``exclude``; kxen id -> blob id of their objects trees.
+
+    ``objects_spec.md`` §16.7 pull step 1: each such commit is a group commit
+    (§16.4-§16.5: its tree, its refs blob, its message; at most one objects
+    commit among its parents) or an objects commit (§16.3, §16.5: no parents,
+    message ``kxen objects <n>``, a root of two-hex-digit subtrees, in each
+    only ``100644`` entries named by the other 62 hex digits, ``n`` entries
+    in all, each a blob of at most ``MAX_OBJECT_SIZE`` + 17 bytes). All of it
+    is judged from the commits, the trees and ``git cat-file --batch-check``
+    before any kxen object is read, so a malformed image is refused whole,
+    whichever of its objects the refs would take.
+    """
+    if not tips:
+        return {}
+    args = ["rev-list", *[t.hex() for t in tips]]
+    if exclude:
+        args += ["--not", *[e.hex() for e in exclude]]
+    listed = [bytes.fromhex(line.decode("ascii")) for line in bench.git(args).stdout.split()]
+    bodies = {oid: (t, body) for oid, t, body in bench.read(listed)}
+    objects_commits: list[tuple[bytes, int, bytes]] = []  # (commit, n, root tree)
+    groups: list[tuple[bytes, bytes, bytes]] = []  # (commit, its body, its tree)
+    kinds: dict[bytes, str] = {}
+    for oid in listed:
+        w = f"{where} commit {oid.hex()}"
+        t, body = bodies.get(oid, ("missing", b""))
+        if t != "commit":
+            raise BadGitImage(w, f"the remote holds a {t} object here, not a commit")
+        c = parse_commit(body, w)
+        if c.message.startswith(b"kxen objects "):
+            objects_commits.append((oid, parse_objects_commit(body, w)[1], c.tree))
+            kinds[oid] = "objects"
+        elif c.message.startswith(b"kxen group "):
+            groups.append((oid, body, c.tree))
+            kinds[oid] = "group"
+        else:
+            raise BadGitImage(w, "neither a group commit nor an objects commit (objects_spec.md §16.3-§16.5)")
+    # Group commits: tree and refs blob, as the tip's are checked (§16.4).
+    trees = {oid: (t, b) for oid, t, b in bench.read(list({tree for _, _, tree in groups}))}
+    blob_ids: dict[bytes, bytes] = {}
+    for oid, _, tree in groups:
+        w = f"{where} commit {oid.hex()}"
+        if trees.get(tree, ("missing",))[0] != "tree":
+            raise BadGitImage(w, "the commit's tree is missing")
+        blob_ids[oid] = group_tree_blob(trees[tree][1], w)
+    sizes = bench.sizes(list(set(blob_ids.values())))
+    for oid, b in blob_ids.items():
+        if sizes.get(b, ("missing", 0))[0] != "blob" or sizes[b][1] > 16 << 20:
+            raise BadGitImage(f"{where} commit {oid.hex()}", "the refs blob is missing or larger than 16 MiB")
+    blobs = {oid: body for oid, _, body in bench.read(list(set(blob_ids.values())))}
+    for oid, body, tree in groups:
+        w = f"{where} commit {oid.hex()}"
+        img = parse_group_commit(body, trees[tree][1], blobs[blob_ids[oid]], w)
+        if sum(1 for p in img.commit.parents if kinds.get(p) == "objects") > 1:
+            raise BadGitImage(w, "a group commit has at most one objects commit among its parents "
+                              "(objects_spec.md §16.4)")
+    # Objects commits: the fan-out, the modes, the names, the count, each entry a blob of bounded size (§16.3).
+    roots = {oid: (t, b) for oid, t, b in bench.read(list({tree for _, _, tree in objects_commits}))}
+    subtree_of: dict[bytes, list[tuple[bytes, bytes]]] = {}
+    for oid, _, tree in objects_commits:
+        w = f"{where} objects commit {oid.hex()}"
+        if roots.get(tree, ("missing",))[0] != "tree":
+            raise BadGitImage(w, "the commit's tree is missing")
+        subtree_of[oid] = parse_objects_root(roots[tree][1], w)
+    subs = {oid: (t, b) for oid, t, b in bench.read(list({s for v in subtree_of.values() for _, s in v}))}
+    index: dict[bytes, bytes] = {}
+    held: dict[bytes, bytes] = {}  # blob id -> kxen id, for the size check's message
+    for oid, n, _ in objects_commits:
+        w = f"{where} objects commit {oid.hex()}"
+        count = 0
+        for prefix, sub in subtree_of[oid]:
+            if subs.get(sub, ("missing",))[0] != "tree":
+                raise BadGitImage(w, f"subtree {prefix.decode('ascii')} is missing or not a tree")
+            entries = parse_objects_subtree(prefix, subs[sub][1], w)
+            count += len(entries)
+            for kid, blob in entries:
+                index.setdefault(kid, blob)
+                held.setdefault(blob, kid)
+        if count != n:
+            raise BadGitImage(w, f"its message counts {n} objects, its tree holds {count} (objects_spec.md §16.3)")
+    sizes = bench.sizes(list(held))
+    for blob, kid in held.items():
+        t, size = sizes.get(blob, ("missing", 0))
+        if t != "blob":
+            raise BadGitImage(f"{where} {blob.hex()}", f"object {kid.hex()} is a Git {t}, not a blob")
+        if size > _MAX_RAW:
+            raise CorruptObject(kid.hex(), f"the remote's copy ({where}) is {size} bytes, more than the "
+                                f"{_MAX_RAW} an object may be; nothing was pulled")
+    return index
 
 
 def _expect(objs: _Objects, expect: dict, oid: bytes, kind: str | None, who: str, where: str) -> None:

@@ -65,6 +65,9 @@ __all__ = [
     "parse_group_blob",
     "parse_group_commit",
     "parse_lease_commit",
+    "parse_objects_commit",
+    "parse_objects_root",
+    "parse_objects_subtree",
     "parse_tree",
 ]
 
@@ -249,6 +252,60 @@ def objects_commit(objects: Sequence[RawObject], time: int) -> list[GitObject]:
     subtrees, root = _fanout((k, b.oid) for k, b in blobs.items())
     commit = git_object("commit", encode_commit(Commit(root.oid, (), time, b"kxen objects %d\n" % len(blobs))))
     return list(blobs.values()) + subtrees + [root, commit]
+
+
+_OBJECTS_MESSAGE = re.compile(rb"kxen objects " + _DECIMAL + rb"\n")
+_HEX2 = re.compile(rb"[0-9a-f]{2}")
+_HEX62 = re.compile(rb"[0-9a-f]{62}")
+
+
+def parse_objects_commit(commit_body: bytes, where: str) -> tuple[Commit, int]:
+    """Check an objects commit's own bytes (§16.3, §16.5): no parents, message ``kxen objects <n>`` LF, n >= 1.
+
+    Returns the commit and ``n``; its tree is checked by :func:`parse_objects_root`
+    and :func:`parse_objects_subtree`, and the count by the caller (``n`` must
+    equal the entries of all the subtrees).
+    """
+    c = parse_commit(commit_body, where)
+    m = _OBJECTS_MESSAGE.fullmatch(c.message)
+    if m is None:
+        raise BadGitImage(where, "message is not 'kxen objects <n>' (an objects commit, objects_spec.md §16.3)")
+    if c.parents:
+        raise BadGitImage(where, f"an objects commit has no parents, this one has {len(c.parents)} "
+                          "(objects_spec.md §16.3)")
+    n = int(m.group(1))
+    if n < 1:
+        raise BadGitImage(where, "an objects commit holds at least one object, this one says 0")
+    return c, n
+
+
+def parse_objects_root(tree_body: bytes, where: str) -> list[tuple[bytes, bytes]]:
+    """(two hex digits, subtree id) of each entry of an objects commit's root tree: all subtrees, at least one."""
+    entries = parse_tree(tree_body, where)
+    if not entries:
+        raise BadGitImage(where, "an objects tree holds at least one subtree, this one is empty")
+    out = []
+    for e in entries:
+        if e.mode != _TREE_MODE or not _HEX2.fullmatch(e.name):
+            raise BadGitImage(where, f"root entry {e.name[:70]!r} (mode {e.mode.decode('ascii')}) is not a "
+                              "subtree named by two lower-case hex digits (objects_spec.md §16.3)")
+        out.append((e.name, e.oid))
+    return out
+
+
+def parse_objects_subtree(prefix: bytes, tree_body: bytes, where: str) -> list[tuple[bytes, bytes]]:
+    """(kxen id, blob id) of each entry of the subtree ``prefix``: all ``100644`` entries named by 62 hex digits."""
+    entries = parse_tree(tree_body, where)
+    if not entries:
+        raise BadGitImage(where, f"subtree {prefix.decode('ascii')} is empty (objects_spec.md §16.3)")
+    out = []
+    for e in entries:
+        if e.mode != _BLOB_MODE or not _HEX62.fullmatch(e.name):
+            raise BadGitImage(where, f"entry {prefix.decode('ascii')}/{e.name[:70].decode('ascii', 'replace')} "
+                              f"(mode {e.mode.decode('ascii')}) is not a 100644 entry named by 62 lower-case hex "
+                              "digits (objects_spec.md §16.3)")
+        out.append((bytes.fromhex((prefix + e.name).decode("ascii")), e.oid))
+    return out
 
 
 # ---------------------------------------------------------------- ref groups

@@ -231,20 +231,17 @@ def test_a_two_gib_object_is_refused_before_it_is_read(served: Remote, tmp_path:
     blobs = _raw(objs)
     head = refs["head"]
     del blobs[head]
-    # The head message's path names the 2 GiB blob.
+    # The head message's path names the 2 GiB blob, in a well-formed objects commit (§16.3).
     fake = bytes.fromhex(oid)
-    tree = git_object("tree", encode_tree([TreeEntry(b"100644", head.hex()[2:].encode(), fake)]))
-    top = git_object("tree", encode_tree([TreeEntry(b"40000", head.hex()[:2].encode(), tree.oid)]))
-    oc = git_object("commit", encode_commit(Commit(top.oid, (), 1700000000, b"kxen objects 1\n")))
     rest = [object_blob(b) for b in blobs.values()]
-    subtrees: dict[str, list[TreeEntry]] = {}
+    subtrees: dict[str, list[TreeEntry]] = {head.hex()[:2]: [TreeEntry(b"100644", head.hex()[2:].encode(), fake)]}
     for kid, b in zip(blobs, rest):
         subtrees.setdefault(kid.hex()[:2], []).append(TreeEntry(b"100644", kid.hex()[2:].encode(), b.oid))
     trees = {k: git_object("tree", encode_tree(v)) for k, v in subtrees.items()}
     root = git_object("tree", encode_tree([TreeEntry(b"40000", k.encode(), t.oid) for k, t in trees.items()]))
-    oc2 = git_object("commit", encode_commit(Commit(root.oid, (), 1700000000, b"kxen objects 9\n")))
-    gc = group_commit(f"sessions/{ses}", 0, refs, [oc.oid, oc2.oid], 1700000000)
-    _install(served, [tree, top, oc, *rest, *trees.values(), root, oc2, *gc], {f"refs/kxen/sessions/{ses}": gc[-1].hex})
+    oc = git_object("commit", encode_commit(Commit(root.oid, (), 1700000000, b"kxen objects %d\n" % len(objs))))
+    gc = group_commit(f"sessions/{ses}", 0, refs, [oc.oid], 1700000000)
+    _install(served, [*rest, *trees.values(), root, oc, *gc], {f"refs/kxen/sessions/{ses}": gc[-1].hex})
     b = make_machine(tmp_path, "b", served)
     err = b.kx.refused("session", "pull", ses, cwd=b.ws)
     assert "2147483648 bytes, more than the" in err, err
