@@ -73,6 +73,7 @@ class _Closure:
             )
         if self.count >= self.hdr.objects:
             raise BadBundle(where, f"more objects than the {self.hdr.objects} the header declares", offset, unit)
+        self.charge(len(obj.raw), offset, unit)
         kind = obj.kind
         self.seen.add(obj.id)
         self.content.update(obj.id)
@@ -103,6 +104,18 @@ class _Closure:
                 raise BadBundle(where, f"object {obj.hex} ({kind}): {e}", offset, unit) from None
             for child, k in typed:
                 self._expect(child, k, obj.id, offset, unit)
+
+    def charge(self, raw_len: int, offset: int | None, unit: str = "byte") -> None:
+        """Refuse an object of ``raw_len`` bytes that would take the objects past the header's ``size``.
+
+        The pack form asks before it decompresses an entry (its ``raw_len``
+        is exact, §12.3), so no reader ever decompresses or hashes more than
+        the header declared, which :func:`~.header.check_header_limits`
+        bounded before the first object.
+        """
+        if self.bytes + raw_len > self.hdr.size:
+            raise BadBundle(self.where, f"the objects hold more than the {self.hdr.size} object bytes the header "
+                            f"declares (this one has {raw_len})", offset, unit)
 
     def _expect(self, oid: ObjectId, kind: str, who: str | bytes, offset: int | None, unit: str) -> None:
         seen_kind = self.kind_of.get(oid)

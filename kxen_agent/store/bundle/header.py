@@ -14,6 +14,7 @@ It must never open a file or read a stream: callers hand it bytes.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -31,10 +32,12 @@ __all__ = sorted(
         "BUNDLE_VERSION",
         "BadBundle",
         "BundleInfo",
+        "BundleLimits",
         "CAP_ZSTD_DICT",
         "CONTENT_DIGEST_PREFIX",
         "KNOWN_CAPABILITIES",
         "MAX_HEADER_SIZE",
+        "MAX_HEADER_NAMES",
         "PREFIX_SIZE",
         "Progress",
         "encode_bundle_head",
@@ -53,11 +56,80 @@ CAP_ZSTD_DICT = "zstd-dict"  # entries may use the pack's zstd dictionary
 KNOWN_CAPABILITIES = frozenset({CAP_ZSTD_DICT})
 MAX_HEADER_SIZE = 16 << 20
 
+#: The most group and ref names one header may hold: the header is decoded as
+#: one object (``objects_spec.md`` §2.7's decode budget, 524 288 data items),
+#: and its map takes 10 items at most (itself, four keys, four values, one
+#: capability) plus 2 per group (key and value) and 2 per ref: 262 139.
+MAX_HEADER_NAMES = (codec.MAX_BODY_ITEMS - 10) // 2
+
 _PREFIX = struct.Struct(">8sII")  # magic, version, header length
 _U32 = struct.Struct(">I")
 PREFIX_SIZE = _PREFIX.size  # 16
 
 Progress = Callable[[int], None]
+
+
+#: The environment variables that set :class:`BundleLimits` (``objects_spec.md`` §12.13).
+ENV_MAX_BYTES = "KXEN_AGENT_BUNDLE_MAX_BYTES"
+ENV_MAX_RATIO = "KXEN_AGENT_BUNDLE_MAX_RATIO"
+
+
+@dataclass(frozen=True)
+class BundleLimits:
+    """How many object bytes a reader accepts from one bundle, judged before any object is read.
+
+    The objects' bytes are what a reader must decompress and hash (their ids
+    are hashes), so they, not the file, are the cost: a 90 KB bundle of
+    zstd frames of zeros declared 2.4 GB and took 25 s of CPU to verify.
+    A bundle may declare at most ``max_bytes`` object bytes, and at most
+    ``max_ratio`` times its file's size — but never less than one object
+    of the largest size, :data:`~kxen_agent.store.objects.MAX_OBJECT_SIZE`
+    + 17, however small the file. Defaults: 4 GiB and 256 (measured
+    sessions compress 3 to 12 times; §12.5).
+    """
+
+    max_bytes: int = 4 << 30
+    max_ratio: int = 256
+
+    def allowed(self, file_bytes: int | None) -> int:
+        """The most object bytes a bundle of ``file_bytes`` (None: not known yet) may hold."""
+        if file_bytes is None:
+            return self.max_bytes
+        return min(self.max_bytes, max(MAX_OBJECT_SIZE + 17, self.max_ratio * file_bytes))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "BundleLimits":
+        """The limits :data:`ENV_MAX_BYTES` and :data:`ENV_MAX_RATIO` set (each a positive integer), else the defaults."""
+        env = os.environ if env is None else env
+        values = {}
+        for name, key in ((ENV_MAX_BYTES, "max_bytes"), (ENV_MAX_RATIO, "max_ratio")):
+            text = env.get(name)
+            if text is None or text == "":
+                continue
+            if not text.isdigit() or int(text) < 1:
+                raise UsageError(f"{name}={text!r} is not a positive whole number; set it to one, or unset it "
+                                 "for the default")
+            values[key] = int(text)
+        return cls(**values)
+
+
+def check_header_limits(hdr: "_Header", where: str, file_bytes: int | None, limits: BundleLimits,
+                        offset: int | None, unit: str = "byte") -> None:
+    """Refuse a header that declares more object bytes than ``limits`` allow a file of ``file_bytes``.
+
+    Before any object is read (``objects_spec.md`` §12.9 step 1): a reader
+    then never decompresses or hashes more than the header declares
+    (the readers hold every object to it before they decompress it).
+    """
+    size = hdr.size
+    if size > limits.max_bytes:
+        raise BadBundle(where, f"header declares {size} object bytes, more than the {limits.max_bytes} this "
+                        f"reader accepts from one bundle; set {ENV_MAX_BYTES} to accept it", offset, unit)
+    allowed = limits.allowed(file_bytes)
+    if size > allowed:
+        raise BadBundle(where, f"header declares {size} object bytes in a file of {file_bytes} bytes, more than "
+                        f"{limits.max_ratio} times its size (a compression bomb, or set {ENV_MAX_RATIO} "
+                        "to accept it)", offset, unit)
 
 
 class BadBundle(KxenError):
@@ -137,6 +209,10 @@ class _Header:
     size: int
 
     def cbor(self) -> bytes:
+        names = len(self.refs) + sum(len(r) for r in self.refs.values())
+        if names > MAX_HEADER_NAMES:
+            raise UsageError(f"too many refs for one bundle: {names} group and ref names, more than the "
+                             f"{MAX_HEADER_NAMES} a bundle header may hold; export the sessions in several bundles")
         return codec.encode(
             {"capabilities": list(self.capabilities), "objects": self.objects, "refs": self.refs, "size": self.size},
             links_only=True,
@@ -160,6 +236,12 @@ def _check_refs(refs: Any, where: str, offset: int | None, unit: str = "byte") -
 
     if type(refs) is not dict or not refs:
         raise bad("refs must be a non-empty map of ref groups")
+    # The same bound in both forms (the pack form's decoder meets it first):
+    # the header is one object's worth of data items (§2.7, §12.7).
+    names = len(refs) + sum(len(v) for v in refs.values() if type(v) is dict)
+    if names > MAX_HEADER_NAMES:
+        raise bad(f"header holds {names} group and ref names, more than the {MAX_HEADER_NAMES} a bundle header "
+                  "may hold (objects_spec.md §12.7: a header is decoded as one object); split the bundle")
     out: dict[str, dict[str, bytes]] = {}
     for group, names in refs.items():
         try:
@@ -255,6 +337,9 @@ def parse_bundle_prefix(prefix: bytes, where: str) -> int:
     return hlen
 
 
+_OVER_BUDGET = f", more than the {codec.MAX_BODY_ITEMS} items one object may hold"
+
+
 def parse_bundle_header(prefix: bytes, raw_header: bytes, crc: bytes, where: str) -> _Header:
     """Check the header block: ``crc`` (4 bytes) over ``prefix`` and ``raw_header``, strict CBOR, the values."""
     if crc32(prefix, raw_header) != _U32.unpack(crc)[0]:
@@ -262,5 +347,11 @@ def parse_bundle_header(prefix: bytes, raw_header: bytes, crc: bytes, where: str
     try:
         value = codec.decode(raw_header, links_only=True)
     except codec.DecodeError as e:
-        raise BadBundle(where, f"header is not strict CBOR: {e.reason}", PREFIX_SIZE + e.offset) from None
+        reason = e.reason
+        if reason.endswith(_OVER_BUDGET):  # say what it is about: a header, not an object
+            raise BadBundle(where, f"header is over the decode budget: {reason[: -len(_OVER_BUDGET)]}, more than "
+                            f"the {codec.MAX_BODY_ITEMS} data items a bundle header may hold (at most "
+                            f"{MAX_HEADER_NAMES} group and ref names, objects_spec.md §12.7); split the bundle",
+                            PREFIX_SIZE + e.offset) from None
+        raise BadBundle(where, f"header is not strict CBOR: {reason}", PREFIX_SIZE + e.offset) from None
     return _check_header(value, where, PREFIX_SIZE)

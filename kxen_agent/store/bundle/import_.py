@@ -26,7 +26,7 @@ from ..objects import ObjectId, Schema, decode_stored, links_of
 from ..pack import PackWriter
 from ..refs import RefUpdate, validate_ref_name
 from ..repo import MissingObject, Store
-from .header import BundleInfo, Progress, _set_total
+from .header import BundleInfo, BundleLimits, Progress, _set_total
 from .verify import _reading
 
 __all__ = ["BundleRefused", "ImportResult", "Transform", "import_bundle"]
@@ -127,6 +127,7 @@ def import_bundle(
     transform: Transform | None = None,
     progress: Progress | None = None,
     schema: Schema | None = None,
+    limits: BundleLimits | None = None,
 ) -> ImportResult:
     """Verify a bundle completely, then add its objects, then its refs.
 
@@ -144,8 +145,9 @@ def import_bundle(
     way no ref, object or pack index is written (``transform`` may have
     left unreferenced objects, which fsck reports as dangling). With
     ``schema``, an object of the wrong shape or kind is a :class:`BadBundle`.
+    ``limits``: the object bytes accepted (default :meth:`BundleLimits.from_env`).
     """
-    with _reading(path, schema, store.io) as r:
+    with _reading(path, schema, store.io, limits=limits) as r:
         _set_total(progress, r.header.objects)
         with store.writing():  # gc must not prune (or take our temp pack) meanwhile
             writer: PackWriter | None = None

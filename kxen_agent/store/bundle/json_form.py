@@ -36,9 +36,11 @@ from .header import (
     MIN_JSON_OBJECT_CHARS,
     BadBundle,
     BundleInfo,
+    BundleLimits,
     _check_refs,
     _Header,
     check_header_fits,
+    check_header_limits,
 )
 
 __all__ = ["JSON_FORMAT_NAME", "write_json_bundle"]
@@ -237,7 +239,7 @@ class _JsonBundleReader:
     change in between: the second reading is checked against the first).
     """
 
-    def __init__(self, f: BinaryIO, where: str, path: str, io: FileIO) -> None:
+    def __init__(self, f: BinaryIO, where: str, path: str, io: FileIO, limits: BundleLimits | None = None) -> None:
         self.f = f
         self.where = where
         self.path = path
@@ -257,7 +259,9 @@ class _JsonBundleReader:
             next(self._gen)
         self.header = _json_header(self.fields, where)
         # Characters <= bytes: the file's size bounds the characters it holds.
-        check_header_fits(self.header, where, stream_size(self.io, self.f), MIN_JSON_OBJECT_CHARS, None, "character")
+        size = stream_size(self.io, self.f)
+        check_header_fits(self.header, where, size, MIN_JSON_OBJECT_CHARS, None, "character")
+        check_header_limits(self.header, where, size, limits or BundleLimits(), None, "character")
         self.closure = _Closure(self.header, where)
 
     def _scan(self, *, stream: bool) -> Iterator[tuple]:

@@ -46,10 +46,12 @@ from .header import (
     PREFIX_SIZE,
     BadBundle,
     BundleInfo,
+    BundleLimits,
     MIN_ENTRY_BYTES,
     _PACK_FORM_OVERHEAD,
     _Header,
     check_header_fits,
+    check_header_limits,
     encode_bundle_head,
     parse_bundle_header,
     parse_bundle_prefix,
@@ -71,7 +73,8 @@ class _PackBundleReader:
     iteration completed is :attr:`info` set.
     """
 
-    def __init__(self, f: BinaryIO, where: str, path: str, size: int | None) -> None:
+    def __init__(self, f: BinaryIO, where: str, path: str, size: int | None,
+                 limits: BundleLimits | None = None) -> None:
         self.inp = _Input(f, where, size)
         self.where = where
         self.path = path
@@ -84,6 +87,9 @@ class _PackBundleReader:
         self.header = parse_bundle_header(prefix, raw_header, crc, where)
         room = None if size is None else size - inp.pos - _PACK_FORM_OVERHEAD
         check_header_fits(self.header, where, room, MIN_ENTRY_BYTES, PREFIX_SIZE)
+        self.limits = limits or BundleLimits()
+        self.size = size
+        check_header_limits(self.header, where, size, self.limits, PREFIX_SIZE)
         self.closure = _Closure(self.header, where)
 
         self.pack_start = inp.pos
@@ -109,6 +115,7 @@ class _PackBundleReader:
         has_dict = self.dictionary is not None
         decompress = self.decompressor.decompress_raw
         add = self.closure.add
+        charge = self.closure.charge
         read, read_unless = inp.read, inp.read_unless
         count = 0
         while True:
@@ -127,6 +134,14 @@ class _PackBundleReader:
             except BadPack as ex:
                 raise BadBundle(where, ex.reason, ex.offset) from None
             stored = read(stored_len, lambda: f"object {oid.hex()}")
+            # Before decompressing: never more than the header declared (bounded
+            # by the limits), and from a pipe never more than the limits allow
+            # the bytes read so far.
+            charge(raw_len, at)
+            if self.size is None and self.closure.bytes + raw_len > self.limits.allowed(inp.pos):
+                raise BadBundle(where, f"the objects so far hold {self.closure.bytes + raw_len} bytes in "
+                                f"{inp.pos} bytes read, more than {self.limits.max_ratio} times as many "
+                                "(a compression bomb?)", at)
             if zlib.crc32(stored, zlib.crc32(head[:_ENTRY_CRC_COVERED])) != crc:
                 raise BadBundle(where, f"entry checksum mismatch for object {oid.hex()}", at)
             h = oid.hex()

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping
 from ..fsio import OS_IO, FileIO
 from ..objects import ObjectId, RawObject, Schema
 from .hashing_reader import stream_size
-from .header import BUNDLE_MAGIC, BadBundle, BundleInfo, Progress, _set_total
+from .header import BUNDLE_MAGIC, BadBundle, BundleInfo, BundleLimits, Progress, _set_total
 from .json_form import _JsonBundleReader
 from .pack_form import _PackBundleReader
 
@@ -31,19 +31,21 @@ __all__ = ["JudgeRefs", "iter_bundle_objects", "verify_bundle", "verify_bundle_w
 MAX_JSON_LEADING_WHITESPACE = 64
 
 
-def _open_reader(path: str, f: BinaryIO, io: FileIO) -> "_PackBundleReader | _JsonBundleReader":
+def _open_reader(path: str, f: BinaryIO, io: FileIO,
+                 limits: BundleLimits | None = None) -> "_PackBundleReader | _JsonBundleReader":
     where = str(path)
+    limits = limits or BundleLimits.from_env()
     head = f.read(MAX_JSON_LEADING_WHITESPACE + 1)
     f.seek(0)
     if head[: len(BUNDLE_MAGIC)] == BUNDLE_MAGIC:
-        return _PackBundleReader(f, where, where, stream_size(io, f))
+        return _PackBundleReader(f, where, where, stream_size(io, f), limits)
     if not head:
         raise BadBundle(where, "empty file")
     if BUNDLE_MAGIC.startswith(head):
         raise BadBundle(where, f"truncated: the file ends after {len(head)} bytes, inside the magic", 0)
     stripped = head.lstrip(b" \t\r\n")
     if stripped[:1] == b"{" or (not stripped and len(head) <= MAX_JSON_LEADING_WHITESPACE):
-        return _JsonBundleReader(f, where, where, io)  # (whitespace only: the JSON reader says what is missing)
+        return _JsonBundleReader(f, where, where, io, limits)  # (whitespace only: the JSON reader says what is missing)
     if not stripped:
         raise BadBundle(where, f"not a kxen bundle: more than {MAX_JSON_LEADING_WHITESPACE} bytes of whitespace "
                         "before its first character", MAX_JSON_LEADING_WHITESPACE)
@@ -57,13 +59,13 @@ JudgeRefs = Callable[[Mapping[str, Mapping[str, bytes]]], None]
 
 @contextlib.contextmanager
 def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO,
-             judge_refs: JudgeRefs | None = None) -> Iterator[Any]:
+             judge_refs: JudgeRefs | None = None, limits: BundleLimits | None = None) -> Iterator[Any]:
     try:
         f = io.open_read(path)
     except OSError as e:
         raise BadBundle(str(path), f"cannot open: {e.strerror}") from None
     with f:
-        r = _open_reader(path, f, io)
+        r = _open_reader(path, f, io, limits)
         if judge_refs is not None:
             judge_refs(r.header.refs)
         # A bundle is checked against the schema when every group it holds is
@@ -75,15 +77,17 @@ def _reading(path: str, schema: Schema | None = None, io: FileIO = OS_IO,
 
 
 def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
-                  io: FileIO = OS_IO, on_object: Callable[[RawObject], None] | None = None) -> BundleInfo:
+                  io: FileIO = OS_IO, on_object: Callable[[RawObject], None] | None = None,
+                  limits: BundleLimits | None = None) -> BundleInfo:
     """Check a bundle completely without a state dir; its refs, object count and sizes.
 
     Raises :class:`BadBundle` naming the first problem. With ``schema``,
     every object's shape and the kind each link and ref names are checked too.
     ``io`` opens the file. ``on_object`` sees each object once it is verified
-    (the caller's look at its contents, in the same pass).
+    (the caller's look at its contents, in the same pass). ``limits``: the
+    object bytes accepted (default :meth:`BundleLimits.from_env`, §12.13).
     """
-    with _reading(path, schema, io) as r:
+    with _reading(path, schema, io, limits=limits) as r:
         _set_total(progress, r.header.objects)
         for item in r:
             if on_object is not None:
@@ -96,6 +100,7 @@ def verify_bundle(path: str, *, progress: Progress | None = None, schema: Schema
 
 def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = None, schema: Schema | None = None,
                                    io: FileIO = OS_IO, judge_refs: JudgeRefs | None = None,
+                                   limits: BundleLimits | None = None,
                                    ) -> tuple[BundleInfo, dict[ObjectId, RawObject]]:
     """:func:`verify_bundle`, also keeping the objects the bundle's refs name.
 
@@ -104,7 +109,7 @@ def verify_bundle_with_ref_targets(path: str, *, progress: Progress | None = Non
     ``judge_refs`` is called with the header's refs before any object is
     read: what the header shows is refused without reading the bundle.
     """
-    with _reading(path, schema, io, judge_refs) as r:
+    with _reading(path, schema, io, judge_refs, limits) as r:
         _set_total(progress, r.header.objects)
         wanted = {oid for refs in r.header.refs.values() for oid in refs.values()}
         kept: dict[ObjectId, RawObject] = {}
