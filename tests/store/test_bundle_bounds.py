@@ -187,9 +187,9 @@ def test_import_of_the_bomb_changes_nothing(reproduction: tuple[Path, str], tmp_
 
 
 def test_the_limit_is_what_refuses_it(tmp_path: Path) -> None:
-    """Two 64 MiB letters in 5 KB: refused by default, valid (ids and all) once the ratio is raised."""
-    path, _ = bomb(tmp_path, 2)
-    assert path.stat().st_size < 8000
+    """Three 64 MiB letters in 10 KB: refused by default, valid (ids and all) once the ratio is raised."""
+    path, _ = bomb(tmp_path, 3)
+    assert path.stat().st_size < 12000
     done = cli(tmp_path, "bundle", "verify", str(path))
     assert done.returncode == 1 and "more than 256 times its size" in done.stderr, done.stderr
     done = cli(tmp_path, "bundle", "verify", str(path), env={"KXEN_AGENT_BUNDLE_MAX_RATIO": "100000"})
@@ -203,10 +203,10 @@ def test_the_limit_is_what_refuses_it(tmp_path: Path) -> None:
     assert "KXEN_AGENT_BUNDLE_MAX_RATIO='lots' is not a positive whole number" in done.stderr
 
 
-def test_one_largest_object_is_always_accepted() -> None:
+def test_two_largest_objects_are_always_accepted() -> None:
     """However small the file: a 64 MiB object of one letter is a real tool output, not a bomb."""
     limits = BundleLimits()
-    assert limits.allowed(100) == MAX_OBJECT_SIZE + 17
+    assert limits.allowed(100) == 2 * (MAX_OBJECT_SIZE + 17)
     assert limits.allowed(1 << 20) == 256 << 20
     assert limits.allowed(1 << 40) == limits.max_bytes == 4 << 30
     assert limits.allowed(None) == limits.max_bytes
@@ -241,7 +241,7 @@ class _NoSize:
 
 
 def test_without_the_file_s_size_the_ratio_is_held_as_it_reads(tmp_path: Path) -> None:
-    path, _ = bomb(tmp_path, 5, 16 << 20)  # 80 MiB in a few KB: past the one-object floor
+    path, _ = bomb(tmp_path, 9, 16 << 20)  # 144 MiB in a few KB: past the floor of two objects
     with pytest.raises(BadBundle) as bad:
         verify_bundle(str(path), io=_NoSize(), limits=BundleLimits(max_ratio=256))  # type: ignore[arg-type]
     assert "more than 256 times as many (a compression bomb?)" in str(bad.value), bad.value

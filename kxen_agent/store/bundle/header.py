@@ -72,6 +72,8 @@ Progress = Callable[[int], None]
 #: The environment variables that set :class:`BundleLimits` (``objects_spec.md`` §12.13).
 ENV_MAX_BYTES = "KXEN_AGENT_BUNDLE_MAX_BYTES"
 ENV_MAX_RATIO = "KXEN_AGENT_BUNDLE_MAX_RATIO"
+#: The object bytes any bundle may hold, whatever its ratio: two largest objects (128 MiB + 34).
+RATIO_FLOOR = 2 * (MAX_OBJECT_SIZE + 17)
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,10 @@ class BundleLimits:
     are hashes), so they, not the file, are the cost: a 90 KB bundle of
     zstd frames of zeros declared 2.4 GB and took 25 s of CPU to verify.
     A bundle may declare at most ``max_bytes`` object bytes, and at most
-    ``max_ratio`` times its file's size — but never less than one object
-    of the largest size, :data:`~kxen_agent.store.objects.MAX_OBJECT_SIZE`
-    + 17, however small the file. Defaults: 4 GiB and 256 (measured
-    sessions compress 3 to 12 times; §12.5).
+    ``max_ratio`` times its file's size — but never less than
+    :data:`RATIO_FLOOR`, two objects of the largest size, however small the
+    file (one 64 MiB output of a single letter and the session around it).
+    Defaults: 4 GiB and 256 (measured sessions compress 3 to 12 times; §12.5).
     """
 
     max_bytes: int = 4 << 30
@@ -95,7 +97,7 @@ class BundleLimits:
         """The most object bytes a bundle of ``file_bytes`` (None: not known yet) may hold."""
         if file_bytes is None:
             return self.max_bytes
-        return min(self.max_bytes, max(MAX_OBJECT_SIZE + 17, self.max_ratio * file_bytes))
+        return min(self.max_bytes, max(RATIO_FLOOR, self.max_ratio * file_bytes))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "BundleLimits":
