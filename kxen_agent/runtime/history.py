@@ -42,6 +42,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.session.sessions import SessionStore
 from kxen_agent.store import Store
 
+from .history_bound import ViewBound
 from .history_index import INDEX_MIN_MESSAGES, Entry, index_path, read_index, write_index
 
 __all__ = ["RunHistory"]
@@ -67,6 +68,7 @@ class RunHistory:
         # positions unchanged since (a rewind lowers it): what save_index may append to.
         self._index: tuple[str, int, int] | None = None
         self._stable = 0
+        self._cut = False  # a message held was cut to the view's bounds (history_bound): no index is written
 
     @property
     def head(self) -> bytes | None:
@@ -107,8 +109,9 @@ class RunHistory:
         newer: list[tuple[bytes, dict[str, Any], bytes | None]] = []  # newest first (id, provider form, through)
         cur: bytes | None = head
         join = -1  # the position of the newest held message the chain goes through (-1: none)
+        bound = ViewBound(self._sessions)  # what is held stays within what a model could be shown
         while cur is not None:
-            m = self._sessions.read_message(cur)
+            m = bound.read(cur)
             self.reads += 1
             if m.seq < held and self._oids[m.seq] == cur:
                 join = m.seq  # ``head`` itself is held: a rewind to an earlier message
@@ -119,6 +122,8 @@ class RunHistory:
                 join = pos
                 break
             cur = parent
+        bound.settle(newer)
+        self._cut = self._cut or bound.cut
         del self._oids[join + 1:]
         del self._messages[join + 1:]
         self._stable = min(self._stable, join + 1)
@@ -204,7 +209,7 @@ class RunHistory:
             # next time, not extended by what that call's own sync adds.
             self._handed = None
         n = len(self._oids)
-        if n < INDEX_MIN_MESSAGES:
+        if n < INDEX_MIN_MESSAGES or self._cut:
             return False
         through = dict(self._compactions)
         entries: list[Entry] = [(self._oids[i], self._messages[i], through.get(i)) for i in range(n)]
