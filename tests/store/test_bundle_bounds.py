@@ -320,3 +320,17 @@ def test_a_writer_refuses_a_header_past_the_bound_in_one_line() -> None:
     refs = {"g/%06d" % i: {"r": b"\x11" * 32} for i in range(131070)}
     with pytest.raises(UsageError, match="too many refs for one bundle: 262140 group and ref names"):
         _Header((), refs, 1, 7).cbor()
+
+
+def test_the_json_form_declaring_a_bomb_is_refused_from_its_members(tmp_path: Path) -> None:
+    """The JSON form holds no compression, but its members are judged by the same bound before any object."""
+    import json
+
+    doc = json.loads((ROOT / "tests" / "store" / "hostile" / "valid.json").read_text())
+    doc["objectBytes"] = 150_000_000  # what 3 objects can hold, more than the floor a small file allows
+    path = tmp_path / "bomb.json"
+    path.write_text(json.dumps(doc))
+    done = cli(tmp_path, "bundle", "verify", str(path))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "header declares 150000000 object bytes in a file of" in done.stderr, done.stderr
+    assert "more than 256 times its size" in done.stderr, done.stderr
