@@ -6,7 +6,9 @@ in, which must resume. Also the model-call deadline against a server that trickl
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +22,7 @@ from kxen_agent.runtime.providers import AssistantTurn, ToolCall
 from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.agent_def import load_agent_definition
 from kxen_agent.store import Store
-from tests.helpers import Cli, tool_result_counts, write_agent
+from tests.helpers import KXEN_AGENT, Cli, tool_result_counts, write_agent
 
 from .fake_anthropic import FakeAnthropic
 from .fake_openai import FakeOpenAI
@@ -259,6 +261,7 @@ class Trickle:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
         self.stop = threading.Event()
+        self.asked = threading.Event()  # a request arrived
         self.thread = threading.Thread(target=self._serve, daemon=True)
 
     @property
@@ -285,6 +288,7 @@ class Trickle:
         with conn:
             try:
                 conn.recv(65536)
+                self.asked.set()
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
                 while not self.stop.wait(self.every_s):
                     conn.sendall(b" ")
@@ -302,3 +306,22 @@ def test_a_trickling_server_hits_the_model_call_deadline(okey: Cli, workspace: P
     assert res["status"] == "failed" and "within 2s, the model-call deadline" in res["error"], str(proc)
     assert took < 15, f"the call was held {took:.1f}s past a 2 s deadline"
     no_traceback(proc)
+
+
+def test_sigterm_ends_a_trickling_model_call_at_once(okey: Cli, workspace: Path, tmp_path: Path) -> None:
+    with Trickle() as server:
+        path = agent(tmp_path, server.base_url)  # the default deadline: 300 s
+        proc = subprocess.Popen([KXEN_AGENT, "run", "--workspace", str(workspace), "--task", "t", "--agent", str(path),
+                                 "--json"], env=okey.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert server.asked.wait(30), "the request never came"
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    res = json.loads(out)
+    assert res["status"] == "canceled" and "aborted" in res["error"], out + err
+    assert took < 10, f"SIGTERM took {took:.1f}s to end the call"
