@@ -18,9 +18,11 @@ import pytest
 
 from kxen_agent.runtime.answer_check import (AnswerLimits, BadArguments, check_turn, parse_arguments,
                                               safe_provider_message)
+from kxen_agent.runtime.events import TurnFinished
 from kxen_agent.runtime.providers import AssistantTurn, ToolCall
 from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.agent_def import load_agent_definition
+from kxen_agent.session.sessions import SessionStore
 from kxen_agent.store import Store
 from tests.helpers import KXEN_AGENT, Cli, tool_result_counts, write_agent
 
@@ -218,23 +220,34 @@ class _Unchecked:
         pass
 
 
-@pytest.mark.parametrize("arguments", [DEEP, ESCAPED_SURROGATE], ids=["1500-deep", "surrogate"])
-def test_a_session_bricked_by_the_old_code_resumes(okey: Cli, workspace: Path, tmp_path: Path, arguments: str) -> None:
+@pytest.mark.parametrize("arguments, started", [(DEEP, False), (ESCAPED_SURROGATE, True)],
+                         ids=["1500-deep", "surrogate"])
+def test_a_session_bricked_by_the_old_code_resumes(okey: Cli, workspace: Path, tmp_path: Path, arguments: str,
+                                                   started: bool) -> None:
     with FakeOpenAI() as server:
         lock = load_agent_definition(str(agent(tmp_path, server.base_url)))
         bad = AssistantTurn(None, (ToolCall("c_bad", "read_file", arguments),), "m", "tool_calls")
 
+        # Where the old code raised: for the depth, parsing the arguments before anything was journaled
+        # (right after the answer was durable); for the surrogate, in the tool, after Started.
         def crash(point: str) -> None:
-            if point == "tool:after-started":  # where the old code raised (or just before it, for the depth)
+            if started and point == "tool:after-started":
                 raise _Crash(point)
 
+        def listener(event: object) -> None:
+            if not started and isinstance(event, TurnFinished):
+                raise _Crash("turn recorded")
+
         store = Store.open(str(okey.state_dir))
-        runner = Runner(store, providers=lambda lock, endpoint: _Unchecked(bad), fault=crash)
+        runner = Runner(store, providers=lambda lock, endpoint: _Unchecked(bad), fault=crash, listener=listener)
         with pytest.raises(_Crash):
             runner.start(str(workspace), "read it", lock)
         [ses] = [s["id"] for s in okey.sessions()]
         recorded = [m for m in okey.log(ses) if m["role"] == "assistant"][0]["toolCalls"][0]["arguments"]
         assert recorded == arguments, "the bad value is recorded, as the old code did"
+        [run] = SessionStore(store).get(ses).runs
+        journal = okey.run_show(ses, run)["journal"]
+        assert [j["state"] for j in journal] == (["Started"] if started else [])
         server.reply_content("recovered")
         resumed = okey.resume(ses, expect=0)
         assert resumed.json()["result"] == "recovered"
