@@ -338,3 +338,33 @@ def test_sigterm_ends_a_trickling_model_call_at_once(okey: Cli, workspace: Path,
     res = json.loads(out)
     assert res["status"] == "canceled" and "aborted" in res["error"], out + err
     assert took < 10, f"SIGTERM took {took:.1f}s to end the call"
+
+
+# ==================================================================== streamed answers, provider by provider
+
+def test_streamed_answers_pass_the_door_too() -> None:
+    from kxen_agent.runtime.providers import AnthropicProvider, OpenAIProvider
+
+    hundred: object = []
+    for _ in range(100):
+        hundred = [hundred]
+    with FakeOpenAI() as server:
+        server.reply_tool_calls([("a", "read_file", DEEP), ("b", "read_file", RAW_SURROGATE)], content="x\ud800y")
+        provider = OpenAIProvider(server.base_url, "m", None)
+        try:
+            turn = provider.complete([{"role": "user", "content": "t"}], [], on_text=lambda piece: None)
+        finally:
+            provider.close()
+        assert server.chat_requests()[0]["stream"] is True
+    assert turn.content == "x\ufffdy"
+    assert [("nested more than 64" in c.arguments, "lone surrogate" in c.arguments) for c in turn.tool_calls] == \
+        [(True, False), (False, True)]
+    with FakeAnthropic() as server:
+        server.reply_tool_uses([("t1", "read_file", {"path": hundred}), ("t2", "read_file", {"path": "\ud800"})])
+        provider = AnthropicProvider(server.base_url, "m", None)
+        try:
+            turn = provider.complete([{"role": "user", "content": "t"}], [], on_text=lambda piece: None)
+        finally:
+            provider.close()
+    assert [("nested more than 64" in c.arguments, "lone surrogate" in c.arguments) for c in turn.tool_calls] == \
+        [(True, False), (False, True)]
