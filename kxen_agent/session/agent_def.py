@@ -28,8 +28,9 @@ Format (paths relative to the definition file)::
     max_tool_calls = 64                  # tool calls one answer may hold, 1 .. 10000 (version 4)
     max_argument_bytes = 1048576         # one call's arguments, 1024 .. 16 MiB (version 4)
 
-The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
-§14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+The lock is format version :data:`LOCK_VERSION` (4, ``objects_spec.md``
+§14.2; written as 3 unless it records a limit only version 4 has:
+``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
