@@ -63,8 +63,6 @@ REFUSED_PREFIX = "kxen-agent refused these arguments: "
 _MAX_NAME = 256
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# The tokens that change the nesting of JSON text: strings (skipped whole) and brackets.
-_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -97,20 +95,41 @@ def clean_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
-def _depth(text: str, limit: int) -> int:
-    """The nesting depth of JSON ``text``, counted up to ``limit + 1`` (never recursing)."""
-    if text.count("[") + text.count("{") <= limit:
-        return 0  # cannot be deeper: the common case costs two C scans
-    depth = 0
-    for m in _NESTING.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > limit:
-                return depth
-        elif c in "]}":
-            depth -= 1
-    return 0
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether parsed JSON ``value`` nests objects and arrays more than ``limit`` deep (a loop, no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if d > limit:
+            return True
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` of ``text``, NaN and Infinity refused; :class:`BadArguments` for what does not parse.
+
+    The decoder recurses once per level, guarded by Python's recursion limit: a text nested past it
+    (1,500 deep) raises RecursionError, reported here as too deep, never raised on.
+    """
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except BadArguments:
+        raise
+    except RecursionError:
+        raise BadArguments(f"arguments nested more than {MAX_DEPTH} levels deep; send a flatter object") from None
+    except ValueError as e:
+        raise BadArguments(f"arguments are not valid JSON ({e})") from None
+
+
+def _lone_surrogate(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def _no_constant(name: str) -> Any:
@@ -120,8 +139,7 @@ def _no_constant(name: str) -> Any:
 def parse_arguments(text: Any, *, max_bytes: int | None = None, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """The object a call's arguments ``text`` hold, or :class:`BadArguments` saying why not.
 
-    Never recurses deeper than ``max_depth`` and never returns a string that
-    is not Unicode. ``max_bytes`` None: no size limit (a value already recorded).
+    Never raises RecursionError and never returns a string that is not Unicode. ``max_bytes`` None: no size limit (a value already recorded).
     A refused call's arguments (:func:`refused_arguments`) raise with the reason
     they were refused.
     """
@@ -130,21 +148,16 @@ def parse_arguments(text: Any, *, max_bytes: int | None = None, max_depth: int =
     if max_bytes is not None and len(text) > max_bytes:  # at least as many bytes as characters
         raise BadArguments(f"arguments of {len(text):,} characters, over the limit of {max_bytes:,} bytes "
                            "([policy] max_argument_bytes); send less at a time")
-    if _SURROGATE.search(text):
+    if _lone_surrogate(text):
         raise BadArguments("arguments hold a lone surrogate (not Unicode); send valid UTF-8 text")
     if max_bytes is not None:
         size = len(text.encode("utf-8"))
         if size > max_bytes:
             raise BadArguments(f"arguments of {size:,} bytes, over the limit of {max_bytes:,} bytes "
                                "([policy] max_argument_bytes); send less at a time")
-    if _depth(text, max_depth) > max_depth:
+    value = _loads(text)
+    if _too_deep(value, max_depth):
         raise BadArguments(f"arguments nested more than {max_depth} levels deep; send a flatter object")
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except BadArguments:
-        raise
-    except (ValueError, RecursionError) as e:
-        raise BadArguments(f"arguments are not valid JSON ({e})") from None
     if isinstance(value, str) and value.startswith(REFUSED_PREFIX):
         raise BadArguments(value[len(REFUSED_PREFIX):])
     if not isinstance(value, dict):
@@ -251,19 +264,21 @@ def safe_provider_message(message: dict[str, Any]) -> dict[str, Any]:
 def _crash_problem(text: str) -> str | None:
     """Why recorded arguments ``text`` would crash a reader (too deep, not Unicode), or None. Other faults
     (not JSON, not an object) are left as recorded: the runner refuses them and providers send them as text."""
-    if _SURROGATE.search(text):
+    if _lone_surrogate(text):
         return "arguments hold a lone surrogate (not Unicode)"
-    if _depth(text, MAX_DEPTH) > MAX_DEPTH:
-        return f"arguments nested more than {MAX_DEPTH} levels deep"
     try:
         value = json.loads(text)
+    except RecursionError:
+        return f"arguments nested more than {MAX_DEPTH} levels deep"
     except ValueError:
         return None
-    if _has_surrogate(value):
+    if _too_deep(value, MAX_DEPTH):
+        return f"arguments nested more than {MAX_DEPTH} levels deep"
+    if "\\u" in text and _has_surrogate(value):
         return "arguments hold a lone surrogate (\\ud800-\\udfff escape, not Unicode)"
     return None
 
 
 def _quick_ok(text: str) -> bool:
     """True when ``text`` surely cannot crash a reader: shallow, and no surrogate raw or escaped."""
-    return text.count("[") + text.count("{") <= MAX_DEPTH and "\\u" not in text and not _SURROGATE.search(text)
+    return text.count("[") + text.count("{") <= MAX_DEPTH and "\\u" not in text and not _lone_surrogate(text)
