@@ -317,7 +317,7 @@ def test_a_trickling_server_hits_the_model_call_deadline(okey: Cli, workspace: P
         took = time.monotonic() - t0
     res = proc.json()
     assert res["status"] == "failed" and "within 2s, the model-call deadline" in res["error"], str(proc)
-    assert took < 15, f"the call was held {took:.1f}s past a 2 s deadline"
+    assert took < 30, f"the call was held {took:.1f}s past a 2 s deadline"  # (start-up on a busy machine included)
     no_traceback(proc)
 
 
