@@ -415,15 +415,13 @@ def delete_cmd(
 
     sessions = _sessions()
     ses = sessions.resolve_id(ses)
-    if worktree:
-        # The worktree must not vanish under a run working in it: take the session's lease.
-        from kxen_agent.runtime.lease import Lease, lease_ttl_s
+    # Under the session's lease: a live run must not lose its session (nor its worktree) under it; a busy
+    # session is LeaseBusy (exit 75), nothing changed.
+    from kxen_agent.runtime.lease import Lease, lease_ttl_s
 
-        lease_ttl_s()
-        with Lease.acquire(sessions.store, ses, purpose="delete"):
-            info, wt = sessions.delete(ses, worktree=True)
-    else:
-        info, wt = sessions.delete(ses)
+    lease_ttl_s()
+    with Lease.acquire(sessions.store, ses, purpose="delete"):
+        info, wt = sessions.delete(ses, worktree=worktree)
     if json_out:
         emit_json({"session": info.id, "deleted": True, "worktree": wt.path if wt else None,
                    "branch": wt.branch if wt else None, "commit": wt.commit if wt else None})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import sys
 import threading
@@ -87,13 +88,18 @@ def needs_approval(agent: dict, tool: str, side_effects: bool) -> bool:
     return side_effects and tool in agent.get("policy", {}).get("approve", ())
 
 
+_TERMINAL_UNSAFE = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def _shown(arguments: str, limit: int = 4000) -> str:
     """The arguments as a person reads them: indented JSON, C1 controls masked (no escape reaches the terminal)."""
     try:
         text = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except ValueError:
         text = json.dumps(arguments, ensure_ascii=False)
-    text = "".join("?" if 0x7F <= ord(c) <= 0x9F else c for c in text)
+    # Inside JSON strings only (json.dumps writes nothing else raw), so a \u escape is the same character:
+    # no C1 control, bidi override or isolate, line separator or lone surrogate reaches the terminal.
+    text = _TERMINAL_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)"
 
 

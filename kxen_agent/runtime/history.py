@@ -42,6 +42,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.session.sessions import SessionStore
 from kxen_agent.store import Store
 
+from .answer_check import safe_provider_message
 from .history_bound import ViewBound
 from .history_index import INDEX_MIN_MESSAGES, Entry, index_path, read_index, write_index
 
@@ -116,7 +117,9 @@ class RunHistory:
             if m.seq < held and self._oids[m.seq] == cur:
                 join = m.seq  # ``head`` itself is held: a rewind to an earlier message
                 break
-            newer.append((cur, m.to_provider(), m.through if m.role == "compaction" else None))
+            # A call recorded before the door (answer_check) existed may hold arguments no SDK survives:
+            # the model is shown them as refused, as the runner's tool result says they were.
+            newer.append((cur, safe_provider_message(m.to_provider()), m.through if m.role == "compaction" else None))
             parent, pos = m.parent, m.seq - 1
             if parent is not None and 0 <= pos < held and self._oids[pos] == parent:
                 join = pos
@@ -191,7 +194,7 @@ class RunHistory:
                 if through is not None:
                     self._compactions.append((len(self._oids), through))
                 self._oids.append(oid)
-                self._messages.append(msg)
+                self._messages.append(safe_provider_message(msg))
             self._handed = None
             n = len(self._oids)
             # Appending is for a file whose every byte is the prefix held: a torn tail is rewritten.

@@ -42,6 +42,8 @@ import blake3
 import zstandard
 
 from kxen_agent.store import codec
+
+from .answer_check import safe_provider_message
 from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, check_frame_parameters
 
 __all__ = [
@@ -347,7 +349,8 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
                 problems.append((path, f"entry {i} names message {oid.hex()}, which is message {m.seq} of "
                                  "another history: delete the file (the next run writes it again)"))
                 break
-            if m.to_provider() != p or (m.through if m.role == "compaction" else None) != through:
+            # The index holds the form the history loader sends (answer_check: a pre-door bad value refused).
+            if safe_provider_message(m.to_provider()) != p or (m.through if m.role == "compaction" else None) != through:
                 problems.append((path, f"entry {i} holds other content than message {oid.hex()}: "
                                  "delete the file (the next run writes it again)"))
                 break

@@ -49,6 +49,7 @@ from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
 
+from .answer_check import parse_arguments
 from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
 from .compaction import provider_history
 from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
@@ -485,9 +486,7 @@ def _refusal(call: dict, allowed: set[str]) -> ToolOutcome | None:
     if name not in TOOLS or name not in allowed:
         return ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
     try:
-        args = json.loads(call["arguments"] or "{}")
-        if not isinstance(args, dict):
-            raise ValueError("arguments must be a JSON object")
+        parse_arguments(call["arguments"] or "{}")  # never recurses or yields non-Unicode (answer_check)
     except ValueError as ex:
         return ToolOutcome(f"invalid arguments for {name}: {ex}", True)
     return None

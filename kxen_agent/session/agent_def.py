@@ -24,9 +24,13 @@ Format (paths relative to the definition file)::
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
     approve = ["shell", "write_file"]    # tools whose calls wait for a yes on the terminal (default: none)
     context_tokens = 100000              # compact the model's view above this (default: never; not script)
+    model_timeout_s = 300                # one model call's overall deadline, > 0 .. 86400 (version 4)
+    max_tool_calls = 64                  # tool calls one answer may hold, 1 .. 10000 (version 4)
+    max_argument_bytes = 1048576         # one call's arguments, 1024 .. 16 MiB (version 4)
 
-The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
-§14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+The lock is format version :data:`LOCK_VERSION` (4, ``objects_spec.md``
+§14.2; written as 3 unless it records a limit only version 4 has:
+``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
@@ -106,12 +110,22 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens")
+# Version 4 (§14.2): recorded only when the definition sets them (absent: the defaults), so that a
+# definition without them still makes the version-3 lock it always made.
+_POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 16 << 20)}
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS)
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``.
-LOCK_VERSION = 3
+LOCK_VERSION = 4
+#: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
+POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes")
+
+
+def lock_version_for(policy: dict[str, Any]) -> int:
+    """The version a lock with ``policy`` is written as: 4 when it records a version-4 key, else 3."""
+    return 4 if any(k in policy for k in POLICY_V4_KEYS) else 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
 _ENV_KEEP_MAX = 256
@@ -348,6 +362,17 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
             raise AgentDefinitionError(source, "policy.context_tokens", "the script provider replays its steps by "
                                        "the history it is shown, which compaction shortens; remove it")
     policy["context_tokens"] = tokens
+    if "model_timeout_s" in table:
+        policy["model_timeout_ms"] = _seconds_to_ms(source, "policy.model_timeout_s", table["model_timeout_s"],
+                                                    0, 86_400, True)
+    for key, (low, high) in _POLICY_V4_INTS.items():
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AgentDefinitionError(source, f"policy.{key}", f"expected an integer, got {_type_name(value)}")
+            if not low <= value <= high:
+                raise AgentDefinitionError(source, f"policy.{key}", f"{value} is out of range (must be {low} to {high})")
+            policy[key] = value
     return policy
 
 
@@ -523,7 +548,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
     lock = {
-        "version": LOCK_VERSION,
+        "version": lock_version_for(policy),
         "name": name,
         "provider": provider,
         "model": model,
@@ -588,7 +613,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
     except (TypeError, ValueError) as e:
         raise AgentDefinitionError("<embedded steps>", "script", f"steps are not JSON-serializable: {e}") from None
     return {
-        "version": LOCK_VERSION,
+        "version": 3,  # no version-4 policy key
         "name": name,
         "provider": "script",
         "model": "script",

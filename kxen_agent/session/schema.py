@@ -169,6 +169,10 @@ def _agent(v: Any) -> Links:
                                   f"not {_type_name(keep)}")
     if version >= 3 and p.d.get("context_tokens") is not None:
         p.int("context_tokens", low=1)
+    if version >= 4:  # the limits, each absent or an int (§14.2)
+        for key in ("model_timeout_ms", "max_tool_calls", "max_argument_bytes"):
+            if key in p.d:
+                p.int(key, low=1)
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):

@@ -40,6 +40,8 @@ import json
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
+from kxen_agent.runtime.answer_check import AnswerLimits, BadArguments, clean_text, parse_arguments, refused_arguments
+
 from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
 from .http_base import HttpProvider, retry_after_s, should_retry
 
@@ -63,13 +65,13 @@ def _tool_input(arguments: str) -> dict[str, Any]:
 
     Arguments that are not a JSON object (the model wrote bad JSON; the run
     refused the call) are sent back as they were, under one key, so the
-    model sees what it wrote.
+    model sees what it wrote: as text, which no SDK recurses into, made
+    valid Unicode (:mod:`~kxen_agent.runtime.answer_check`).
     """
     try:
-        value = json.loads(arguments or "{}")
-    except ValueError:
-        value = None
-    return value if isinstance(value, dict) else {"invalid_arguments": arguments}
+        return parse_arguments(arguments or "{}")
+    except BadArguments:
+        return {"invalid_arguments": clean_text(arguments) if isinstance(arguments, str) else str(arguments)}
 
 
 def to_messages(messages: list[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -145,8 +147,10 @@ def _usage(raw: Any, output: Any = None) -> Usage | None:
 class _Streamed:
     """A streamed answer put back together from its events."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_argument_bytes: int | None = None) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
+        # Input past this many characters is counted, not kept (see the OpenAI provider's).
+        self.max_argument_chars = max_argument_bytes
         self.model: str | None = None
         self.stop_reason: str | None = None
         self.start_usage: Any = None
@@ -163,7 +167,7 @@ class _Streamed:
         elif kind == "content_block_start":
             block = event.content_block
             btype = getattr(block, "type", None)
-            slot: dict[str, Any] = {"type": btype, "text": [], "json": []}
+            slot: dict[str, Any] = {"type": btype, "text": [], "json": [], "size": 0}
             if btype == "text":
                 text = getattr(block, "text", "") or ""
                 slot["text"].append(text)
@@ -182,7 +186,12 @@ class _Streamed:
                 slot["text"].append(delta.text)
                 return delta.text or None
             if dtype == "input_json_delta":
-                slot["json"].append(delta.partial_json)
+                piece = delta.partial_json
+                slot["size"] += len(piece) if isinstance(piece, str) else 0
+                if self.max_argument_chars is None or slot["size"] <= self.max_argument_chars:
+                    slot["json"].append(piece)
+                elif slot["json"]:
+                    slot["json"] = []
         elif kind == "message_delta":
             reason = getattr(getattr(event, "delta", None), "stop_reason", None)
             if reason is not None:
@@ -200,7 +209,13 @@ class _Streamed:
             if b["type"] == "text":
                 text.extend(b["text"])
             elif b["type"] == "tool_use":
-                calls.append((b.get("id"), "tool_use", b.get("name"), "".join(b["json"]) or "{}"))
+                limit = self.max_argument_chars
+                if limit is not None and b["size"] > limit:
+                    args = refused_arguments(f"arguments of {b['size']:,} characters, over the limit of {limit:,} "
+                                             "bytes ([policy] max_argument_bytes); send less at a time")
+                else:
+                    args = "".join(p for p in b["json"] if isinstance(p, str)) or "{}"
+                calls.append((b.get("id"), "tool_use", b.get("name"), args))
             elif b["type"] == "server_tool_use":
                 calls.append((None, "server_tool_use", None, ""))
         return text, calls
@@ -216,8 +231,9 @@ class AnthropicProvider(HttpProvider):
     """
 
     def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120,
-                 max_tokens: int = MAX_TOKENS) -> None:
-        super().__init__(base_url or DEFAULT_ANTHROPIC_URL, model, api_key_env, timeout_s)
+                 max_tokens: int = MAX_TOKENS, deadline_s: float | None = None,
+                 limits: AnswerLimits | None = None) -> None:
+        super().__init__(base_url or DEFAULT_ANTHROPIC_URL, model, api_key_env, timeout_s, deadline_s, limits)
         self.max_tokens = max_tokens
 
     # ------------------------------------------------------------ the SDK and the request
@@ -247,7 +263,7 @@ class AnthropicProvider(HttpProvider):
         return client.messages.create(**request)
 
     def _new_stream(self) -> _Streamed:
-        return _Streamed()
+        return _Streamed(self.limits.max_argument_bytes)
 
     def _streamed_turn(self, streamed: _Streamed, key: str) -> AssistantTurn:
         if streamed.stop_reason is None or not streamed.stopped:
@@ -289,8 +305,11 @@ class AnthropicProvider(HttpProvider):
                 text.append(getattr(block, "text", "") or "")
             elif btype == "tool_use":
                 raw = getattr(block, "input", None)
-                calls.append((getattr(block, "id", None), "tool_use", getattr(block, "name", None),
-                              json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else None))
+                try:
+                    args = json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else None
+                except (RecursionError, ValueError):  # nested past what the encoder takes: the door's refusal
+                    args = refused_arguments("arguments nested too deeply to read; send a flatter object")
+                calls.append((getattr(block, "id", None), "tool_use", getattr(block, "name", None), args))
             elif btype == "server_tool_use":
                 calls.append((None, "server_tool_use", None, ""))
         return self._turn("".join(text) if text else None, calls, getattr(response, "stop_reason", None),

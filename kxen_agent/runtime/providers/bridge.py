@@ -22,10 +22,11 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["CANCEL_POLL_S", "Canceled", "LoopThread"]
+__all__ = ["CANCEL_POLL_S", "Canceled", "DeadlineExceeded", "LoopThread"]
 
 T = TypeVar("T")
 
@@ -39,6 +40,10 @@ _UNWIND_S = 2.0
 
 class Canceled(Exception):
     """The cancel event was set: the request was cancelled and has unwound."""
+
+
+class DeadlineExceeded(Exception):
+    """The call's overall deadline passed: the request was cancelled and has unwound."""
 
 
 class LoopThread:
@@ -60,8 +65,13 @@ class LoopThread:
             return self._loop
 
     def call(self, make: Callable[[Callable[[str], None]], Coroutine[Any, Any, T]], *,
-             cancel: threading.Event | None, on_text: Callable[[str], None] | None) -> T:
+             cancel: threading.Event | None, on_text: Callable[[str], None] | None,
+             deadline_s: float | None = None) -> T:
         """Run ``make(emit)`` on the loop and wait for its result.
+
+        ``deadline_s`` bounds the whole call (not each read: a server that
+        sends a byte now and then never trips a read timeout): past it, the
+        task is cancelled as for ``cancel`` and :class:`DeadlineExceeded` is raised.
 
         ``emit(text)`` (called on the loop) queues text for ``on_text``,
         which runs here, on the calling thread. If ``cancel`` is set first,
@@ -74,10 +84,13 @@ class LoopThread:
         fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(make(pieces.put), loop)
         fut.add_done_callback(lambda _: pieces.put(None))  # wakes the wait below at once
         finished = False
+        ends = None if deadline_s is None else time.monotonic() + deadline_s
         try:
             while True:
                 if cancel is not None and cancel.is_set():
                     raise Canceled()
+                if ends is not None and time.monotonic() >= ends:
+                    raise DeadlineExceeded()
                 try:
                     piece = pieces.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:

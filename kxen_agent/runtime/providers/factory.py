@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kxen_agent.errors import UsageError
+from kxen_agent.runtime.answer_check import limits_of
 from kxen_agent.session.agent_def import base_url_problem
 
 from .anthropic import AnthropicProvider
@@ -108,14 +109,21 @@ def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None
             raise UsageError(f"agent lock script is not valid JSON ({e}); fix the agent's script") from None
         if not isinstance(steps, list):
             raise UsageError("agent lock script must be a JSON list of steps; fix the agent's script")
-        return ScriptProvider(steps, model=endpoint.model if endpoint else (model or "script"))
+        return ScriptProvider(steps, model=endpoint.model if endpoint else (model or "script"), limits=limits_of(lock))
     if kind in _ENDPOINT_PROVIDERS:
         if not isinstance(model, str) or not model:
             raise UsageError(f"agent lock has provider {kind!r} but no model; set the model name")
         ep = endpoint or model_endpoint(lock)
+        # The lock's limits: each call's overall deadline, and what an answer may hold (answer_check).
+        deadline_ms = (lock.get("policy") or {}).get("model_timeout_ms")
+        if not (type(deadline_ms) is int and 0 < deadline_ms <= 86_400_000):
+            deadline_ms = None  # the default (a version-3 lock has none)
+        common: dict[str, Any] = {"base_url": ep.base_url, "model": ep.model, "api_key_env": lock.get("api_key_env"),
+                                  "deadline_s": None if deadline_ms is None else deadline_ms / 1000,
+                                  "limits": limits_of(lock)}
         if kind == "anthropic":
-            return AnthropicProvider(base_url=ep.base_url, model=ep.model, api_key_env=lock.get("api_key_env"))
-        return OpenAIProvider(base_url=ep.base_url, model=ep.model, api_key_env=lock.get("api_key_env"))
+            return AnthropicProvider(**common)
+        return OpenAIProvider(**common)
     raise UsageError(f"agent lock names unknown provider {kind!r}; use 'script', 'openai' or 'anthropic'")
 
 

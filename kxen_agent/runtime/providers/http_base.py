@@ -26,10 +26,17 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
-from .base import AssistantTurn, OnText, ProviderCanceled, ProviderError, one_line
-from .bridge import Canceled, LoopThread
+from kxen_agent.runtime.answer_check import AnswerLimits, check_turn
 
-__all__ = ["HttpProvider", "StreamedAnswer", "retry_after_s", "should_retry"]
+from .base import AssistantTurn, OnText, ProviderCanceled, ProviderError, one_line
+from .bridge import Canceled, DeadlineExceeded, LoopThread
+
+__all__ = ["DEFAULT_MODEL_DEADLINE_S", "HttpProvider", "StreamedAnswer", "retry_after_s", "should_retry"]
+
+#: The overall deadline of one model call by default (``[policy] model_timeout_s``): long enough
+#: for an 8,192-token answer at under 30 tokens a second, short enough that a server trickling
+#: a token now and then cannot hold a run (the read timeout alone never fires on it).
+DEFAULT_MODEL_DEADLINE_S = 300.0
 
 T = TypeVar("T")
 
@@ -81,17 +88,23 @@ class HttpProvider(abc.ABC):
     ``base_url`` is where requests go (never an SDK's environment default);
     ``api_key_env`` the variable holding the key (None: a placeholder key
     is sent, for local servers that need none); ``timeout_s`` bounds
-    connecting and each wait for data.
+    connecting and each wait for data; ``deadline_s`` the whole call
+    (:class:`ProviderError`, not transient, when it passes); ``limits`` the
+    answer (:func:`~kxen_agent.runtime.answer_check.check_turn`, applied to
+    every turn before it is returned).
 
     A subclass supplies its SDK and wire format through the methods under
     "what a provider supplies"; :meth:`complete` and the request are here.
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, model: str, api_key_env: str | None, timeout_s: float,
+                 deadline_s: float | None = None, limits: AnswerLimits | None = None) -> None:
         self.base_url = base_url
         self.model = model
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
+        self.deadline_s = DEFAULT_MODEL_DEADLINE_S if deadline_s is None else deadline_s
+        self.limits = limits or AnswerLimits()
         self._loop = LoopThread("kxen-provider")
         self._client: Any = None  # created and used on the loop's thread only
         self._client_key: str | None = None
@@ -155,7 +168,8 @@ class HttpProvider(abc.ABC):
         def make(emit: Callable[[str], None]) -> Any:
             return self._request(sdk, key, request, emit if on_text is not None else None)
 
-        return self._call(make, cancel=cancel, on_text=on_text)
+        # The door (answer_check): nothing a model sends reaches the runner's records unchecked.
+        return check_turn(self._call(make, cancel=cancel, on_text=on_text), self.limits)
 
     def _client_options(self, key: str) -> dict[str, Any]:
         # api_key and base_url explicit: the SDK then reads no credential or
@@ -168,10 +182,14 @@ class HttpProvider(abc.ABC):
         client = await self._client_for(key, lambda k: self._new_client(sdk, self._client_options(k)))
         try:
             response = await self._send(client, request)
+            if emit is None:
+                return self._parse(response, key)
         except self._sdk_error(sdk) as e:
             raise self._map_error(sdk, e, key) from None
-        if emit is None:
-            return self._parse(response, key)
+        except RecursionError:
+            # An answer nested past what the SDK's parser (or ours) can read: nothing of it exists to record.
+            raise ProviderError(f"the answer from the model provider at {self.base_url} is nested too deeply to "
+                                "read; nothing of it was recorded", transient=False) from None
         streamed = self._new_stream()
         try:
             async for event in response:
@@ -193,7 +211,11 @@ class HttpProvider(abc.ABC):
               cancel: threading.Event | None, on_text: OnText | None) -> T:
         """Run ``make(emit)`` on the loop thread; :class:`ProviderCanceled` if ``cancel`` is set first."""
         try:
-            return self._loop.call(make, cancel=cancel, on_text=on_text)
+            return self._loop.call(make, cancel=cancel, on_text=on_text, deadline_s=self.deadline_s)
+        except DeadlineExceeded:
+            raise ProviderError(f"the model provider at {self.base_url} did not complete its answer within "
+                                f"{self.deadline_s:g}s, the model-call deadline ([policy] model_timeout_s); the "
+                                "request was aborted and nothing of its answer was recorded", transient=False) from None
         except Canceled:
             raise ProviderCanceled(f"the request to the model provider at {self.base_url} was aborted "
                                    "(its connection closed) because the run was canceled") from None

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
+from kxen_agent.runtime.answer_check import AnswerLimits, refused_arguments
+
 from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
 from .http_base import HttpProvider, retry_after_s, should_retry
 
@@ -69,9 +71,12 @@ def _usage(raw: Any) -> Usage | None:
 class _Streamed:
     """A streamed answer put back together from its chunks."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_argument_bytes: int | None = None) -> None:
         self.text: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
+        # Arguments past this many characters are counted, not kept: a 50 MB argument the
+        # door refuses anyway must not be held (its pieces cost far more than their text).
+        self.max_argument_chars = max_argument_bytes
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.model: str | None = None
@@ -94,7 +99,8 @@ class _Streamed:
             for tc in getattr(delta, "tool_calls", None) or ():
                 index = getattr(tc, "index", None)
                 slot = self.calls.setdefault(index if isinstance(index, int) else len(self.calls),
-                                             {"id": None, "type": None, "name": None, "arguments": []})
+                                             {"id": None, "type": None, "name": None, "arguments": [],
+                                              "size": 0})
                 if getattr(tc, "id", None) is not None:
                     slot["id"] = tc.id
                 if getattr(tc, "type", None) is not None:
@@ -105,7 +111,11 @@ class _Streamed:
                     slot["name"] = name  # sent once, in the call's first chunk
                 args = getattr(fn, "arguments", None)
                 if isinstance(args, str):
-                    slot["arguments"].append(args)
+                    slot["size"] += len(args)
+                    if self.max_argument_chars is None or slot["size"] <= self.max_argument_chars:
+                        slot["arguments"].append(args)
+                    elif slot["arguments"]:
+                        slot["arguments"] = []
             reason = getattr(choice, "finish_reason", None)
             if reason is not None:
                 self.finish_reason = reason
@@ -121,8 +131,9 @@ class OpenAIProvider(HttpProvider):
     each wait for data (with streaming: for the next piece of the answer).
     """
 
-    def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120) -> None:
-        super().__init__(base_url or DEFAULT_BASE_URL, model, api_key_env, timeout_s)
+    def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120,
+                 deadline_s: float | None = None, limits: AnswerLimits | None = None) -> None:
+        super().__init__(base_url or DEFAULT_BASE_URL, model, api_key_env, timeout_s, deadline_s, limits)
 
     # ------------------------------------------------------------ the SDK and the request
 
@@ -153,14 +164,18 @@ class OpenAIProvider(HttpProvider):
         return client.chat.completions.create(**request)
 
     def _new_stream(self) -> _Streamed:
-        return _Streamed()
+        return _Streamed(self.limits.max_argument_bytes)
 
     def _streamed_turn(self, streamed: _Streamed, key: str) -> AssistantTurn:
         if streamed.finish_reason is None:
             # A stream that ends without saying why was cut short: the answer is incomplete.
             raise ProviderError(f"the streamed answer from the model provider at {self.base_url} ended before "
                                 "it was complete (no finish_reason)", transient=True)
-        calls = [(c["id"], c["type"] or "function", c["name"], "".join(c["arguments"]))
+        limit = streamed.max_argument_chars
+        calls = [(c["id"], c["type"] or "function", c["name"],
+                  "".join(c["arguments"]) if limit is None or c["size"] <= limit else refused_arguments(
+                      f"arguments of {c['size']:,} characters, over the limit of {limit:,} bytes "
+                      "([policy] max_argument_bytes); send less at a time"))
                  for _, c in sorted(streamed.calls.items())]
         return self._turn("".join(streamed.text) if streamed.text else None, calls, streamed.finish_reason,
                           streamed.usage, streamed.model, key)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kxen_agent.errors import UsageError
+from kxen_agent.runtime.answer_check import AnswerLimits, check_turn
 
 from .base import AssistantTurn, OnText, ProviderCanceled, ToolCall
 
@@ -47,8 +48,10 @@ class ScriptProvider:
 
     base_url: str | None = None
 
-    def __init__(self, steps: Sequence[Mapping[str, Any]], model: str = "script") -> None:
+    def __init__(self, steps: Sequence[Mapping[str, Any]], model: str = "script",
+                 limits: AnswerLimits | None = None) -> None:
         self.model = model
+        self.limits = limits or AnswerLimits()
         self._turns = tuple(self._compile(i, step) for i, step in enumerate(steps))
 
     def _compile(self, index: int, step: object) -> tuple[str | None, tuple[ToolCall, ...]]:
@@ -88,7 +91,8 @@ class ScriptProvider:
                 if cancel is not None and cancel.is_set():
                     raise ProviderCanceled("the script provider's answer was abandoned: the run was canceled")
                 on_text(piece)
-        return AssistantTurn(content=content, tool_calls=calls, model=self.model)
+        # The door, as for a real model: steps are an agent's (maybe a foreign lock's) text.
+        return check_turn(AssistantTurn(content=content, tool_calls=calls, model=self.model), self.limits)
 
     def close(self) -> None:
         """Nothing to release."""
