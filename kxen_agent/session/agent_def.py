@@ -24,6 +24,7 @@ Format (paths relative to the definition file)::
     env_keep = ["GITHUB_TOKEN", "AWS_*"] # credential-looking variables the shell keeps (default: none)
     approve = ["shell", "write_file"]    # tools whose calls wait for a yes on the terminal (default: none)
     context_tokens = 100000              # compact the model's view above this (default: never; not script)
+    max_file_bytes = 8388608             # the most a file tool reads/writes of one file (1024 .. 1 GiB)
 
 The lock is format version :data:`LOCK_VERSION` (3, ``objects_spec.md``
 §14.2): it records ``version`` and ``policy.env_keep`` (from 2) and may name
@@ -106,7 +107,9 @@ _POLICY_SECONDS = (
 )
 _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens")
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "max_file_bytes")
+#: ``[policy] max_file_bytes``: written into the lock only when set (absent: the file tools' 8 MiB).
+_MAX_FILE_BYTES_RANGE = (1024, 1 << 30)
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
@@ -348,6 +351,14 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
             raise AgentDefinitionError(source, "policy.context_tokens", "the script provider replays its steps by "
                                        "the history it is shown, which compaction shortens; remove it")
     policy["context_tokens"] = tokens
+    if "max_file_bytes" in table:
+        low, high = _MAX_FILE_BYTES_RANGE
+        size = table["max_file_bytes"]
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise AgentDefinitionError(source, "policy.max_file_bytes", f"expected an integer, got {_type_name(size)}")
+        if not low <= size <= high:
+            raise AgentDefinitionError(source, "policy.max_file_bytes", f"{size} is out of range (must be {low} to {high})")
+        policy["max_file_bytes"] = size
     return policy
 
 

@@ -169,6 +169,7 @@ def _agent(v: Any) -> Links:
                                   f"not {_type_name(keep)}")
     if version >= 3 and p.d.get("context_tokens") is not None:
         p.int("context_tokens", low=1)
+    p.int("max_file_bytes", low=1, optional=True)  # §14.2: optional, absent is 8 MiB
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
