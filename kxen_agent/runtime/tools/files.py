@@ -137,6 +137,13 @@ def _changed(path: str, where: str) -> _Refused:
                     "list_files and retry")
 
 
+def _is_symlink(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def _open_dir(root: str, parts: list[str], path: str, *, create: bool = False) -> Iterator[int]:
     """An fd of the directory ``root/parts...``, opened one component at a time without following symlinks.
@@ -161,13 +168,13 @@ def _open_dir(root: str, parts: list[str], path: str, *, create: bool = False) -
                 try:
                     nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
-                    if e.errno == errno.ELOOP:
+                    if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and _is_symlink(fd, name)):
                         raise _changed(path, shown) from None
                     raise
             except OSError as e:
-                # A symlink here now: resolution found none, so it appeared since. (ENOTDIR, a file
-                # where a directory is needed, is the caller's "not a directory".)
-                if e.errno == errno.ELOOP:
+                # A symlink here now: resolution found none, so it appeared since. (A file where a
+                # directory is needed is the caller's "not a directory".)
+                if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and _is_symlink(fd, name)):
                     raise _changed(path, shown) from None
                 raise
             os.close(fd)
