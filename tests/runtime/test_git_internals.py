@@ -246,8 +246,7 @@ def test_an_agent_with_file_tools_only_cannot_plant_fsmonitor(repo: Path, tmp_pa
         {"name": "write_file", "arguments": {"path": "nested/.git", "content": f"gitdir: {tmp_path}\n"}},
     ]
     agent = write_agent(tmp_path / "agent", [{"content": "Planting.", "tool_calls": calls}, {"content": "Done."}],
-                        tools=["read_file", "write_file", "edit_file", "list_files"],
-                        policy={"max_file_bytes": 4096})
+                        tools=["read_file", "write_file", "edit_file", "list_files"])
     kx = _kx(tmp_path, gitenv)
     res = kx.run_json(repo, "plant it", agent, expect=0).json()
     assert res["status"] == "completed"
@@ -283,3 +282,50 @@ def test_git_config_changed_by_a_run_is_reported_at_its_end(repo: Path, tmp_path
     agent2 = write_agent(tmp_path / "agent2", steps2)
     p = kx("run", "--workspace", str(repo), "--task", "read", "--agent", str(agent2), expect=0)
     assert "completed" in p.err and "changed during the run" not in p.err, p.err
+
+
+def test_workspace_config_commands_do_not_run_in_worktree_fork_delete_undelete(repo: Path, tmp_path: Path,
+                                                                              gitenv: dict[str, str]) -> None:
+    marker = tmp_path / "ran.txt"
+    evil = evil_script(tmp_path, marker)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for hook in ("post-checkout", "reference-transaction", "post-index-change"):
+        (hooks / hook).symlink_to(evil)
+    # A filter whose smudge a checkout runs: the attributes are committed, the command is the repository's.
+    (repo / ".gitattributes").write_text("*.txt filter=evil\n")
+    (repo / "data.txt").write_text("data\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "attributes")
+    agent = write_agent(tmp_path / "agent", [{"content": "Nothing to do."}])
+    kx = _kx(tmp_path, gitenv)
+    ses = kx.run_json(repo, "idle", agent, expect=0).json()["session"]
+    # Written after the session exists, as a shell tool (or anyone) could.
+    for key, value in (("core.fsmonitor", str(evil)), ("core.hooksPath", str(hooks)),
+                       ("filter.evil.smudge", str(evil)), ("filter.evil.clean", str(evil)),
+                       ("filter.evil.required", "true"), ("core.sshCommand", str(evil))):
+        git(repo, "config", key, value)
+    assert subprocess.run(["git", "status"], cwd=repo, capture_output=True,
+                          env={**os.environ, **gitenv}).returncode != 0 or marker.exists(), "the trap is not armed"
+    marker.unlink(missing_ok=True)
+    fork = kx("session", "fork", ses, "--worktree", "alt", "--json", expect=0).json()
+    wt = Path(fork["workspace"]["root"])
+    assert (wt / "data.txt").read_text() == "data\n"
+    kx("session", "delete", fork["id"], "--worktree", expect=0)
+    assert not wt.exists()
+    kx("session", "undelete", fork["id"], expect=0)
+    assert (wt / "data.txt").read_text() == "data\n"
+    assert not marker.exists(), marker.read_text()
+
+
+def test_max_file_bytes_of_the_definition_reaches_the_tools(repo: Path, tmp_path: Path,
+                                                           gitenv: dict[str, str]) -> None:
+    (repo / "big.txt").write_text("x" * 3000)
+    steps = [{"content": "Editing.", "tool_calls": [
+        {"name": "edit_file", "arguments": {"path": "big.txt", "old": "xx", "new": "y"}}]}, {"content": "Done."}]
+    agent = write_agent(tmp_path / "agent", steps, policy={"max_file_bytes": 2048})
+    kx = _kx(tmp_path, gitenv)
+    res = kx.run_json(repo, "edit", agent, expect=0).json()
+    tool = [e for e in kx.log(res["session"]) if e.get("role") == "tool"]
+    assert len(tool) == 1 and "over the 2048-byte limit of edit_file" in json.dumps(tool[0]), tool
+    assert (repo / "big.txt").read_text() == "x" * 3000
