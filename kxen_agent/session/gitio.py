@@ -23,8 +23,8 @@ remote lease run, and three kinds of repository:
   in the workbench; only after the operation succeeded are its packs
   adopted into the mirror, so a refused or interrupted push or pull
   changes nothing in the state dir. Every ``git`` runs through
-  :mod:`.gitproc` (its safe configuration, a timeout, a process group of
-  its own); a workbench removes itself on SIGTERM too (:func:`~.gitproc.terminable`);
+  :mod:`.gitproc` (its safe configuration, a timeout, killed with its
+  children); a workbench removes itself on SIGTERM too (:func:`~.gitproc.terminable`);
 - the **remote**, any URL Git speaks (a path, ``file://``, ``ssh://``,
   ``git://``, smart HTTP(S)).
 
@@ -584,7 +584,7 @@ class Workbench:
                 yield (oid, typ, size), body
         finally:
             proc.stdout.close()
-            gitproc.kill_group(proc)
+            gitproc.kill_tree(proc)
             writer.join()
 
     def rev_list_objects(self, tips: Sequence[bytes], exclude: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:

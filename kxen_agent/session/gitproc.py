@@ -18,14 +18,18 @@ whatever the repository says:
   replaced by the user's global/system values, or made inert where the user
   sets none — so Git LFS, installed in the global config, keeps working;
 - an environment without the variables that would point ``git`` at another
-  repository, a fixed locale and no terminal prompt for HTTP credentials.
+  repository, and a fixed locale (so its messages can be read).
 
-Every process runs in its own process group with a timeout
-(:data:`LOCAL_TIMEOUT_S`, :func:`remote_timeout_s` for commands that talk to
-a remote); on a timeout, an exception (Ctrl-C) or SIGTERM (see
-:func:`terminable`) the whole group is killed and reaped before the error
+Every process runs with a timeout (:data:`LOCAL_TIMEOUT_S`,
+:func:`remote_timeout_s` for commands that talk to a remote); on a timeout,
+an exception (Ctrl-C) or SIGTERM (see :func:`terminable`) it is killed with
+every process it started (:func:`kill_tree`) and reaped before the error
 goes on, so ``git`` and its helpers (``ssh``, ``git-remote-http``,
-``upload-pack``) never outlive the command that started them.
+``pack-objects``, a local ``receive-pack``) never outlive the command that
+started them. It stays in kxen-agent's process group, so that whatever
+kills that group (a supervisor, Ctrl-C on the terminal) kills it too: in a
+group of its own, a push would go on after its kxen-agent was killed with
+its group, and ``ssh`` could not ask for a passphrase.
 
 It must never decide what a ``git`` command means (``workspace``,
 ``gitio`` do); it only starts, bounds and ends them.
@@ -52,7 +56,7 @@ __all__ = [
     "Terminated",
     "git_argv",
     "git_env",
-    "kill_group",
+    "kill_tree",
     "remote_timeout_s",
     "repository_overrides",
     "run",
@@ -107,7 +111,7 @@ _TRUSTED_SCOPES = ("system", "global")
 
 
 class GitTimeout(KxenError):
-    """A git process ran past its timeout and was killed (with its process group)."""
+    """A git process ran past its timeout and was killed (with every process it started)."""
 
 
 class Terminated(KxenError):
@@ -121,7 +125,6 @@ def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}
     env["LC_ALL"] = "C"
     env.pop("LANGUAGE", None)
-    env["GIT_TERMINAL_PROMPT"] = "0"
     env["GIT_PAGER"] = "cat"
     if extra:
         env.update(extra)
@@ -183,7 +186,7 @@ def repository_overrides(cwd: str | None = None, *, git_dir: str | None = None,
         value = value_b.decode("utf-8", "surrogateescape")
         if scope in _TRUSTED_SCOPES:
             trusted.setdefault(key, []).append(value)
-        elif key not in untrusted:
+        elif scope in ("local", "worktree") and key not in untrusted:  # "command": our own -c
             untrusted.append(key)
     config: list[str] = []
     env: dict[str, str] = {}
@@ -217,88 +220,90 @@ def repository_overrides(cwd: str | None = None, *, git_dir: str | None = None,
 # ---------------------------------------------------------------- processes
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s process group (its own: see :func:`spawn`) and reap ``proc``."""
+def _children_of() -> dict[int, list[int]]:
+    """Every live process's children, from ``/proc`` (empty where there is none)."""
+    out: dict[int, list[int]] = {}
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            out.setdefault(int(fields[1]), []).append(int(entry))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, found, todo = _children_of(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process it started (``ssh``, ``pack-objects``, a local ``receive-pack``), then reap it.
+
+    Each is stopped first, so none can start another while the tree is
+    read; a tree read from ``/proc`` (Linux), else ``proc`` alone.
+    """
+    if proc.poll() is None:
+        _signal(proc.pid, signal.SIGSTOP)
+        stopped: list[int] = []
+        for _ in range(8):  # a child forked just before its parent stopped: look again
+            fresh = [p for p in _descendants(proc.pid) if p not in stopped]
+            if not fresh:
+                break
+            for p in fresh:
+                _signal(p, signal.SIGSTOP)
+            stopped += fresh
+        for p in [proc.pid, *stopped]:
+            _signal(p, signal.SIGKILL)
     proc.wait()
 
 
 def spawn(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str], stdin: int | None,
           stdout: int | None = subprocess.PIPE, stderr: int | None = subprocess.PIPE) -> subprocess.Popen:
-    """Start ``argv`` as the leader of a new process group (killed whole by :func:`kill_group`)."""
-    return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr,
-                            process_group=0)
+    """Start ``argv`` in our process group (ended with its children by :func:`kill_tree`).
+
+    Not a group of its own: whatever ends kxen-agent's group (Ctrl-C on the
+    terminal, a supervisor's kill of the group) ends its ``git`` with it,
+    and ``ssh`` can still ask for a passphrase on the terminal.
+    """
+    return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout, stderr=stderr)
 
 
 def _communicate(argv: Sequence[str], *, cwd: str | None, input: bytes | None, env: Mapping[str, str],
                  timeout: float) -> subprocess.CompletedProcess[bytes]:
     proc = spawn(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
-    with _terminal_to(proc) as handed:
-        try:
-            out, err = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            raise GitTimeout(f"git {_subcommand(argv)} did not finish within {timeout:g} s and was stopped; "
-                             "check the network and the remote (a remote command's limit is "
-                             f"{REMOTE_TIMEOUT_ENV} seconds, default {_REMOTE_TIMEOUT_DEFAULT_S:g})") from None
-        except BaseException:
-            kill_group(proc)
-            raise
-    # Helpers git started and left behind (an ssh kept alive) go with it.
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if handed and proc.returncode == -signal.SIGINT:
-        raise KeyboardInterrupt  # Ctrl-C went to git's group, which held the terminal
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise GitTimeout(f"git {_subcommand(argv)} did not finish within {timeout:g} s and was stopped; "
+                         "check the network and the remote (a remote command's limit is "
+                         f"{REMOTE_TIMEOUT_ENV} seconds, default {_REMOTE_TIMEOUT_DEFAULT_S:g})") from None
+    except BaseException:
+        kill_tree(proc)  # Ctrl-C, SIGTERM (terminable): git and what it started end with us
+        raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
-
-
-@contextlib.contextmanager
-def _terminal_to(proc: subprocess.Popen) -> Iterator[bool]:
-    """Make ``proc``'s group the terminal's foreground while it runs, as a shell does for a job.
-
-    In a group of its own in the background, ``ssh`` asking for a
-    passphrase or a host key would be stopped (SIGTTIN) until the timeout.
-    Only from the main thread of a process in the terminal's foreground;
-    yields whether it did.
-    """
-    fd = -1
-    if threading.current_thread() is threading.main_thread():
-        try:
-            fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-            if os.tcgetpgrp(fd) != os.getpgrp():
-                os.close(fd)
-                fd = -1
-        except OSError:
-            if fd >= 0:
-                os.close(fd)
-            fd = -1
-    if fd < 0:
-        yield False
-        return
-    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may not set the foreground otherwise
-    try:
-        try:
-            os.tcsetpgrp(fd, proc.pid)
-            os.killpg(proc.pid, signal.SIGCONT)  # had it read the terminal before, it was stopped
-        except OSError:
-            pass
-        yield True
-    finally:
-        try:
-            os.tcsetpgrp(fd, os.getpgrp())
-        except OSError:
-            pass
-        signal.signal(signal.SIGTTOU, old)
-        os.close(fd)
 
 
 def _subcommand(argv: Sequence[str]) -> str:
@@ -318,7 +323,7 @@ def _subcommand(argv: Sequence[str]) -> str:
 def run(args: Sequence[str], *, cwd: str | None = None, chdir: str | None = None, git_dir: str | None = None,
         input: bytes | None = None, timeout: float | None = None, remote: bool = False, config: Sequence[str] = (),
         env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run ``git [-C chdir] ARGS`` in ``cwd`` (bytes out), bounded, in its own process group.
+    """Run ``git [-C chdir] ARGS`` in ``cwd`` (bytes out), bounded, killed with its children when it must end.
 
     ``remote``: it talks to a remote (timeout :func:`remote_timeout_s`);
     ``timeout`` overrides either default. A subcommand of

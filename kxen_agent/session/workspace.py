@@ -193,14 +193,15 @@ class WorkspaceIdentity:
 def git(cwd: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     """``git -C cwd ARGS`` through :mod:`.gitproc` (its safe configuration, timeout and process group), text out.
 
-    Inspection must not take ``index.lock`` behind the user's back (``GIT_OPTIONAL_LOCKS=0``).
+    Inspection must not take ``index.lock`` behind the user's back (``GIT_OPTIONAL_LOCKS=0``), nor wait on
+    a prompt (``GIT_TERMINAL_PROMPT=0``: a submodule that needs credentials fails the fork instead).
     """
     import subprocess
 
     from . import gitproc
 
     try:
-        p = gitproc.run(list(args), chdir=cwd, env={"GIT_OPTIONAL_LOCKS": "0"})
+        p = gitproc.run(list(args), chdir=cwd, env={"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"})
     except gitproc.GitTimeout as e:
         raise WorkspaceError(str(e)) from None
     except FileNotFoundError:
