@@ -193,28 +193,42 @@ def repository_overrides(cwd: str | None = None, *, git_dir: str | None = None,
     for key in untrusted:
         good = trusted.get(key, [])
         if _MULTI.fullmatch(key):
-            config += [f"{key}=", *(f"{key}={v}" for v in good if v)]
+            config += [f"{key}\0", *(f"{key}\0{v}" for v in good if v)]
         elif key == "core.gitproxy":
             # First match wins, so a -c cannot override it; the variable can.
             env["GIT_PROXY_COMMAND"] = good[-1] if good else ""
         elif good:
-            config.append(f"{key}={good[-1]}")
+            config.append(f"{key}\0{good[-1]}")
         elif key.startswith("filter."):
-            config += [f"{key}=", f"{key.rsplit('.', 1)[0]}.required=false"]
+            config += [f"{key}\0", f"{key.rsplit('.', 1)[0]}.required\0false"]
         elif key.startswith("submodule."):
-            config.append(f"{key}=checkout")
+            config.append(f"{key}\0checkout")
         elif key == "core.sshcommand":
-            config.append(f"{key}=ssh")
+            config.append(f"{key}\0ssh")
         elif key.startswith("remote.") and not key.endswith(".vcs"):
-            config.append(f"{key}=git-{key.rsplit('.', 1)[1].replace('pack', '-pack')}")
+            config.append(f"{key}\0git-{key.rsplit('.', 1)[1].replace('pack', '-pack')}")
         elif key in ("core.pager",) or key.startswith("pager."):
-            config.append(f"{key}=cat")
+            config.append(f"{key}\0cat")
         elif key in ("core.editor", "sequence.editor"):
-            config.append(f"{key}=false")
+            config.append(f"{key}\0false")
         else:
             # askpass, diff drivers, merge drivers, gpg programs, vcs helpers: empty is "none".
-            config.append(f"{key}=")
-    return config, env
+            config.append(f"{key}\0")
+    return _via_env_if_needed(config, env)
+
+
+def _via_env_if_needed(config: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Move entries whose key holds ``=`` (a URL in ``credential.<url>.helper``), which ``-c`` would split
+    wrongly, to ``GIT_CONFIG_COUNT``/``KEY_n``/``VALUE_n``, which Git reads as command-line configuration too."""
+    keyed = [(c.partition("\0")[0], c.partition("\0")[2]) for c in config]
+    plain = [f"{k}={v}" for k, v in keyed if "=" not in k]
+    odd = [(k, v) for k, v in keyed if "=" in k]
+    if odd:
+        env = dict(env)
+        env["GIT_CONFIG_COUNT"] = str(len(odd))
+        for i, (k, v) in enumerate(odd):
+            env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = k, v
+    return plain, env
 
 
 # ---------------------------------------------------------------- processes

@@ -62,6 +62,14 @@ def test_keys_only_the_user_sets_are_left_alone(tmp_path: Path, home: Path) -> N
     git(repo, "config", "credential.helper", "!evil")
     config, _ = gitproc.repository_overrides(chdir=str(repo))
     assert config == ["credential.helper=", "credential.helper=store"]
+    # A key a -c would split wrongly (a URL with "=") goes through GIT_CONFIG_KEY_n.
+    git(repo, "config", "credential.https://h.example/?a=b.helper", "!evil")
+    config, env = gitproc.repository_overrides(chdir=str(repo))
+    assert config == ["credential.helper=", "credential.helper=store"]
+    assert env == {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "credential.https://h.example/?a=b.helper",
+                   "GIT_CONFIG_VALUE_0": ""}
+    shown = gitproc.run(["config", "--get-all", "credential.https://h.example/?a=b.helper"], cwd=str(repo), env=env)
+    assert shown.stdout == b"!evil\n\n"  # the file's, then ours, which Git reads last and which resets the list
 
 
 def test_a_git_past_its_timeout_is_killed_with_its_children(tmp_path: Path, home: Path) -> None:
