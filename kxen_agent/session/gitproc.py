@@ -359,8 +359,8 @@ def run(args: Sequence[str], *, cwd: str | None = None, chdir: str | None = None
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated("terminated (SIGTERM): the git commands were stopped and their scratch repository "
-                     "removed; nothing was changed in the state dir; run the command again")
+    raise Terminated("terminated (SIGTERM): git was stopped and its scratch repository removed; run the "
+                     "command again (a push the remote got but this state dir did not record asks for a pull first)")
 
 
 @contextlib.contextmanager
