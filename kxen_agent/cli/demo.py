@@ -20,6 +20,7 @@ import tempfile
 import typer
 
 from kxen_agent.errors import KxenError
+from kxen_agent.session.gitproc import git_argv
 
 from ._render import out
 from .run_cmds import DEMO_AGENT
@@ -32,7 +33,8 @@ class DemoFailed(KxenError):
 def _git(cwd: str, *args: str) -> None:
     out(f"$ {shlex.join(['git', '-C', cwd, *args])}")
     subprocess.run(
-        ["git", "-c", "user.name=kxen demo", "-c", "user.email=demo@kxen.invalid", "-c", "init.defaultBranch=main", *args],
+        git_argv(["-c", "user.name=kxen demo", "-c", "user.email=demo@kxen.invalid", "-c", "init.defaultBranch=main",
+                  *args]),
         cwd=cwd, check=True, capture_output=True,
     )
 
@@ -83,7 +85,7 @@ def run_demo(base: str | None) -> None:
     out("\n# a fresh runner: a new clone and an empty state dir")
     out(f"$ git clone {ws} {runner_b}")
     os.makedirs(os.path.dirname(runner_b))
-    subprocess.run(["git", "clone", "-q", ws, runner_b], check=True, capture_output=True)
+    subprocess.run(git_argv(["clone", "-q", ws, runner_b]), check=True, capture_output=True)
     _git(runner_b, "remote", "set-url", "origin", "https://example.invalid/demo/repo.git")
     kx(state_b, "session", "import", bundle, "--workspace", runner_b)
     kx(state_b, "--resume", ses, "--workspace", runner_b, "--task", "Continue with the next step.")

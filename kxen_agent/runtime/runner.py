@@ -65,6 +65,7 @@ from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .run_status import read_run, shown_status
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
+from .tools.files import DEFAULT_MAX_FILE_BYTES, GitInternalsWatch
 
 __all__ = [
     "NothingToRetry",
@@ -399,6 +400,7 @@ class Runner:
     def _loop(self, ses: str, run: str, lease: Lease, *, new: bool = False,
               override: ModelEndpoint | None = None) -> RunResult:
         ctx = _RunCtx(self, ses, run, lease)
+        git_watch = GitInternalsWatch(ctx.info.workspace.root)  # .git/config, hooks/: Git runs what they name
         self.history.start(ses)  # a process's first run of a long session starts from its history index
         try:
             if override is not None and ctx.st["status"] not in TERMINAL and override != ctx.endpoint:
@@ -415,6 +417,9 @@ class Runner:
         finally:
             ctx.close()
             self.activity = Activity("step")
+            for changed in git_watch.changes():
+                self.on_event(f"warning: run {run}: {changed} changed during the run; Git runs the programs it names "
+                              "(core.fsmonitor, hooks): check it before running git there")
         if not self.cancel.is_set():  # a canceled run ends now; its background pass dies with the process, safely
             for line in filter(None, [self.history.finish(ses, self.sessions.get(ses).head)]):
                 self.on_event(line)
@@ -851,6 +856,7 @@ class _RunCtx:
             assert tool is not None
             args = json.loads(call["arguments"] or "{}")
             ctx = ToolContext(
+                max_file_bytes=policy.get("max_file_bytes", DEFAULT_MAX_FILE_BYTES),
                 workspace=self.info.workspace.root,
                 timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
                 cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,

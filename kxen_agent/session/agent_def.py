@@ -27,10 +27,12 @@ Format (paths relative to the definition file)::
     model_timeout_s = 300                # one model call's overall deadline, > 0 .. 86400 (version 4)
     max_tool_calls = 64                  # tool calls one answer may hold, 1 .. 10000 (version 4)
     max_argument_bytes = 1048576         # one call's arguments, 1024 .. 16 MiB (version 4)
+    max_file_bytes = 8388608             # the most a file tool reads/writes of one file, 1024 .. 1 GiB (version 4)
 
 The lock is format version :data:`LOCK_VERSION` (4, ``objects_spec.md``
 §14.2; written as 3 unless it records a limit only version 4 has:
-``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``,
+``max_file_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
@@ -112,7 +114,8 @@ _MAX_TURNS_RANGE = (1, 1_000_000)
 _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5}
 # Version 4 (§14.2): recorded only when the definition sets them (absent: the defaults), so that a
 # definition without them still makes the version-3 lock it always made.
-_POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 16 << 20)}
+_POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 16 << 20),
+                   "max_file_bytes": (1024, 1 << 30)}
 _POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS)
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
@@ -120,7 +123,7 @@ _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``.
 LOCK_VERSION = 4
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
-POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes")
+POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
 
 
 def lock_version_for(policy: dict[str, Any]) -> int:

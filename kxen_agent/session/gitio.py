@@ -10,14 +10,21 @@ remote lease run, and three kinds of repository:
   expects. It is a cache plus those records: lose it, and the next push is
   refused until a pull has seen the remote again;
 - a **workbench** per operation: a scratch bare repository in the system's
-  temp directory that borrows the mirror's objects (``alternates``) and the
-  workspace repository's configuration (``include.path``), so that remote
-  names, URL rewriting, push URLs, credential helpers and per-URL HTTP
-  settings are exactly the workspace's, while nothing is written into the
+  temp directory that borrows the mirror's objects (``alternates``) and,
+  of the workspace repository's configuration, only what names the remote:
+  ``remote.<name>.url``, ``pushurl`` and ``fetch`` and the
+  ``url.<base>.insteadOf``/``pushInsteadOf`` rewrites. Everything else
+  (credential helpers, ``core.sshCommand``, HTTP settings) is the user's
+  global and system configuration's, never the workspace's: that file may
+  have been written by an agent, and Git runs commands it names. A remote
+  whose URL is an ``ext::`` command, or that names an ``uploadpack`` or
+  ``receivepack`` program, is refused. Nothing is written into the
   workspace repository. New objects are written, and fetched objects land,
   in the workbench; only after the operation succeeded are its packs
   adopted into the mirror, so a refused or interrupted push or pull
-  changes nothing in the state dir;
+  changes nothing in the state dir. Every ``git`` runs through
+  :mod:`.gitproc` (its safe configuration, a timeout, killed with its
+  children); a workbench removes itself on SIGTERM too (:func:`~.gitproc.terminable`);
 - the **remote**, any URL Git speaks (a path, ``file://``, ``ssh://``,
   ``git://``, smart HTTP(S)).
 
@@ -32,6 +39,7 @@ write into a workspace repository or the kxen object store.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -48,6 +56,7 @@ from kxen_agent.store import OS_IO
 from kxen_agent.store.locks import file_lock
 from kxen_agent.store.gitmap import GitObject, encode_pack, hex40, kxen_id_of_path
 
+from . import gitproc
 from .workspace import normalize_remote_url, strip_credentials
 
 __all__ = [
@@ -57,6 +66,7 @@ __all__ = [
     "PushUpdate",
     "Remote",
     "RemoteUnreachable",
+    "UnsafeRemote",
     "Workbench",
     "resolve_remote",
     "run_git",
@@ -69,21 +79,16 @@ SEEN_PREFIX = "refs/kxen-seen/"
 WRITE_LOCK = "kxen-write.lock"
 #: Past this many packs in the mirror, adopting one more repacks it into one.
 MAX_PACKS = 48
-#: Commands of ours never run the workspace's hooks, maintenance or signing.
+#: Besides :data:`.gitproc.SAFE_CONFIG` (no hooks, fsmonitor, ext::, signing, maintenance): how we want objects kept.
 _SAFE_CONFIG = (
-    "core.hooksPath=/dev/null", "gc.auto=0", "maintenance.auto=false", "push.gpgSign=false",
     "fetch.unpackLimit=1", "transfer.unpackLimit=1", "transfer.fsckObjects=true",
     "fetch.writeCommitGraph=false", "core.fsync=reference,loose-object,pack,index", "core.fsyncMethod=fsync",
     "protocol.version=2", "advice.pushUpdateRejected=false",
 )
-# Variables that would point git at another repository than the one we name,
-# as the workspace module strips them for inspection.
-_GIT_LOCAL_ENV = (
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_CONFIG", "GIT_CONFIG_COUNT",
-    "GIT_CONFIG_PARAMETERS", "GIT_DIR", "GIT_GRAFT_FILE", "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE",
-    "GIT_NO_REPLACE_OBJECTS", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX", "GIT_REPLACE_REF_BASE",
-    "GIT_SHALLOW_FILE", "GIT_WORK_TREE", "GIT_QUARANTINE_PATH",
-)
+#: The keys of the workspace's configuration a workbench copies: what names a remote, and nothing that runs a program.
+_REMOTE_KEYS = ("url", "pushurl", "fetch")
+_REWRITE_KEY = re.compile(r"url\.(.+)\.(insteadof|pushinsteadof)", re.DOTALL)
+_COMMAND_REMOTE_KEYS = ("uploadpack", "receivepack", "vcs")
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 _REMOTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
@@ -111,10 +116,7 @@ class PushRejected(KxenError):
 
 
 def git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}
-    env["LC_ALL"] = "C"
-    env.pop("LANGUAGE", None)
-    return env
+    return gitproc.git_env()
 
 
 def scrub(text: str) -> str:
@@ -130,17 +132,19 @@ def _first_line(stderr: bytes) -> str:
 
 
 def run_git(args: Sequence[str], *, git_dir: str | None = None, cwd: str | None = None,
-            input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    """``git [--git-dir=D] -c SAFE... ARGS``; a failure is :class:`GitFailed` when ``check``."""
-    cmd = ["git"]
-    if git_dir is not None:
-        cmd.append(f"--git-dir={git_dir}")
-    for c in _SAFE_CONFIG:
-        cmd += ["-c", c]
-    cmd += list(args)
+            input: bytes | None = None, check: bool = True, remote: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """``git [--git-dir=D] -c SAFE... ARGS`` through :func:`.gitproc.run`; a failure is :class:`GitFailed` when ``check``.
+
+    ``remote``: the command talks to a remote (its longer timeout).
+    """
     try:
-        done = subprocess.run(cmd, cwd=cwd, input=input, capture_output=True, env=git_env(),
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        done = gitproc.run(args, git_dir=git_dir, cwd=cwd, input=input, remote=remote, config=_SAFE_CONFIG)
+    except gitproc.GitTimeout as e:
+        if remote:
+            raise
+        raise GitFailed(str(e)) from None
+    except KxenError:
+        raise
     except FileNotFoundError:
         raise GitFailed("git executable not found on PATH; install Git to push or pull sessions") from None
     if check and done.returncode != 0:
@@ -151,6 +155,10 @@ def run_git(args: Sequence[str], *, git_dir: str | None = None, cwd: str | None 
 # ---------------------------------------------------------------- remotes
 
 
+class UnsafeRemote(KxenError):
+    """The workspace's configuration makes a remote run a program (an ``ext::`` URL, ``uploadpack``...): refused."""
+
+
 @dataclass(frozen=True)
 class Remote:
     """A remote as Git will be told it (``spec``: a remote name or a URL) and as we show and key it.
@@ -158,7 +166,9 @@ class Remote:
     ``display`` is the URL without user-info (or ``NAME (URL)``); ``key`` the
     hash of the credential-free normalized URL (the same hash a session's
     workspace record keeps of its origin), which names the remote in the
-    mirror; ``config`` the workspace repository's config file to include,
+    mirror; ``settings`` the workspace repository's configuration entries a
+    workbench copies (the remote's ``url``, ``pushurl`` and ``fetch``, the
+    URL rewrites: see the module docstring), as (key, value) pairs;
     ``cwd`` where ``git`` runs (relative URLs are relative to it).
     """
 
@@ -166,7 +176,7 @@ class Remote:
     url: str
     display: str
     key: str
-    config: str | None
+    settings: tuple[tuple[str, str], ...]
     cwd: str
 
 
@@ -178,12 +188,66 @@ def _looks_like_url(text: str) -> bool:
     return "://" in text or text.startswith(("/", ".", "~")) or (":" in text.split("/", 1)[0])
 
 
+_TRANSPORT = re.compile(r"([A-Za-z0-9][A-Za-z0-9+.-]*)::", re.DOTALL)
+
+
+def _runs_command(url: str) -> bool:
+    """Whether Git would run ``url`` as a command (the ``ext::`` remote helper)."""
+    m = _TRANSPORT.match(url.strip())
+    return m is not None and m.group(1).lower() == "ext"
+
+
+def _repository_settings(repo_root: str, name: str | None, where: str) -> tuple[tuple[str, str], ...]:
+    """The entries of the repository's own configuration a workbench copies (see the module docstring).
+
+    Refuses (:class:`UnsafeRemote`) a remote ``name`` whose configuration
+    names a program to run. The user's global and system configuration are
+    read by Git itself in the workbench, as in any repository.
+    """
+    p = run_git(["config", "--show-scope", "--null", "--list"], cwd=repo_root, check=False)
+    if p.returncode != 0:
+        return ()
+    out: list[tuple[str, str]] = []
+    it = iter(p.stdout.split(b"\0"))
+    for scope_b in it:
+        entry = next(it, None)
+        if entry is None:
+            break
+        if scope_b not in (b"local", b"worktree"):
+            continue
+        key_b, _, value_b = entry.partition(b"\n")
+        key, value = key_b.decode("utf-8", "surrogateescape"), value_b.decode("utf-8", "surrogateescape")
+        if "\n" in key or "\n" in value:
+            continue
+        if name is not None and key.startswith(f"remote.{name}."):
+            field = key[len(f"remote.{name}."):]
+            if field in _COMMAND_REMOTE_KEYS:
+                raise UnsafeRemote(f"remote {name!r} of {where} sets remote.{name}.{field}, a program for Git to run, "
+                                   f"which kxen-agent never runs; remove it (git config --unset remote.{name}.{field}) "
+                                   "or name the remote by URL with --remote URL")
+            if field in _REMOTE_KEYS:
+                if field != "fetch" and _runs_command(value):
+                    raise UnsafeRemote(f"remote {name!r} of {where} has an ext:: URL, a command for Git to run, "
+                                       "which kxen-agent never runs; give the remote a URL Git fetches from")
+                out.append((key, value))
+            continue
+        m = _REWRITE_KEY.fullmatch(key)
+        if m is not None:
+            if _runs_command(m.group(1)):
+                raise UnsafeRemote(f"{where}'s configuration rewrites URLs to an ext:: command "
+                                   f"(url.<ext::...>.{'pushInsteadOf' if m.group(2) == 'pushinsteadof' else 'insteadOf'}"
+                                   f" = {value}), which kxen-agent never runs; remove that url.* entry")
+            out.append((f"url.{m.group(1)}.{'pushInsteadOf' if m.group(2) == 'pushinsteadof' else 'insteadOf'}", value))
+    return tuple(out)
+
+
 def resolve_remote(repo_root: str | None, name_or_url: str | None, *, what: str) -> Remote:
     """The remote ``name_or_url`` (default ``origin``) of the repository at ``repo_root``.
 
     A name must be a remote of that repository; a URL (or a path) is used
     as given (a relative path from the current directory). ``what`` says
-    whose repository it is, for the errors.
+    whose repository it is, for the errors. A remote Git would reach by
+    running a command is refused (:class:`UnsafeRemote`).
     """
     name = name_or_url if name_or_url is not None else "origin"
     common = None
@@ -191,19 +255,27 @@ def resolve_remote(repo_root: str | None, name_or_url: str | None, *, what: str)
         p = run_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=repo_root, check=False)
         if p.returncode == 0:
             common = p.stdout.decode("utf-8", "surrogateescape").strip()
-    config = os.path.join(common, "config") if common else None
+    where = f"repository {repo_root}"
     if common is not None and _REMOTE_NAME.fullmatch(name) and not _looks_like_url(name):
         got = run_git(["remote", "get-url", "--", name], cwd=repo_root, check=False)
         if got.returncode == 0:
+            assert repo_root is not None
             url = got.stdout.decode("utf-8", "surrogateescape").strip()
+            settings = _repository_settings(repo_root, name, where)
+            if _runs_command(url):
+                raise UnsafeRemote(f"remote {name!r} of {where} resolves to an ext:: command, which kxen-agent "
+                                   "never runs; give the remote a URL Git fetches from")
             return Remote(name, url, f"{name} ({strip_credentials(url)})", remote_key(_absolute(url, repo_root)),
-                          config, repo_root or ".")
+                          settings, repo_root or ".")
     if name_or_url is None or (_REMOTE_NAME.fullmatch(name) and not _looks_like_url(name)):
         where = f"repository {repo_root}" if common else f"{what} (no Git repository at {repo_root or '?'})"
         raise UsageError(f"no remote {name!r} in {where}; add one (git remote add {name} URL) "
                          "or name the remote with --remote URL")
+    if _runs_command(name):
+        raise UnsafeRemote("--remote names an ext:: command, which kxen-agent never runs; give a URL Git fetches from")
     url = _absolute(name, os.getcwd())
-    return Remote(url, url, strip_credentials(url), remote_key(url), config, repo_root if common else os.getcwd())
+    settings = _repository_settings(repo_root, None, where) if common is not None and repo_root is not None else ()
+    return Remote(url, url, strip_credentials(url), remote_key(url), settings, repo_root if common else os.getcwd())
 
 
 def _absolute(url: str, base: str | None) -> str:
@@ -372,24 +444,47 @@ class Workbench:
 
     def __init__(self, remote: Remote, *, mirror: Mirror | None, alternates: Sequence[str] = ()) -> None:
         self.remote = remote
-        self.path = tempfile.mkdtemp(prefix="kxen-git-")
+        # SIGTERM now raises, so that close() runs and no scratch repository is left behind.
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(gitproc.terminable())
+        try:
+            self.path = tempfile.mkdtemp(prefix="kxen-git-")
+        except BaseException:
+            self._signals.close()
+            raise
         try:
             run_git(["init", "-q", "--bare", self.path])
             alt = [a for a in ([mirror.objects] if mirror is not None and mirror.exists() else []) + list(alternates)]
             if alt:
                 with open(os.path.join(self.path, "objects", "info", "alternates"), "w", encoding="utf-8") as f:
                     f.write("".join(a + "\n" for a in alt))
-            if remote.config is not None:
-                # The workspace's configuration first, then ours over it.
+            if remote.settings:
+                # What names the remote, and nothing else of the workspace's configuration.
                 with open(os.path.join(self.path, "config"), "a", encoding="utf-8") as f:
-                    f.write(f"[include]\n\tpath = {_config_quote(remote.config)}\n[core]\n\tbare = true\n"
-                            "\trepositoryformatversion = 0\n")
+                    f.write(_config_text(remote.settings))
+            self._check_urls()
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            self._signals.close()
+
+    def _check_urls(self) -> None:
+        """Refuse a remote that, with every rewrite applied (the user's too), is an ``ext::`` command."""
+        spec = self.remote.spec
+        asks = [["ls-remote", "--get-url", "--", spec]]
+        if _REMOTE_NAME.fullmatch(spec) and not _looks_like_url(spec):
+            asks += [["remote", "get-url", "--all", "--", spec], ["remote", "get-url", "--push", "--all", "--", spec]]
+        for args in asks:
+            p = self.git(args, check=False)
+            for url in p.stdout.decode("utf-8", "surrogateescape").splitlines():
+                if _runs_command(url):
+                    raise UnsafeRemote(f"remote {self.remote.display} resolves to an ext:: command (a URL rewrite in "
+                                       "the Git configuration), which kxen-agent never runs; remove that url.* entry")
 
     def borrow(self, objects_dir: str) -> None:
         """Read ``objects_dir``'s objects too (the mirror, once it exists)."""
@@ -414,7 +509,15 @@ class Workbench:
 
     def git(self, args: Sequence[str], *, input: bytes | None = None, check: bool = True,
             at_remote: bool = False) -> subprocess.CompletedProcess[bytes]:
-        return run_git(args, git_dir=self.path, cwd=self.remote.cwd if at_remote else None, input=input, check=check)
+        return run_git(args, git_dir=self.path, cwd=self.remote.cwd if at_remote else None, input=input, check=check,
+                       remote=at_remote)
+
+    def _at_remote(self, args: Sequence[str], what: str) -> subprocess.CompletedProcess[bytes]:
+        try:
+            return self.git(args, check=False, at_remote=True)
+        except gitproc.GitTimeout:
+            raise RemoteUnreachable(self.remote, f"git {args[0]} gave no answer within {gitproc.remote_timeout_s():g} s "
+                                    f"and was stopped; {gitproc.REMOTE_TIMEOUT_ENV} sets that limit", what) from None
 
     # ------------------------------------------------------------ objects
 
@@ -446,9 +549,8 @@ class Workbench:
     def _batch(self, oids: Sequence[bytes], *, check_only: bool):
         if not oids:
             return
-        cmd = ["git", f"--git-dir={self.path}", "cat-file", "--batch-check" if check_only else "--batch"]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=git_env())
+        cmd = gitproc.git_argv(["cat-file", "--batch-check" if check_only else "--batch"], git_dir=self.path)
+        proc = gitproc.spawn(cmd, cwd=None, env=git_env(), stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
         def feed() -> None:
             try:
@@ -482,11 +584,8 @@ class Workbench:
                 yield (oid, typ, size), body
         finally:
             proc.stdout.close()
-            proc.kill()
-            proc.wait()
+            gitproc.kill_tree(proc)
             writer.join()
-            if proc.stderr is not None:
-                proc.stderr.close()
 
     def rev_list_objects(self, tips: Sequence[bytes], exclude: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
         """(id, path) of every object reachable from ``tips`` and not from ``exclude`` (path may be empty)."""
@@ -504,7 +603,7 @@ class Workbench:
 
     def ls_remote(self, patterns: Sequence[str], *, what: str) -> dict[str, bytes]:
         """The remote's refs named by ``patterns`` (exact names, or a prefix ending in ``/``)."""
-        p = self.git(["ls-remote", "--", self.remote.spec, *patterns], check=False, at_remote=True)
+        p = self._at_remote(["ls-remote", "--", self.remote.spec, *patterns], what)
         if p.returncode != 0:
             raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
         out: dict[str, bytes] = {}
@@ -527,7 +626,7 @@ class Workbench:
         if depth is not None:
             args.append(f"--depth={depth}")
         args += [f"--negotiation-tip={t.hex()}" for t in negotiation_tips]
-        p = self.git([*args, "--", self.remote.spec, *refspecs], check=False, at_remote=True)
+        p = self._at_remote([*args, "--", self.remote.spec, *refspecs], what)
         if p.returncode != 0:
             raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
 
@@ -539,7 +638,7 @@ class Workbench:
             if u.lease:
                 args.append(f"--force-with-lease={u.ref}:{u.expect.hex() if u.expect else ''}")
             specs.append(f"{u.new.hex() if u.new else ''}:{u.ref}")
-        p = self.git([*args, "--", self.remote.spec, *specs], check=False, at_remote=True)
+        p = self._at_remote([*args, "--", self.remote.spec, *specs], what)
         statuses: dict[str, str] = {}
         rejected = False
         for line in p.stdout.decode("utf-8", "replace").splitlines():
@@ -556,5 +655,15 @@ class Workbench:
         raise PushRejected(self.remote, statuses, scrub(worst or _first_line(p.stderr)))
 
 
-def _config_quote(path: str) -> str:
-    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _config_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _config_text(settings: Sequence[tuple[str, str]]) -> str:
+    """``settings`` (``section.sub.key``, value) as Git configuration text, one section per entry."""
+    out = []
+    for key, value in settings:
+        section, _, rest = key.partition(".")
+        sub, _, name = rest.rpartition(".")
+        out.append(f"[{section} {_config_quote(sub)}]\n\t{name} = {_config_quote(value)}\n")
+    return "".join(out)

@@ -170,7 +170,7 @@ def _agent(v: Any) -> Links:
     if version >= 3 and p.d.get("context_tokens") is not None:
         p.int("context_tokens", low=1)
     if version >= 4:  # the limits, each absent or an int (§14.2)
-        for key in ("model_timeout_ms", "max_tool_calls", "max_argument_bytes"):
+        for key in ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes"):
             if key in p.d:
                 p.int(key, low=1)
     if version >= 3 and "approve" in p.d:

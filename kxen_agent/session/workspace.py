@@ -90,18 +90,6 @@ _WORKTREE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ssh": 22, "git+ssh": 22, "ssh+git": 22, "git": 9418}
 
-# Variables git exports to hooks and aliases that would point our commands at
-# some other repository than the one we pass with -C (git clears the same set
-# when it switches repositories); the locale is pinned so stderr is parseable.
-_GIT_LOCAL_ENV = (
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_CONFIG",
-    "GIT_CONFIG_COUNT", "GIT_CONFIG_PARAMETERS", "GIT_DIR", "GIT_GRAFT_FILE",
-    "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_NO_REPLACE_OBJECTS",
-    "GIT_OBJECT_DIRECTORY", "GIT_PREFIX", "GIT_REPLACE_REF_BASE",
-    "GIT_SHALLOW_FILE", "GIT_WORK_TREE",
-)
-
-
 class WorkspaceError(KxenError):
     """The workspace could not be inspected, or a worktree could not be made or removed."""
 
@@ -202,33 +190,24 @@ class WorkspaceIdentity:
 # -- git plumbing ---------------------------------------------------------------------------
 
 
-def _git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}
-    env["LC_ALL"] = "C"
-    env.pop("LANGUAGE", None)
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    # Inspection must not take index.lock behind the user's back.
-    env["GIT_OPTIONAL_LOCKS"] = "0"
-    return env
-
-
 def git(cwd: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """``git -C cwd ARGS`` through :mod:`.gitproc` (its safe configuration, timeout and process group), text out.
+
+    Inspection must not take ``index.lock`` behind the user's back (``GIT_OPTIONAL_LOCKS=0``), nor wait on
+    a prompt (``GIT_TERMINAL_PROMPT=0``: a submodule that needs credentials fails the fork instead).
+    """
     import subprocess
 
-    cmd = ["git"] + (["-C", cwd] if cwd is not None else []) + list(args)
+    from . import gitproc
+
     try:
-        return subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="surrogateescape",
-            env=_git_env(),
-            check=False,
-        )
+        p = gitproc.run(list(args), chdir=cwd, env={"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"})
+    except gitproc.GitTimeout as e:
+        raise WorkspaceError(str(e)) from None
     except FileNotFoundError:
         raise WorkspaceError("git executable not found on PATH; install Git to use workspaces") from None
+    text = [x.decode("utf-8", "surrogateescape") for x in (p.stdout, p.stderr)]
+    return subprocess.CompletedProcess(p.args, p.returncode, text[0], text[1])
 
 
 def git_error_line(text: str) -> str:

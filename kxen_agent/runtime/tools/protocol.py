@@ -77,6 +77,8 @@ class ToolContext:
     secret_env_names: tuple[str, ...]
     output_cap: int = 64 * 1024
     env_keep: tuple[str, ...] | None = None
+    #: ``[policy] max_file_bytes``: the most a file tool reads or writes of one file.
+    max_file_bytes: int = 8 << 20
 
     def secret_values(self) -> list[str]:
         """The values to redact: the secret variables', and the credential-looking ones' (§14.11)."""
