@@ -181,6 +181,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 2b. Every object in a step log (§6.8): each record's checksum, each
     # object's frame and id. A log that does not read is a damaged group.
     steps = store.refs.steps
+    held_dead: dict[ObjectId, str] = {}  # id -> the stale or leftover log that holds it, and why it does not count
     for group in steps.groups():
         ns, gid = group.split("/", 1)
         if not _group_name(ns, gid):
@@ -192,6 +193,18 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             continue
         if log is None:
             continue
+        # Only the log a group reads holds objects (§6.8, §6.9 question 8): a
+        # stale log (a checkpoint's previous generation) or a removed group's
+        # leftover is replaced by that group's next transaction, so what it
+        # alone holds is as good as missing. Its copies are still verified.
+        try:
+            dead = store.refs.read_with_log(group)[1] is None and bool(log.records)
+        except (CorruptRef, BadRefName):
+            dead = False  # the group is reported by check 3; its log counts as read
+        if dead:
+            why = ("a stale step log (a previous generation, which the group's next transaction replaces)"
+                   if store.io.lexists(store.refs.ref_path(group)) else
+                   "the leftover step log of a removed group (which the group's next creation replaces)")
         if log.size > log.end:
             strays.add(f"{log.path} (an uncommitted tail of {log.size - log.end} bytes from offset {log.end}: "
                        "a writer that died in its append; the next writer cuts it)")
@@ -205,6 +218,9 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                     rep.problems.append(Problem("corrupt-object", where, e.reason))
                     continue
                 rep.in_steps += 1
+                if dead:
+                    held_dead.setdefault(oid, f"{log.path}, {why}")
+                    continue
                 if oid not in links:
                     links[oid] = links_of(obj.kind, value)
                     check_shape(where, obj, value)
@@ -259,7 +275,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     reachable: set[ObjectId] = set()
     for where, oid in roots:
         if oid not in links:
-            rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"))
+            rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"
+                                        + _only_in(held_dead, oid)))
             continue
         stack = [oid]
         while stack:
@@ -270,7 +287,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             for child in links[cur]:
                 if child not in links:
                     rep.problems.append(
-                        Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}")
+                        Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}"
+                                + _only_in(held_dead, child))
                     )
                 elif child not in reachable:
                     stack.append(child)
@@ -309,6 +327,15 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 _TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache"})
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
+
+
+def _only_in(held_dead: dict[ObjectId, str], oid: ObjectId) -> str:
+    """What a missing object's message adds when a stale or leftover step log still holds a copy."""
+    where = held_dead.get(oid)
+    if where is None:
+        return ""
+    return (f" (its only copy is in {where}: restore the object from a backup or a bundle before the group "
+            "is written again)")
 
 
 def _group_name(ns: str, gid: str) -> bool:
