@@ -193,6 +193,13 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             continue
         if log is None:
             continue
+        if store.format_version < 3:
+            # No writer of version 1 or 2 makes a step log, and one would commit past its records (its
+            # ref files ignore them); a writer of this version upgrades FORMAT before its first record
+            # (§10.2). Readers still apply it: its records were committed (§6.9 question 12).
+            rep.problems.append(Problem("corrupt-ref", log.path, f"a step log in a version-{store.format_version} "
+                                        "state dir, whose FORMAT was put back by hand or restored from a backup: "
+                                        "set FORMAT to version 3 (kxen-agent-state 3) or move the log out"))
         # Only the log a group reads holds objects (§6.8, §6.9 question 8): a
         # stale log (a checkpoint's previous generation) or a removed group's
         # leftover is replaced by that group's next transaction, so what it
@@ -233,7 +240,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     roots: list[tuple[str, ObjectId]] = []
     governed_roots: list[ObjectId] = []
     keep: set[ObjectId] = set()
-    for group in store.refs.groups():
+    listed = list(store.refs.groups())
+    for group in listed:
         rep.groups += 1
         try:
             # One snapshot: the reflog is checked against this very ref file
@@ -318,13 +326,15 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root, store.io))
     # 7. Names no writer makes, outside objects/: information too.
-    strays.update(_stray_entries(store.root, store.io))
+    strays.update(_stray_entries(store.root, store.io, set(listed)))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
 
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
-_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache"})
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache", "git"})
+#: The Git mirror (§1.3, §16.7): Git's own repository, which ``git fsck`` checks; fsck does not look inside.
+_GIT_DIR = "git"
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
 
@@ -346,7 +356,7 @@ def _group_name(ns: str, gid: str) -> bool:
     return True
 
 
-def _stray_entries(root: str, io: FileIO) -> list[str]:
+def _stray_entries(root: str, io: FileIO, groups: set[str] | None = None) -> list[str]:
     """Entries outside ``objects/`` that no writer makes (§11 step 7).
 
     ``refs/`` holds namespace directories only (what is in one is a group,
@@ -366,15 +376,32 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
     for name in ls(root):
         if name not in _TOP_NAMES and not name.startswith(_TEMP_PREFIXES):
             out.append(os.path.join(root, name))
+    git = os.path.join(root, _GIT_DIR)
+    if io.lexists(git) and not io.isdir(git):
+        out.append(git)  # the mirror is a directory (a bare repository); anything else is no one's
     refs, logs, locks, steps = (os.path.join(root, d) for d in ("refs", "logs", "locks", "steps"))
+    # objects/pack/ (§12.4, §6.9 question 23): packs with their indexes; an index-less pack (a writer
+    # died before its index: gc removes it after the grace period) and any other name are listed.
+    pack_dir = os.path.join(root, "objects", PACK_DIR_NAME)
+    in_pack = ls(pack_dir) if io.isdir(pack_dir) else []
+    indexed = {n[:-len(".idx")] for n in in_pack if n.startswith("pack-") and n.endswith(".idx")}
+    for n in in_pack:
+        path = os.path.join(pack_dir, n)
+        if n.startswith(TEMP_PREFIX) and not io.isdir(path):
+            continue  # step 6
+        if n.startswith("pack-") and (n.endswith(".idx") or n.endswith(".pack") and n[:-len(".pack")] in indexed):
+            continue  # read as a pack (step 2), broken or not
+        out.append(path)
     out += [os.path.join(refs, ns) for ns in ls(refs) if not io.isdir(os.path.join(refs, ns))]
     for ns in ls(steps):
         d = os.path.join(steps, ns)
         if not io.isdir(d):
             out.append(d)
             continue
-        out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
-                and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid))]
+        # A tmp_ name there is a writer's temp file if it is a file (§6.9 question 9): no group is named
+        # so (§6.1), so it hides none; step 6 lists it. A directory of that name is no one's.
+        out += [os.path.join(d, gid) for gid in ls(d) if io.isdir(os.path.join(d, gid))
+                or not gid.startswith(TEMP_PREFIX) and not _group_name(ns, gid)]
     # cache/<kind>/<ns>/<id>: a derived file of a group that exists (§11a); its content is the layer
     # above's to check (the history index: `kxen-agent fsck`, §14.12).
     cache = os.path.join(root, "cache")
@@ -385,9 +412,12 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
             if ns is None or not io.isdir(d):
                 out.append(d)
                 continue
+            # The group exists as §6.2 says (a ref file, or a generation-0 log with a committed record;
+            # a group that fails to read is listed too): a stale or leftover log makes none (§6.9 q. 10).
             out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
                     and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid)
-                         or not io.lexists(os.path.join(refs, ns, gid)) and not io.lexists(os.path.join(steps, ns, gid)))]
+                         or (f"{ns}/{gid}" not in groups if groups is not None else
+                             not io.lexists(os.path.join(refs, ns, gid)) and not io.lexists(os.path.join(steps, ns, gid))))]
     for ns in ls(logs):
         d = os.path.join(logs, ns)
         if not io.isdir(d):
@@ -434,6 +464,8 @@ def _temp_files(root: str, io: FileIO) -> list[str]:
     for d, dirs, files in io.walk(root):
         if d == objects_dir:
             dirs[:] = [x for x in dirs if x == PACK_DIR_NAME]
+        elif d == root:
+            dirs[:] = [x for x in dirs if x != _GIT_DIR]  # Git's own temp files are Git's (§11 step 7)
         for f in files:
             path = os.path.join(d, f)
             # In refs/<ns>/ only what RefStore.groups() skips is a temp file;
