@@ -114,3 +114,197 @@ def _frame(store: Store, oid: bytes, data: bytes) -> bytes:
     obj = encode_object("blob", data)
     assert obj.id == oid
     return compress_loose(obj.raw)
+
+
+def _log_of(store: Store, group: str, gen: int, txs: list[dict], objects=None) -> str:
+    """Write ``group``'s step log of generation ``gen`` holding one record per transaction map."""
+    path = store.refs.steps_path(group)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = _header(group, gen) + b"".join(_record(tx, (objects or {}).get(i, ())) for i, tx in enumerate(txs))
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _tx(updates, *, fence=0, reason="r", **extra) -> dict:
+    return {"time": 1, "reason": reason, "fence": fence, "updates": updates, **extra}
+
+
+@pytest.fixture
+def blobs(tmp_path):
+    store = _open(tmp_path / "s")
+    ids = [store.put("blob", b"blob %d" % i) for i in range(3)]
+    return store, ids
+
+
+def _read_fails(store: Store, group: str, words: str) -> None:
+    from kxen_agent.store import CorruptRef
+
+    with pytest.raises(CorruptRef) as e:
+        _open(store.root).refs.read(group)
+    assert words in str(e.value)
+    assert ("corrupt-ref", group) in _problems(store)
+
+
+# ------------------------------------------------------------------ question 5: a reason's form
+
+
+@pytest.mark.parametrize("reason", ["a\x00b", "a\tb", "a  b", " a", "a\n", "a\x1b[31m", "a\u2028b"])
+def test_a_record_whose_reason_is_not_in_reflog_form_is_damage(blobs, reason):
+    store, (x, _y, _z) = blobs
+    _log_of(store, G, 0, [_tx([["head", None, x]], reason=reason)])
+    _read_fails(store, G, "reason")
+
+
+def test_a_record_whose_reason_holds_what_the_writer_writes_reads(blobs):
+    store, (x, _y, _z) = blobs
+    reason = "session: rebind to /srv/a\ufffdb \u00e9t\u00e9"  # U+FFFD for a control, non-ASCII kept
+    _log_of(store, G, 0, [_tx([["head", None, x]], reason=reason)])
+    fresh = _open(store.root)
+    assert [e.reason for e in fresh.refs.reflog(G)] == [reason]
+    assert fsck(fresh).clean
+
+
+# ------------------------------------------------------------------ question 6: one ref twice in a record
+
+
+def test_a_record_may_update_one_ref_twice_each_old_chained(blobs):
+    store, (x, y, z) = blobs
+    _log_of(store, G, 0, [_tx([["head", None, x], ["head", x, y]])])
+    fresh = _open(store.root)
+    assert fresh.refs.read(G).refs["head"] == y
+    assert [(e.old, e.new) for e in fresh.refs.reflog(G)] == [(None, x), (x, y)]
+    assert fsck(fresh).clean
+    # The store's own transactions do the same (§6.4).
+    fresh.refs.transaction(G, [RefUpdate("head", y, z), RefUpdate("head", z, x)], reason="twice")
+    assert _open(store.root).refs.read(G).refs["head"] == x and fsck(_open(store.root)).clean
+
+
+def test_a_second_update_whose_old_is_not_the_first_ones_new_is_damage(blobs):
+    store, (x, y, z) = blobs
+    _log_of(store, G, 0, [_tx([["head", None, x], ["head", None, y]])])
+    _read_fails(store, G, "was not what the record says it replaced")
+
+
+# ------------------------------------------------------------------ question 7: a fence below the group's
+
+
+def test_a_record_with_a_fence_below_the_groups_is_damage(blobs):
+    store, (x, y, _z) = blobs
+    path = _log_of(store, G, 0, [_tx([["head", None, x]], fence=2, newFence=2), _tx([["head", x, y]], fence=1)])
+    second = len(_header(G, 0)) + len(_record(_tx([["head", None, x]], fence=2, newFence=2)))
+    _read_fails(store, G, f"at offset {second}: the record's fence 1 is below the group's 2")
+    assert open(path, "rb").read()[second:second + 4] == b"STEP"  # the offset is the file's (question 22)
+
+
+def test_a_record_with_the_groups_fence_or_above_reads(blobs):
+    store, (x, y, z) = blobs
+    _log_of(store, G, 0, [_tx([["head", None, x]], fence=2, newFence=2), _tx([["head", x, y]], fence=2),
+                          _tx([["head", y, z]], fence=5)])
+    fresh = _open(store.root)
+    st = fresh.refs.read(G)
+    assert st.refs["head"] == z and st.fence == 2 and fsck(fresh).clean
+
+
+def test_a_new_fence_that_does_not_rise_is_damage(blobs):
+    store, (x, _y, _z) = blobs
+    _log_of(store, G, 0, [_tx([["head", None, x]], fence=2, newFence=2), _tx([], fence=2, newFence=2)])
+    _read_fails(store, G, "the fence goes down or stays")
+
+
+# ------------------------------------------------------------------ question 10: a cache's group
+
+
+def test_a_cache_of_a_group_that_only_a_leftover_log_names_is_a_stray(blobs):
+    store, (x, _y, _z) = blobs
+    _log_of(store, G, 3, [_tx([["head", None, x]])])  # no ref file: a removed group's leftover
+    _log_of(store, "sessions/ses_live", 0, [_tx([["head", None, x]])])  # a group in its generation-0 log
+    _log_of(store, "sessions/ses_empty", 0, [])  # no committed record: no group
+    cache = os.path.join(store.root, "cache", "history", "sessions")
+    os.makedirs(cache)
+    for ses in ("ses_dec", "ses_live", "ses_empty"):
+        open(os.path.join(cache, ses), "wb").write(b"kxen-history 1\n")
+    rep = fsck(_open(store.root))
+    assert rep.clean
+    assert sorted(p for p in rep.stray_files if p.startswith(cache)) == [
+        os.path.join(cache, "ses_dec"), os.path.join(cache, "ses_empty")]
+
+
+# ------------------------------------------------------------------ question 11: number ranges
+
+
+@pytest.mark.parametrize("line, ok", [
+    ("fence 18446744073709551615", True), ("fence 18446744073709551616", False),
+    ("log 18446744073709551616", False), ("steps 9999999999999999999", True),
+    ("steps 10000000000000000000", False), ("deleted 18446744073709551616", False),
+])
+def test_ref_file_numbers_are_64_bit_and_a_generation_19_digits(tmp_path, line, ok):
+    from kxen_agent.store import CorruptRef
+    from kxen_agent.store.refs import parse_ref_file
+
+    key = line.split()[0]
+    fields = {"fence": "fence 0", "log": "log 0", "steps": "steps 1", "deleted": "deleted 5"}
+    fields[key] = line
+    data = ("kxen-refs 1\n" + "\n".join(fields[k] for k in ("fence", "log", "steps", "deleted")) + "\n").encode()
+    if ok:
+        parse_ref_file(data, G, "x")
+    else:
+        with pytest.raises(CorruptRef, match="over its limit"):
+            parse_ref_file(data, G, "x")
+
+
+def test_reflog_numbers_are_64_bit():
+    from kxen_agent.store import CorruptRef
+    from kxen_agent.store.refs import parse_reflog
+
+    line = "%s %s %%d %%d head\tr\n" % ("0" * 64, "1" * 64)
+    assert parse_reflog((line % (2**64 - 1, 2**64 - 1)).encode(), "x")[0].fence == 2**64 - 1
+    for t, f in ((2**64, 0), (0, 2**64)):
+        with pytest.raises(CorruptRef, match="a number over"):
+            parse_reflog((line % (t, f)).encode(), "x")
+
+
+# ------------------------------------------------------------------ question 12: step logs under FORMAT 1 or 2
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_step_log_under_an_older_format_is_read_and_reported(blobs, version):
+    store, (x, _y, _z) = blobs
+    store.refs.transaction(G, [RefUpdate("head", None, x)], reason="one")
+    with open(os.path.join(store.root, "FORMAT"), "wb") as f:
+        f.write(b"kxen-agent-state %d\n" % version)
+    fresh = _open(store.root)
+    assert fresh.format_version == version
+    assert fresh.refs.read(G).refs["head"] == x  # its records were committed: still applied
+    rep = fsck(fresh)
+    assert [(p.kind, p.where) for p in rep.problems] == [("corrupt-ref", store.refs.steps_path(G))]
+    assert "kxen-agent-state 3" in rep.problems[0].message
+    # A writer of this version upgrades FORMAT, and fsck is clean again.
+    fresh.refs.transaction(G, [RefUpdate("head", x, None)], reason="two")
+    assert fsck(_open(store.root)).clean
+
+
+# ------------------------------------------------------------------ question 13: the report's counts
+
+
+def test_the_report_counts_as_section_11_defines(tmp_path):
+    from kxen_agent.store.objects import encode_object
+
+    store = _open(tmp_path / "s")
+    a = store.put("blob", b"loose and packed and in a log")
+    with store.writing():
+        store.put("blob", b"loose and packed and in a log")
+        b = store.put("blob", b"only in the log")
+        store.refs.transaction(G, [RefUpdate("head", None, b)], reason="one")
+    store.refs.transaction("sessions/ses_two", [RefUpdate("head", None, a), RefUpdate("meta", None, a)], reason="a")
+    with store.pack_writer(None) as w:
+        w.add(encode_object("blob", b"loose and packed and in a log"))
+        w.seal().commit()
+    rep = fsck(_open(store.root))
+    assert rep.clean
+    raw_a = len(encode_object("blob", b"loose and packed and in a log").raw)
+    raw_b = len(encode_object("blob", b"only in the log").raw)
+    # Distinct objects once; copies per place; bytes of each distinct object once.
+    assert (rep.objects, rep.loose, rep.packed, rep.in_steps) == (2, 1, 1, 2)  # a is in the record too
+    assert rep.bytes == raw_a + raw_b
+    assert (rep.groups, rep.refs, rep.reachable) == (2, 3, 2)
