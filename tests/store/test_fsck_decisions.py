@@ -94,6 +94,23 @@ def test_a_leftover_log_of_a_removed_group_holds_nothing_either(tmp_path):
     assert "leftover" in rep.problems[0].message
 
 
+def test_a_writer_does_not_count_on_a_stale_logs_copy(tmp_path):
+    """Putting content that only a stale log holds writes it again: the ref that names it outlives the log."""
+    store, meta, head = _stale_log_holding_meta(tmp_path)
+    fresh = _open(store.root)
+    other = "sessions/ses_other"
+    assert fresh.refs.read(G).refs["meta"] == meta and fresh.get(meta) == b"meta " + b"m" * 500  # the log is read
+    assert fresh.put("blob", b"meta " + b"m" * 500) == meta
+    assert fresh.loose.has(meta)  # written loose, not taken for present
+    fresh.refs.transaction(other, [RefUpdate("head", None, meta)], reason="names it")
+    with fresh.writing():
+        new = fresh.put("blob", b"head 1")
+        fresh.refs.transaction(G, [RefUpdate("head", head, new)], reason="replaces the stale log")
+    rep = fsck(_open(store.root))
+    assert ("missing-object", f"{other}/head") not in [(p.kind, p.where) for p in rep.problems]
+    assert [(p.kind, p.where) for p in rep.problems] == []  # G/meta is loose now too
+
+
 # ------------------------------------------------------------------ version-1 logs by hand
 
 
