@@ -325,3 +325,120 @@ def test_the_report_counts_as_section_11_defines(tmp_path):
     assert (rep.objects, rep.loose, rep.packed, rep.in_steps) == (2, 1, 1, 2)  # a is in the record too
     assert rep.bytes == raw_a + raw_b
     assert (rep.groups, rep.refs, rep.reachable) == (2, 3, 2)
+
+
+# ------------------------------------------------------------------ question 17: a group commit's summary (§16.4)
+
+
+def _group_commit_with_message(message: bytes):
+    from kxen_agent.store import gitmap
+
+    blob, tree, commit = gitmap.group_commit(G, 0, {}, [], 1_700_000_000)
+    body = commit.body[: commit.body.index(b"\n\n") + 2] + message
+    return body, tree.body, blob.body
+
+
+@pytest.mark.parametrize("summary, ok", [
+    (b"", True),
+    (b"\nhead: -\nmessages: 0\n", True),
+    (b"\nrun: r1 completed\nrun: r2 failed\n", True),  # a key may repeat; order is kept
+    (b"\nnote: \xc3\xa9t\xc3\xa9 ok\n", True),
+    (b"\n", False),  # an empty line and no summary
+    (b"head: -\n", False),  # no empty line before it
+    (b"\n\nhead: -\n", False),  # an empty summary line
+    (b"\nhead: a\rb\n", False),  # CR: a control character
+    (b"\nhead: a\x1bb\n", False),
+    (b"\nhead: a\tb\n", False),
+    (b"\nHead: x\n", False),
+    (b"\nhead:x\n", False),
+    (b"\nhead: \xff\n", False),
+])
+def test_a_group_commits_summary_is_empty_or_key_value_lines(summary, ok):
+    from kxen_agent.store import gitmap
+
+    body, tree, blob = _group_commit_with_message(b"kxen group %s\n" % G.encode() + summary)
+    if ok:
+        gitmap.parse_group_commit(body, tree, blob, "c")
+    else:
+        with pytest.raises(gitmap.BadGitImage):
+            gitmap.parse_group_commit(body, tree, blob, "c")
+
+
+# ------------------------------------------------------------------ question 18: Dictionary_ID 0 (§12.3 rule 3)
+
+
+def _with_dict_id(frame: bytes, did: int) -> bytes:
+    """``frame`` (single segment, no dictionary id) naming dictionary ``did`` in one byte."""
+    assert frame[4] & 0x23 == 0x20
+    return frame[:4] + bytes([frame[4] | 0x01, did]) + frame[5:]
+
+
+def test_a_frame_naming_dictionary_0_names_none():
+    import zstandard
+
+    from kxen_agent.store.objects import CorruptObject
+    from kxen_agent.store.pack.compress import Decompressor
+    from kxen_agent.store.pack.format import METHOD_ZSTD, METHOD_ZSTD_DICT
+
+    samples = [b'{"role": "tool", "content": "line %d of output %d"}' % (i, i * 7) * 3 for i in range(400)]
+    d = zstandard.train_dictionary(2048, samples)
+    did = d.dict_id()
+    raw = samples[5]
+    plain = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+    dicted = zstandard.ZstdCompressor(dict_data=d, write_content_size=True, write_dict_id=False).compress(raw)
+    dec = Decompressor(d.as_bytes())
+    # Method 2: no id, id 0 (RFC 8878: no dictionary named; the pack's is used) or the pack's own id.
+    for frame in (dicted, _with_dict_id(dicted, 0)):
+        assert dec.decompress_raw(METHOD_ZSTD_DICT, len(raw), frame, "e") == raw
+    if did < 256:
+        assert dec.decompress_raw(METHOD_ZSTD_DICT, len(raw), _with_dict_id(dicted, did), "e") == raw
+    with pytest.raises(CorruptObject, match="names dictionary"):
+        dec.decompress_raw(METHOD_ZSTD_DICT, len(raw), _with_dict_id(dicted, (did + 1) % 256 or 1), "e")
+    # Method 1: no id, or 0; any other is refused before decompressing.
+    for frame in (plain, _with_dict_id(plain, 0)):
+        assert dec.decompress_raw(METHOD_ZSTD, len(raw), frame, "e") == raw
+    with pytest.raises(CorruptObject, match="names dictionary"):
+        dec.decompress_raw(METHOD_ZSTD, len(raw), _with_dict_id(plain, 9), "e")
+
+
+# ------------------------------------------------------------------ question 22: offsets from the file's start
+
+
+def test_fsck_names_a_bad_frame_and_a_tail_by_offsets_from_the_files_start(blobs):
+    store, (x, y, _z) = blobs
+    good = _frame(store, x, b"blob 0")
+    # A record whose checksum holds over an entry whose frame is not its id's object.
+    path = _log_of(store, G, 0, [_tx([["head", None, x]]), _tx([["head", x, y]])],
+                   objects={0: [(x, good)], 1: [(y, good)]})
+    with open(path, "ab") as f:
+        f.write(b"STEP\x00\x00")  # a torn append
+    data = open(path, "rb").read()
+    rep = fsck(_open(store.root))
+    bad = [p for p in rep.problems if p.kind == "corrupt-object"]
+    assert len(bad) == 1 and bad[0].where.startswith(f"{path} at offset ")
+    at = int(bad[0].where.rsplit(" ", 1)[1])
+    assert data[at:at + 4] == b"\x28\xb5\x2f\xfd" and data[at - 36:at - 4] == y  # the frame, after its id
+    tail = [s for s in rep.stray_files if s.startswith(path)]
+    assert tail and f"an uncommitted tail of 6 bytes from offset {len(data) - 6}" in tail[0]
+
+
+# ------------------------------------------------------------------ question 21: §7.2 and check 3 in format 3
+
+
+def test_reflog_consistency_is_judged_on_the_ref_file_with_its_log_applied(tmp_path):
+    store = _open(tmp_path / "s")
+    ids = [store.put("blob", b"v%d" % i) for i in range(4)]
+    store.refs.transaction(G, [RefUpdate("head", None, ids[0]), RefUpdate("gone", None, ids[1])], reason="0")
+    fold_step_logs(store)  # ref file of generation 1, its reflog file: two lines
+    store.refs.transaction(G, [RefUpdate("head", ids[0], ids[2]), RefUpdate("gone", ids[1], None)], reason="1")
+    ref = open(store.refs.ref_path(G)).read()
+    assert ids[0].hex() in ref and "gone" in ref  # the ref file alone disagrees with the group's state
+    assert fsck(_open(store.root)).clean  # the state (ref file + records) and reflog (file + records) agree
+    reflog = store.refs.log_path(G)
+    with open(reflog, "ab") as f:
+        f.write(b"junk past the committed length, no newline")  # an uncommitted tail: ignored
+    assert fsck(_open(store.root)).clean
+    committed = int(ref.split("\nlog ")[1].split("\n")[0])
+    with open(reflog, "r+b") as f:
+        f.truncate(committed - 1)  # shorter than the base's log: damage
+    assert _problems(store) == [("corrupt-ref", G)]
