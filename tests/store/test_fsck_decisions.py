@@ -442,3 +442,81 @@ def test_reflog_consistency_is_judged_on_the_ref_file_with_its_log_applied(tmp_p
     with open(reflog, "r+b") as f:
         f.truncate(committed - 1)  # shorter than the base's log: damage
     assert _problems(store) == [("corrupt-ref", G)]
+
+
+# ------------------------------------------------------------------ questions 19 and 20: a JSON bundle's limits, whitespace
+
+
+@pytest.fixture
+def json_bundle(tmp_path):
+    from kxen_agent.store.bundle.export import export_bundle
+
+    store = _open(tmp_path / "s")
+    x = store.put("blob", b"carried")
+    store.refs.transaction(G, [RefUpdate("head", None, x)], reason="one")
+    path = tmp_path / "b.json"
+    export_bundle(store, [G], str(path), fmt="json")
+    return path, path.read_bytes()
+
+
+@pytest.mark.parametrize("after, ok", [
+    (b"", True), (b"\n", True), (b" \t\r\n" * 1000, True),
+    (b"\x0c", False), (b"\x0b", False), (b"\xc2\xa0", False), (b"\xef\xbb\xbf", False), (b"\x00", False),
+    (b"\n{}", False),
+])
+def test_only_json_whitespace_may_follow_a_json_bundle(json_bundle, after, ok):
+    """§12.8's "whitespace" is RFC 8259's: SP, TAB, LF, CR, in any amount; nothing else (question 20)."""
+    from kxen_agent.store.bundle import BadBundle, verify_bundle
+
+    path, data = json_bundle
+    path.write_bytes(data + after)
+    if ok:
+        verify_bundle(str(path))
+    else:
+        with pytest.raises(BadBundle):
+            verify_bundle(str(path))
+
+
+def test_a_json_member_over_its_limit_is_refused_by_every_reader(json_bundle):
+    """§12.13's limits are the format's (question 19): a value of 16 MiB + 1 characters is refused."""
+    from kxen_agent.store.bundle import BadBundle, verify_bundle
+    from kxen_agent.store.bundle.header import MAX_HEADER_SIZE
+
+    path, data = json_bundle
+    import json
+
+    text = data.decode()
+    at = text.index('"refs":') + len('"refs":')
+    while text[at] == " ":
+        at += 1
+    value_end = json.JSONDecoder().raw_decode(text, at)[1]
+    value = data[at:value_end]
+    for pad, ok in ((MAX_HEADER_SIZE - len(value), True), (MAX_HEADER_SIZE - len(value) + 1, False)):
+        padded = value[:1] + b" " * pad + value[1:]  # inside the value: it counts
+        path.write_bytes(data[:at] + padded + data[value_end:])
+        if ok:
+            verify_bundle(str(path))
+        else:
+            with pytest.raises(BadBundle, match="longer than"):
+                verify_bundle(str(path))
+
+
+# ------------------------------------------------------------------ question 1: a good record after torn bytes
+
+
+def test_a_good_record_after_torn_bytes_is_damage_that_no_writer_cuts(blobs):
+    """A version-1 log: bytes that are no record, then a committed record raising the fence (§6.9 question 1)."""
+    store, (x, y, z) = blobs
+    first = _record(_tx([["head", None, x]], fence=1, newFence=1))
+    raised = _record(_tx([["head", x, y]], fence=2, newFence=2))
+    path = store.refs.steps_path(G)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = _header(G, 0) + first + b"\x00" * 60 + raised  # a torn append, then a good record
+    open(path, "wb").write(data)
+    _read_fails(store, G, "offset")
+    fresh = _open(store.root)
+    from kxen_agent.store import CorruptRef
+
+    with pytest.raises(CorruptRef):
+        fresh.refs.transaction(G, [RefUpdate("head", None, z)], reason="would cut", fence=1)
+    assert open(path, "rb").read() == data  # nothing cut: the fence stays at 2 in the file
