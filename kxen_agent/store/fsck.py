@@ -114,6 +114,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 typed[obj.id] = want
 
     strays: set[str] = set()
+    present: set[ObjectId] = set()  # ids with a good loose or packed copy (checks 1 and 2)
 
     # 0. A version-2 state dir's skeleton (§10.3): writers rely on these
     # names being durable directories, so one missing (removed by hand) or
@@ -150,6 +151,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             continue
         links[obj.id] = links_of(obj.kind, value)
         check_shape(path, obj, value)
+        present.add(obj.id)
         rep.loose += 1
         rep.bytes += len(obj.raw)
         if progress:
@@ -172,6 +174,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 rep.problems.append(Problem("corrupt-object", f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", e.reason))
                 continue
             rep.packed += 1
+            present.add(oid)
             if oid not in links:
                 links[oid] = links_of(obj.kind, value)
                 check_shape(f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", obj, value)
@@ -181,7 +184,6 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 2b. Every object in a step log (§6.8): each record's checksum, each
     # object's frame and id. A log that does not read is a damaged group.
     steps = store.refs.steps
-    held_dead: dict[ObjectId, str] = {}  # id -> the stale or leftover log that holds it, and why it does not count
     for group in steps.groups():
         ns, gid = group.split("/", 1)
         if not _group_name(ns, gid):
@@ -193,25 +195,6 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             continue
         if log is None:
             continue
-        if store.format_version < 3:
-            # No writer of version 1 or 2 makes a step log, and one would commit past its records (its
-            # ref files ignore them); a writer of this version upgrades FORMAT before its first record
-            # (§10.2). Readers still apply it: its records were committed (§6.9 question 12).
-            rep.problems.append(Problem("corrupt-ref", log.path, f"a step log in a version-{store.format_version} "
-                                        "state dir, whose FORMAT was put back by hand or restored from a backup: "
-                                        "set FORMAT to version 3 (kxen-agent-state 3) or move the log out"))
-        # Only the log a group reads holds objects (§6.8, §6.9 question 8): a
-        # stale log (a checkpoint's previous generation) or a removed group's
-        # leftover is replaced by that group's next transaction, so what it
-        # alone holds is as good as missing. Its copies are still verified.
-        try:
-            dead = store.refs.read_with_log(group)[1] is None and bool(log.records)
-        except (CorruptRef, BadRefName):
-            dead = False  # the group is reported by check 3; its log counts as read
-        if dead:
-            why = ("a stale step log (a previous generation, which the group's next transaction replaces)"
-                   if store.io.lexists(store.refs.ref_path(group)) else
-                   "the leftover step log of a removed group (which the group's next creation replaces)")
         if log.size > log.end:
             strays.add(f"{log.path} (an uncommitted tail of {log.size - log.end} bytes from offset {log.end}: "
                        "a writer that died in its append; the next writer cuts it)")
@@ -225,15 +208,25 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                     rep.problems.append(Problem("corrupt-object", where, e.reason))
                     continue
                 rep.in_steps += 1
-                if dead:
-                    held_dead.setdefault(oid, f"{log.path}, {why}")
-                    continue
                 if oid not in links:
                     links[oid] = links_of(obj.kind, value)
                     check_shape(where, obj, value)
                     rep.bytes += len(obj.raw)
                 if progress:
                     progress(1)
+    rep.objects = len(links)
+
+    # 2c. Only a step log that its group reads holds objects (§6.9 question 8): a stale log
+    # (a checkpoint's previous generation) or a removed group's leftover is replaced by that
+    # group's next write, so an object that only such a log holds is as good as missing. Its
+    # copies were verified and counted above (step log objects); here it leaves the present set.
+    held_dead = _held_only_by_dead_logs(store, present, rep)
+    for oid, (_where, size) in held_dead.items():
+        if links.pop(oid, None) is not None:
+            rep.bytes -= size
+        kind_of.pop(oid, None)
+        misshapen.pop(oid, None)
+        typed.pop(oid, None)
     rep.objects = len(links)
 
     # 3. Refs and reflogs.
@@ -339,9 +332,58 @@ _GIT_DIR = "git"
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
 
 
-def _only_in(held_dead: dict[ObjectId, str], oid: ObjectId) -> str:
+def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckReport) -> dict[ObjectId, tuple[str, int]]:
+    """Objects whose only good copies are in stale or leftover step logs: id -> (which log and why, size).
+
+    ``present``: the ids with a good loose or packed copy. A log that does
+    not read, or whose group does not, counts as read (checks 2b and 3
+    report it). In a version-1 or -2 state dir each step log is a problem
+    too (§10.2, §6.9 question 12): no writer of those versions makes one,
+    and an older writer would commit past its records.
+    """
+    steps = store.refs.steps
+    live: set[ObjectId] = set()
+    dead = []
+    for group in steps.groups():
+        ns, gid = group.split("/", 1)
+        if not _group_name(ns, gid):
+            continue
+        try:
+            log = steps.load(group)  # as step 2b read it
+            if log is None:
+                continue
+            reads = store.refs.read_with_log(group)[1] is not None
+        except (KxenError, ValueError):
+            continue
+        if store.format_version < 3:
+            rep.problems.append(Problem("corrupt-ref", log.path, f"a step log in a version-{store.format_version} "
+                                        "state dir, whose FORMAT was put back by hand or restored from a backup: "
+                                        "set FORMAT to version 3 (kxen-agent-state 3) or move the log out"))
+        ids = {oid for rec in log.records for oid, _at, _n in rec.objects}
+        if reads:
+            live |= ids
+        elif ids:
+            why = ("a stale step log (a previous generation, which the group's next transaction replaces)"
+                   if store.io.lexists(store.refs.ref_path(group)) else
+                   "the leftover step log of a removed group (which the group's next creation replaces)")
+            dead.append((log, why))
+    out: dict[ObjectId, tuple[str, int]] = {}
+    for log, why in dead:
+        for rec in log.records:
+            for oid, at, n in rec.objects:
+                if oid in present or oid in live or oid in out:
+                    continue
+                try:
+                    size = len(steps.read_frame(log, oid, at, n).raw)
+                except KxenError:
+                    continue  # a corrupt copy: step 2b reported it, and it counted nowhere
+                out[oid] = (f"{log.path}, {why}", size)
+    return out
+
+
+def _only_in(held_dead: dict[ObjectId, tuple[str, int]], oid: ObjectId) -> str:
     """What a missing object's message adds when a stale or leftover step log still holds a copy."""
-    where = held_dead.get(oid)
+    where = held_dead.get(oid, (None,))[0]
     if where is None:
         return ""
     return (f" (its only copy is in {where}: restore the object from a backup or a bundle before the group "
