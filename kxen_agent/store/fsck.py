@@ -318,7 +318,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root, store.io))
-    # 7. Names no writer makes, outside objects/: information too.
+    # 7. Names no writer makes, outside objects/ and in objects/pack/: information too.
     strays.update(_stray_entries(store.root, store.io, set(listed)))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
@@ -398,8 +398,11 @@ def _group_name(ns: str, gid: str) -> bool:
     return True
 
 
-def _stray_entries(root: str, io: FileIO, groups: set[str] | None = None) -> list[str]:
-    """Entries outside ``objects/`` that no writer makes (§11 step 7).
+def _stray_entries(root: str, io: FileIO, groups: set[str]) -> list[str]:
+    """Entries outside ``objects/``, and in ``objects/pack/``, that no writer makes (§11 step 7).
+
+    ``groups``: the groups that exist (§6.2), whose caches ``cache/<kind>/<ns>/<id>`` are the
+    layer above's; ``git/`` is the Git mirror's (§16.7), not looked into.
 
     ``refs/`` holds namespace directories only (what is in one is a group,
     judged by step 3); ``steps/`` a step log per group (§6.8); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
@@ -457,9 +460,7 @@ def _stray_entries(root: str, io: FileIO, groups: set[str] | None = None) -> lis
             # The group exists as §6.2 says (a ref file, or a generation-0 log with a committed record;
             # a group that fails to read is listed too): a stale or leftover log makes none (§6.9 q. 10).
             out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
-                    and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid)
-                         or (f"{ns}/{gid}" not in groups if groups is not None else
-                             not io.lexists(os.path.join(refs, ns, gid)) and not io.lexists(os.path.join(steps, ns, gid))))]
+                    and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid) or f"{ns}/{gid}" not in groups)]
     for ns in ls(logs):
         d = os.path.join(logs, ns)
         if not io.isdir(d):

@@ -444,7 +444,7 @@ def test_reflog_consistency_is_judged_on_the_ref_file_with_its_log_applied(tmp_p
     assert _problems(store) == [("corrupt-ref", G)]
 
 
-# ------------------------------------------------------------------ questions 19 and 20: a JSON bundle's limits, whitespace
+# ------------------------------------------------------------------ questions 19 and 20: JSON bundle limits, whitespace
 
 
 @pytest.fixture
