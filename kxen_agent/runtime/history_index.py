@@ -344,7 +344,12 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
                              "rewind): readers drop it and what follows")
                 break
             except KxenError:
-                break  # a damaged object: fsck reports it itself
+                kind = _kind_of(store, oid)
+                if kind is not None and kind != "message":
+                    # A good object of another kind: no message at all, whatever the index says (§14.12).
+                    problems.append((path, f"entry {i} names object {oid.hex()}, a {kind} object, not a message: "
+                                     "delete the file (the next run writes it again)"))
+                break  # else a damaged or misshapen message: fsck reports the object itself
             if m.seq != i or m.parent != prev:
                 problems.append((path, f"entry {i} names message {oid.hex()}, which is message {m.seq} of "
                                  "another history: delete the file (the next run writes it again)"))
@@ -356,3 +361,13 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
                 break
             prev = oid
     return problems, notes
+
+
+def _kind_of(store: Any, oid: bytes) -> str | None:
+    """The kind of object ``oid`` if it reads (its bytes hash to its id), else None."""
+    from kxen_agent.errors import KxenError
+
+    try:
+        return store.read_raw(oid).kind
+    except KxenError:
+        return None

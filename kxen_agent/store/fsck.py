@@ -114,6 +114,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 typed[obj.id] = want
 
     strays: set[str] = set()
+    present: set[ObjectId] = set()  # ids with a good loose or packed copy (checks 1 and 2)
 
     # 0. A version-2 state dir's skeleton (§10.3): writers rely on these
     # names being durable directories, so one missing (removed by hand) or
@@ -150,6 +151,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             continue
         links[obj.id] = links_of(obj.kind, value)
         check_shape(path, obj, value)
+        present.add(obj.id)
         rep.loose += 1
         rep.bytes += len(obj.raw)
         if progress:
@@ -172,6 +174,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 rep.problems.append(Problem("corrupt-object", f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", e.reason))
                 continue
             rep.packed += 1
+            present.add(oid)
             if oid not in links:
                 links[oid] = links_of(obj.kind, value)
                 check_shape(f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", obj, value)
@@ -213,11 +216,25 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                     progress(1)
     rep.objects = len(links)
 
+    # 2c. Only a step log that its group reads holds objects (§6.9 question 8): a stale log
+    # (a checkpoint's previous generation) or a removed group's leftover is replaced by that
+    # group's next write, so an object that only such a log holds is as good as missing. Its
+    # copies were verified and counted above (step log objects); here it leaves the present set.
+    held_dead = _held_only_by_dead_logs(store, present, rep)
+    for oid, (_where, size) in held_dead.items():
+        if links.pop(oid, None) is not None:
+            rep.bytes -= size
+        kind_of.pop(oid, None)
+        misshapen.pop(oid, None)
+        typed.pop(oid, None)
+    rep.objects = len(links)
+
     # 3. Refs and reflogs.
     roots: list[tuple[str, ObjectId]] = []
     governed_roots: list[ObjectId] = []
     keep: set[ObjectId] = set()
-    for group in store.refs.groups():
+    listed = list(store.refs.groups())
+    for group in listed:
         rep.groups += 1
         try:
             # One snapshot: the reflog is checked against this very ref file
@@ -259,7 +276,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     reachable: set[ObjectId] = set()
     for where, oid in roots:
         if oid not in links:
-            rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"))
+            rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"
+                                        + _only_in(held_dead, oid)))
             continue
         stack = [oid]
         while stack:
@@ -270,7 +288,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             for child in links[cur]:
                 if child not in links:
                     rep.problems.append(
-                        Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}")
+                        Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}"
+                                + _only_in(held_dead, child))
                     )
                 elif child not in reachable:
                     stack.append(child)
@@ -299,16 +318,76 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root, store.io))
-    # 7. Names no writer makes, outside objects/: information too.
-    strays.update(_stray_entries(store.root, store.io))
+    # 7. Names no writer makes, outside objects/ and in objects/pack/: information too.
+    strays.update(_stray_entries(store.root, store.io, set(listed)))
     rep.stray_files = sorted(strays - not_dirs)
     return rep
 
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
-_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache"})
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache", "git"})
+#: The Git mirror (§1.3, §16.7): Git's own repository, which ``git fsck`` checks; fsck does not look inside.
+_GIT_DIR = "git"
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
+
+
+def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckReport) -> dict[ObjectId, tuple[str, int]]:
+    """Objects whose only good copies are in stale or leftover step logs: id -> (which log and why, size).
+
+    ``present``: the ids with a good loose or packed copy. A log that does
+    not read, or whose group does not, counts as read (checks 2b and 3
+    report it). In a version-1 or -2 state dir each step log is a problem
+    too (§10.2, §6.9 question 12): no writer of those versions makes one,
+    and an older writer would commit past its records.
+    """
+    steps = store.refs.steps
+    live: set[ObjectId] = set()
+    dead = []
+    for group in steps.groups():
+        ns, gid = group.split("/", 1)
+        if not _group_name(ns, gid):
+            continue
+        try:
+            log = steps.load(group)  # as step 2b read it
+            if log is None:
+                continue
+            reads = store.refs.read_with_log(group)[1] is not None
+        except (KxenError, ValueError):
+            continue
+        if store.format_version < 3:
+            rep.problems.append(Problem("corrupt-ref", log.path, f"a step log in a version-{store.format_version} "
+                                        "state dir, whose FORMAT was put back by hand or restored from a backup: "
+                                        "set FORMAT to version 3 (kxen-agent-state 3) or move the log out"))
+        ids = {oid for rec in log.records for oid, _at, _n in rec.objects}
+        if reads:
+            live |= ids
+        elif ids:
+            why = ("a stale step log (a previous generation, which the group's next transaction replaces)"
+                   if store.io.lexists(store.refs.ref_path(group)) else
+                   "the leftover step log of a removed group (which the group's next creation replaces)")
+            dead.append((log, why))
+    out: dict[ObjectId, tuple[str, int]] = {}
+    for log, why in dead:
+        for rec in log.records:
+            for oid, at, n in rec.objects:
+                if oid in present or oid in live or oid in out:
+                    continue
+                try:
+                    size = len(steps.read_frame(log, oid, at, n).raw)
+                except KxenError:
+                    continue  # a corrupt copy: step 2b reported it, and it counted nowhere
+                out[oid] = (f"{log.path}, {why}", size)
+    return out
+
+
+def _only_in(held_dead: dict[ObjectId, tuple[str, int]], oid: ObjectId) -> str:
+    """What a missing object's message adds when a stale or leftover step log still holds a copy."""
+    where = held_dead.get(oid, (None,))[0]
+    if where is None:
+        return ""
+    return (f" (its only copy is in {where}: restore the object from a backup or a bundle before the group "
+            "is written again)")
 
 
 def _group_name(ns: str, gid: str) -> bool:
@@ -319,8 +398,11 @@ def _group_name(ns: str, gid: str) -> bool:
     return True
 
 
-def _stray_entries(root: str, io: FileIO) -> list[str]:
-    """Entries outside ``objects/`` that no writer makes (§11 step 7).
+def _stray_entries(root: str, io: FileIO, groups: set[str]) -> list[str]:
+    """Entries outside ``objects/``, and in ``objects/pack/``, that no writer makes (§11 step 7).
+
+    ``groups``: the groups that exist (§6.2), whose caches ``cache/<kind>/<ns>/<id>`` are the
+    layer above's; ``git/`` is the Git mirror's (§16.7), not looked into.
 
     ``refs/`` holds namespace directories only (what is in one is a group,
     judged by step 3); ``steps/`` a step log per group (§6.8); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
@@ -339,15 +421,32 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
     for name in ls(root):
         if name not in _TOP_NAMES and not name.startswith(_TEMP_PREFIXES):
             out.append(os.path.join(root, name))
+    git = os.path.join(root, _GIT_DIR)
+    if io.lexists(git) and not io.isdir(git):
+        out.append(git)  # the mirror is a directory (a bare repository); anything else is no one's
     refs, logs, locks, steps = (os.path.join(root, d) for d in ("refs", "logs", "locks", "steps"))
+    # objects/pack/ (§12.4, §6.9 question 23): packs with their indexes; an index-less pack (a writer
+    # died before its index: gc removes it after the grace period) and any other name are listed.
+    pack_dir = os.path.join(root, "objects", PACK_DIR_NAME)
+    in_pack = ls(pack_dir) if io.isdir(pack_dir) else []
+    indexed = {n[:-len(".idx")] for n in in_pack if n.startswith("pack-") and n.endswith(".idx")}
+    for n in in_pack:
+        path = os.path.join(pack_dir, n)
+        if n.startswith(TEMP_PREFIX) and not io.isdir(path):
+            continue  # step 6
+        if n.startswith("pack-") and (n.endswith(".idx") or n.endswith(".pack") and n[:-len(".pack")] in indexed):
+            continue  # read as a pack (step 2), broken or not
+        out.append(path)
     out += [os.path.join(refs, ns) for ns in ls(refs) if not io.isdir(os.path.join(refs, ns))]
     for ns in ls(steps):
         d = os.path.join(steps, ns)
         if not io.isdir(d):
             out.append(d)
             continue
-        out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
-                and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid))]
+        # A tmp_ name there is a writer's temp file if it is a file (§6.9 question 9): no group is named
+        # so (§6.1), so it hides none; step 6 lists it. A directory of that name is no one's.
+        out += [os.path.join(d, gid) for gid in ls(d) if io.isdir(os.path.join(d, gid))
+                or not gid.startswith(TEMP_PREFIX) and not _group_name(ns, gid)]
     # cache/<kind>/<ns>/<id>: a derived file of a group that exists (§11a); its content is the layer
     # above's to check (the history index: `kxen-agent fsck`, §14.12).
     cache = os.path.join(root, "cache")
@@ -358,9 +457,10 @@ def _stray_entries(root: str, io: FileIO) -> list[str]:
             if ns is None or not io.isdir(d):
                 out.append(d)
                 continue
+            # The group exists as §6.2 says (a ref file, or a generation-0 log with a committed record;
+            # a group that fails to read is listed too): a stale or leftover log makes none (§6.9 q. 10).
             out += [os.path.join(d, gid) for gid in ls(d) if not gid.startswith(TEMP_PREFIX)
-                    and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid)
-                         or not io.lexists(os.path.join(refs, ns, gid)) and not io.lexists(os.path.join(steps, ns, gid)))]
+                    and (io.isdir(os.path.join(d, gid)) or not _group_name(ns, gid) or f"{ns}/{gid}" not in groups)]
     for ns in ls(logs):
         d = os.path.join(logs, ns)
         if not io.isdir(d):
@@ -407,6 +507,8 @@ def _temp_files(root: str, io: FileIO) -> list[str]:
     for d, dirs, files in io.walk(root):
         if d == objects_dir:
             dirs[:] = [x for x in dirs if x == PACK_DIR_NAME]
+        elif d == root:
+            dirs[:] = [x for x in dirs if x != _GIT_DIR]  # Git's own temp files are Git's (§11 step 7)
         for f in files:
             path = os.path.join(d, f)
             # In refs/<ns>/ only what RefStore.groups() skips is a temp file;

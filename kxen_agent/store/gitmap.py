@@ -428,11 +428,12 @@ def parse_group_commit(commit_body: bytes, tree_body: bytes, blob_body: bytes, w
         raise BadGitImage(where, f"message does not begin 'kxen group {group}'")
     summary: list[tuple[str, str]] = []
     if rest:
-        if not rest.startswith(b"\n"):
-            raise BadGitImage(where, "summary must follow an empty line")
-        for line in rest[1:].splitlines():
+        # §16.4: an empty line, then one or more "key: value" LF lines, values without control characters.
+        if not rest.startswith(b"\n") or rest == b"\n":
+            raise BadGitImage(where, "summary must follow an empty line and hold a line at least")
+        for line in rest[1:-1].split(b"\n"):  # the message ends in LF (parse_commit)
             key, sep, value = line.partition(b": ")
-            if not sep or not _SUMMARY_KEY.fullmatch(key):
+            if not sep or not _SUMMARY_KEY.fullmatch(key) or any(c < 0x20 or c == 0x7F for c in value):
                 raise BadGitImage(where, f"bad summary line {line[:40]!r}")
             try:
                 summary.append((key.decode("ascii"), value.decode("utf-8")))

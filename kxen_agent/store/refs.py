@@ -69,6 +69,10 @@ _DECIMAL = r"(0|[1-9][0-9]*)"
 _HEADER_LINE = re.compile(r"(fence|log|steps|deleted) " + _DECIMAL)
 _REF_LINE = re.compile(r"([0-9a-f]{64}) (.*)", re.S)
 _REFLOG_HEAD = re.compile(r"([0-9a-f]{64}) ([0-9a-f]{64}) " + _DECIMAL + " " + _DECIMAL + r" ([^ ]*)")
+#: Every number of a ref file or reflog line is at most this, as a step record's CBOR integers are
+#: (§6.9 question 11); a ref file's ``steps`` at most what a step-log header's 19 digits can name.
+MAX_NUMBER = (1 << 64) - 1
+MAX_GENERATION = 10**19 - 1
 
 
 class BadRefName(UsageError):
@@ -267,7 +271,11 @@ def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
         m = _HEADER_LINE.fullmatch(lines[i]) if i < len(lines) else None
         if m is None or m.group(1) != key:
             return None
-        return int(m.group(2))
+        n = int(m.group(2))
+        if n > (MAX_GENERATION if key == "steps" else MAX_NUMBER):
+            raise CorruptRef(f"ref file {where}: '{key}' is {n}, over its limit "
+                             f"({MAX_GENERATION if key == 'steps' else MAX_NUMBER}, objects_spec.md §6.3)")
+        return n
 
     fence = header(1, "fence")
     if fence is None:
@@ -347,6 +355,8 @@ def parse_reflog(data: bytes, where: str) -> list[ReflogEntry]:
             raise CorruptRef(f"reflog {where}: line {n}: {e}") from None
         if reason != " ".join(reason.split()):
             raise CorruptRef(f"reflog {where}: line {n}: reason has uncollapsed whitespace")
+        if int(t) > MAX_NUMBER or int(fence) > MAX_NUMBER:
+            raise CorruptRef(f"reflog {where}: line {n}: a number over {MAX_NUMBER} (objects_spec.md §7.1)")
         o, w = bytes.fromhex(old), bytes.fromhex(new)
         out.append(ReflogEntry(None if o == ZERO else o, None if w == ZERO else w, int(t), int(fence), name, reason))
     if data and not data.endswith(b"\n"):
@@ -524,6 +534,11 @@ class RefStore:
         where = log.path
         for r in log.records[start:]:
             t = r.tx
+            if t.fence < fence:
+                # No writer commits with a fence below the group's (§6.4 step 4): a stale holder's step
+                # in the log is damage, never applied (§6.9 question 7).
+                raise CorruptRef(f"step log {where} at offset {r.offset}: the record's fence {t.fence} is below "
+                                 f"the group's {fence} (a stale writer's step); run fsck")
             for u in t.updates:
                 try:
                     validate_ref_name(u.name)

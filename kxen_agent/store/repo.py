@@ -494,7 +494,7 @@ class Store:
             return self._put_loose(obj)
 
     def _put_loose(self, obj: RawObject) -> bool:
-        if self.refs.steps.has(obj.id):
+        if self.refs.steps.has(obj.id) and self._in_live_log(obj.id):
             # Held by a committed step record: present, and made durable
             # before any ref may name it (§9.3 rule 12), not copied.
             self.refs.steps.make_durable(obj.id)
@@ -508,6 +508,15 @@ class Store:
                     return False
                 break  # the pack was removed by gc: write a loose copy
         return self.loose.write(obj)
+
+    def _in_live_log(self, oid: ObjectId) -> bool:
+        """Whether the step log holding ``oid`` is one its group reads: a stale or leftover log is
+        replaced by that group's next write, so its copy does not count as present (§6.9 question 8)."""
+        log = self.refs.steps.where(oid)
+        try:
+            return log is not None and self.refs.read_with_log(log.group)[1] is log
+        except KxenError:
+            return False
 
     def sync_pack_dir_once(self) -> None:
         """fsync ``objects/pack`` once per Store: names found there become durable."""

@@ -351,3 +351,83 @@ def test_start_reads_no_segment_past_the_heads_history(tmp_path: Path) -> None:
     got = h.start(ses)
     assert 600 <= got < 2100
     assert h.messages(head) == full(ss, head)
+
+
+# ------------------------------------------------------------------ issue 24: what fsck reports, the frame rules
+
+
+def small_session(tmp_path: Path, n: int = 6) -> tuple[SessionStore, str, list[hi.Entry]]:
+    store, ses = long_session(tmp_path, n)
+    ss = SessionStore(store)
+    return ss, ses, entries_of(ss, ss.get(ses).head)
+
+
+def test_an_entry_naming_an_object_that_is_not_a_message_is_a_problem(tmp_path: Path) -> None:
+    ss, ses, entries = small_session(tmp_path)
+    blob = ss.store.put("blob", b"not a message at all")
+    _oid, p, t = entries[3]
+    entries[3] = (blob, p, t)
+    hi.write_index(FileIO(), hi.index_path(ss.store.root, ses), entries)
+    problems, notes = hi.verify_indexes(SessionStore(Store(ss.store.root, namespaces=(NS,))))
+    assert len(problems) == 1 and "entry 3" in problems[0][1] and "a blob object, not a message" in problems[0][1]
+    assert notes == []
+
+
+def test_an_entry_of_another_shape_ends_the_good_prefix_and_is_no_problem(tmp_path: Path) -> None:
+    """§14.12: shape (types, keys) is the reader's check, ending the prefix; fields that differ are fsck's."""
+    ss, ses, entries = small_session(tmp_path)
+    path = hi.index_path(ss.store.root, ses)
+    good = hi.encode_segments(None, entries[:3])
+    bad = hi.encode_entries(entries[3:])
+    bad[0]["role"] = "system"  # no message has that role
+    body = codec.encode(bad)
+    import blake3
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(body)
+    head = hi._SEG.pack(hi.SEGMENT_MAGIC, len(bad), entries[2][0], len(frame))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(hi.MAGIC + good + head + frame + blake3.blake3(head + frame).digest())
+    parsed = hi.read_index(FileIO(), path)
+    assert len(parsed.entries) == 3 and "shape" in parsed.stopped
+    problems, notes = hi.verify_indexes(ss)
+    assert problems == [] and len(notes) == 1
+
+
+def _segment_with_frame(entries: list[hi.Entry], frame: bytes) -> bytes:
+    import blake3
+
+    head = hi._SEG.pack(hi.SEGMENT_MAGIC, len(entries), hi.NO_BASE, len(frame))
+    return hi.MAGIC + head + frame + blake3.blake3(head + frame).digest()
+
+
+def test_the_frame_rules_are_a_loose_objects() -> None:
+    """§14.12 (question 14): the frame field is one zstd frame as §5.1 says, else the segment is not good."""
+    import zstandard
+
+    entries = sample_entries()
+    body = codec.encode(hi.encode_entries(entries))
+    one = zstandard.ZstdCompressor(write_content_size=True).compress(body)
+    assert hi.parse_index(_segment_with_frame(entries, one)).entries == entries
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(body)
+    skippable = b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"skip"
+    half = len(body) // 2
+    two = (zstandard.ZstdCompressor(write_content_size=True).compress(body[:half])
+           + zstandard.ZstdCompressor(write_content_size=True).compress(body[half:]))
+    # The same frame naming dictionary 7 (Dictionary_ID_flag 1: one byte after the descriptor).
+    assert one[4] & 0x23 == 0x20  # single segment, no dictionary id: the id goes right after the descriptor
+    with_dict = one[:4] + bytes([one[4] | 0x01, 7]) + one[5:]
+    assert zstandard.get_frame_parameters(with_dict).dict_id == 7
+    for frame in (no_size, skippable + one, one + skippable, two, one + b"\x00", with_dict):
+        parsed = hi.parse_index(_segment_with_frame(entries, frame))
+        assert parsed.entries == [] and parsed.stopped is not None, frame[:8]
+    # Non-canonical CBOR of the right entries (a map's keys out of order) is read: nothing here is
+    # content-addressed, and fsck compares values with the messages, not encodings.
+    values = hi.encode_entries(entries)
+    import cbor2
+
+    loose_order = cbor2.dumps([dict(reversed(list(v.items()))) for v in values])
+    assert loose_order != codec.encode(values)
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(loose_order)
+    assert hi.parse_index(_segment_with_frame(entries, frame)).entries == entries
