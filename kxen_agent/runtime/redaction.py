@@ -160,8 +160,9 @@ CONTEXT_RULES: tuple[tuple[str, str, re.Pattern[str], int | None, Callable[[re.M
      re.compile(r"\"([A-Za-z_][A-Za-z0-9_.-]{0,63})\"[ \t]{0,64}:[ \t]{0,64}\"([^\"\\\s]{8,512})\""), 2,
      lambda m: _is_assignment_name(m[1]) or m[1].lower() == "auth"),
     ("netrc", "a .netrc password",
-     re.compile(r"(?:^[ \t]{0,64}|(?<![^\s])login[ \t]{1,64}\S{1,256}[ \t]{1,64})password[ \t]{1,64}(\S{1,512})"
-                r"(?=[ \t]|$)", re.MULTILINE), 1, None),
+     re.compile(r"(?:^[ \t]{0,64}password[ \t]{1,64}(?=[^\s=:]\S{0,511}[ \t]{0,64}$)|"
+                r"(?<![^\s])login[ \t]{1,64}\S{1,256}[ \t]{1,64}password[ \t]{1,64})([^\s=:]\S{0,511})(?=[ \t]|$)",
+                re.MULTILINE), 1, None),
     ("pgpass", "a .pgpass line's password",
      re.compile(r"^(?:\\.|[^\s:\\]){1,253}:(?:[0-9]{1,5}|\*):(?:\\.|[^\s:\\]){1,63}:[A-Za-z_*][^\s:\\]{0,62}:"
                 r"((?:\\.|[^\s:\\]){1,512})[ \t]{0,64}$", re.MULTILINE), 1, None),
@@ -363,16 +364,20 @@ def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
     return sorted(hits, key=lambda h: h.start)
 
 
-def scan_value(value: object, secrets: Iterable[str] = ()) -> list[tuple[str, Hit]]:
+def scan_value(value: object, secrets: Iterable[str] = (),
+               find: Callable[[str, list[str]], list[Hit]] | None = None) -> list[tuple[str, Hit]]:
     """Every hit in a decoded object's value, with where in the value: ``(path, hit)``.
 
     A blob's value (bytes) is read as UTF-8, invalid bytes replaced, its
     path ``blob``; in a structured value each text string is scanned, keys
     included (path ``key`` or ``toolCalls[0].arguments``; a key itself is
-    ``<key name>``). Links (32-byte strings) are ids, not text.
+    ``<key name>``). Links (32-byte strings) are ids, not text. ``find``:
+    what looks in one text (default :func:`find_secrets`; the CLI's scan
+    adds a library's detectors).
     """
     found: list[tuple[str, Hit]] = []
     values = list(secrets)
+    find_secrets = _find_secrets if find is None else find
     if isinstance(value, (bytes, bytearray)):
         return [("blob", h) for h in find_secrets(bytes(value).decode("utf-8", "replace"), values)]
     stack: list[tuple[str, object]] = [("", value)]
@@ -407,3 +412,6 @@ def tool_environment(environ: Mapping[str, str], keep: tuple[str, ...] | None,
             continue
         out[name] = value
     return out
+
+
+_find_secrets = find_secrets
