@@ -160,3 +160,22 @@ def test_a_state_dir_owned_by_another_uid_is_refused_unless_listed_safe(public_t
                 env={"KXEN_AGENT_SAFE_DIRECTORIES": listed}, expect=0)
         assert [s["id"] for s in p.json()["sessions"]] == [ses]
     run(cli, "session", "list", umask=0o022, env={"KXEN_AGENT_SAFE_DIRECTORIES": str(public_tmp)}, expect=1)
+
+
+def test_push_under_umask_000_leaves_nothing_open_to_others(public_tmp: Path) -> None:
+    """The state dir's Git mirror (made by git, not the seam) follows §10.4 too."""
+    from tests.helpers import git
+    from tests.remote.gitserver import bare_repo
+
+    remote = bare_repo(public_tmp / "remote.git")
+    state = public_tmp / "state"
+    cli = Cli(state)
+    ses = _session(cli, public_tmp, 0)
+    ws = public_tmp / "ws"
+    git(ws, "remote", "add", "origin", str(remote))
+    git(ws, "push", "-q", "origin", "main")
+    run(cli, "session", "push", ses, umask=0, expect=0)
+    assert (state / "git").is_dir()
+    open_to_others = sorted(str(p.relative_to(state)) for p in [state, *state.rglob("*")]
+                            if not p.is_symlink() and p.lstat().st_mode & 0o077)
+    assert open_to_others == []
