@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 import stat as _stat
 
-from .fsio import PRIVATE_DIR_MODE, FileIO
+from .fsio import PRIVATE_DIR_MODE, SHARED_DIR_MODE, FileIO
 
-__all__ = ["SAFE_DIRECTORIES_ENV", "SHARED_ENV", "SHARED_VALUES", "AccessRefused", "check_state_dir", "too_open",
+__all__ = ["SAFE_DIRECTORIES_ENV", "SHARED_ENV", "SHARED_VALUES", "AccessRefused", "check_state_dir", "root_mode",
            "wants_shared"]
 
 SAFE_DIRECTORIES_ENV = "KXEN_AGENT_SAFE_DIRECTORIES"
@@ -82,6 +82,8 @@ def check_state_dir(root: str, io: FileIO) -> bool | None:
             f"add it to {SAFE_DIRECTORIES_ENV} (paths separated by '{os.pathsep}', '*' for any)")
     shared = st.st_mode & _SHARED_MARK == _SHARED_MARK
     if not shared and wants_shared():
+        if not io.exists(os.path.join(root, "FORMAT")):
+            return True  # made by hand, still empty: its first write makes it shared (settle_root)
         raise AccessRefused(
             f"state dir {root} is private (mode {_stat.S_IMODE(st.st_mode):04o}) but {SHARED_ENV}=group: the mode is "
             f"set when a state dir is made; share this one with `chgrp -R GROUP DIR && chmod -R g+rwX DIR && "
@@ -89,11 +91,14 @@ def check_state_dir(root: str, io: FileIO) -> bool | None:
     return shared
 
 
-def too_open(root: str, io: FileIO) -> int | None:
-    """The mode a private state dir's root should be tightened to, or None when it is right.
+def root_mode(root: str, io: FileIO, *, shared: bool, creating: bool) -> int | None:
+    """The mode to give the state dir's root before a write, or None when it is right (§10.4).
 
-    A state dir made before §10.4 is 0755 (its files 0644): closing the
-    root shuts every other user out of all of it at once.
+    ``creating`` (no ``FORMAT`` yet): the root gets exactly its mode, 0700
+    or 02770 — a directory made by hand (``mkdir``, 0755) becomes the state
+    dir's. Otherwise only a private root open to others is closed (a state
+    dir made 0755 before §10.4: closing the root shuts every other user out
+    of all of it at once); a shared one is left as its owner set it.
     """
     try:
         st = io.stat(root)
@@ -101,4 +106,8 @@ def too_open(root: str, io: FileIO) -> int | None:
         return None
     if st.st_uid != os.geteuid() or not _stat.S_ISDIR(st.st_mode):
         return None
-    return PRIVATE_DIR_MODE if _stat.S_IMODE(st.st_mode) & 0o077 else None
+    mode = _stat.S_IMODE(st.st_mode)
+    if creating:
+        want = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
+        return want if mode != want else None
+    return PRIVATE_DIR_MODE if not shared and mode & 0o077 else None

@@ -356,14 +356,10 @@ class Store:
             # store instance.
             self.io.fsync_dir(self.root)
             self.io.fsync_dir(os.path.dirname(self.root) or ".")
-            if not self.io.is_shared(self.root):
-                from .access import too_open
-
-                mode = too_open(self.root, self.io)
-                if mode is not None:  # made 0755 before §10.4: closing the root closes all of it
-                    self.io.chmod(self.root, mode)
+            self._settle_root(creating=False)
             self._writable = True
             return
+        self._settle_root(creating=True)
         self._make_skeleton()
         path = os.path.join(self.root, FORMAT_FILE)
         tmp = self.io.write_tmp(
@@ -378,6 +374,14 @@ class Store:
         self._initialized = True
         self._writable = True
         self._trust_skeleton()
+
+    def _settle_root(self, *, creating: bool) -> None:
+        """Give the root its §10.4 mode (a dir made by hand, or 0755 by an older kxen-agent)."""
+        from .access import root_mode
+
+        mode = root_mode(self.root, self.io, shared=self.io.is_shared(self.root), creating=creating)
+        if mode is not None:
+            self.io.chmod(self.root, mode)
 
     def _make_skeleton(self) -> None:
         """Make every skeleton directory, then fsync each parent once (§10.3).

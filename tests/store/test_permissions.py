@@ -179,3 +179,17 @@ def test_push_under_umask_000_leaves_nothing_open_to_others(public_tmp: Path) ->
     open_to_others = sorted(str(p.relative_to(state)) for p in [state, *state.rglob("*")]
                             if not p.is_symlink() and p.lstat().st_mode & 0o077)
     assert open_to_others == []
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_state_dir_made_by_hand_takes_its_mode_at_the_first_write(public_tmp: Path, shared: bool) -> None:
+    state = public_tmp / "state"
+    state.mkdir(mode=0o755)
+    cli = Cli(state)
+    env = {"KXEN_AGENT_SHARED": "group"} if shared else {}
+    run(cli, "session", "list", umask=0o022, env=env, expect=0)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o755, "a read changed the state dir"
+    _session(cli, public_tmp, 0o022, env=env)
+    dirs, files = modes(state)
+    assert dirs == ({0o2770} if shared else {0o700}), sorted(map(oct, dirs))
+    assert files == ({0o660} if shared else {0o600}), sorted(map(oct, files))
