@@ -177,3 +177,17 @@ def test_the_shipped_scan_finds_every_planted_kind_and_flags_no_clean_output() -
     r = measure(_shipped, planted, clean)
     assert r["found"] == r["planted"] == 27 * 3, {k: v for k, v in r["perKind"].items() if v < 1}
     assert r["falsePositives"] == 0
+
+
+def test_every_library_pattern_holds_one_of_its_detectors_anchors() -> None:
+    """A detector is skipped on a text lacking its anchors: each must be a literal of every pattern it guards."""
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+
+    from kxen_agent.cli.secret_scan import LIBRARY_ANCHORS, LIBRARY_DETECTORS
+
+    by_name = {cls.__name__: cls for cls in get_mapping_from_secret_type_to_class().values()}
+    assert set(LIBRARY_ANCHORS) == set(LIBRARY_DETECTORS)
+    for name in LIBRARY_DETECTORS:
+        for rx in by_name[name]().denylist:
+            literal = rx.pattern.replace("\\", "")
+            assert any(a in literal for a in LIBRARY_ANCHORS[name]), (name, rx.pattern)

@@ -122,3 +122,18 @@ def test_anchors_hold_every_match() -> None:
         for vec in VECTORS:
             for m in rx.finditer(ast.literal_eval(vec["text"])):
                 assert any(a in m[0] for a in rd._ANCHORS[rule]), (rule, m[0])
+
+
+def test_the_line_rules_find_what_their_patterns_find() -> None:
+    """``_matches`` tries a line rule only on lines holding its needles: the same kept matches as ``finditer``."""
+    import random
+
+    rng = random.Random(25)
+    pieces = ["DB_PASS", "api_key", "Token", "password", "login x", "machine", ":", "=", " ", "\t", "\n", "'", '"',
+              "5432", "*", "abc123+/", "export ", "İ", "é", "secret", "_pat", "PWD", "x.y", "#", ","]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        for rule, _w, rx, _g, check in rd.CONTEXT_RULES:
+            def kept(ms):  # a line without the needles has no match the rule's check keeps
+                return [(m.span(), m.groups()) for m in ms if check is None or check(m)]
+            assert kept(rd._matches(rule, rx, text)) == kept(rx.finditer(text)), (rule, text)
