@@ -152,7 +152,10 @@ class FileIO:
             return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
         fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, SHARED_FILE_MODE)
         try:
-            if os.fstat(fd).st_mode & 0o777 != SHARED_FILE_MODE:  # the umask took the group's bits
+            st = os.fstat(fd)
+            # The umask took the group's bits (of a file this user owns: one
+            # another member made is theirs to set, and it is set already).
+            if st.st_mode & 0o777 != SHARED_FILE_MODE and st.st_uid == os.geteuid():
                 os.fchmod(fd, SHARED_FILE_MODE)
         except BaseException:
             os.close(fd)

@@ -193,3 +193,4 @@ def test_a_state_dir_made_by_hand_takes_its_mode_at_the_first_write(public_tmp: 
     dirs, files = modes(state)
     assert dirs == ({0o2770} if shared else {0o700}), sorted(map(oct, dirs))
     assert files == ({0o660} if shared else {0o600}), sorted(map(oct, files))
+
