@@ -262,13 +262,17 @@ def encoded_forms(secret: str) -> set[str]:
     ``Authorization`` header, a docker ``auth``): the groups before and after
     it mix in other bytes and are left, as a CI log mask does.
     """
-    from urllib.parse import quote, quote_plus
+    from urllib.parse import quote_from_bytes
 
+    try:
+        # The environment's bytes (os.environ keeps undecodable ones as surrogates).
+        raw = secret.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte string gave: no encoding of it exists
+        return set()
     forms = set()
-    for enc in (quote(secret, safe=""), quote(secret), quote_plus(secret)):
+    for enc in (quote_from_bytes(raw, safe=""), quote_from_bytes(raw), quote_from_bytes(raw, safe=" ").replace(" ", "+")):
         if enc != secret:
             forms |= {enc, re.sub(r"%[0-9A-F]{2}", lambda m: m[0].lower(), enc)}
-    raw = secret.encode()
     for pad in (0, 1, 2):
         whole = (pad + len(raw)) // 3 * 4  # the complete groups
         b = base64.b64encode(b"\0" * pad + raw)[4 if pad else 0 : whole].decode()

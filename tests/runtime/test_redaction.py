@@ -137,3 +137,13 @@ def test_the_line_rules_find_what_their_patterns_find() -> None:
             def kept(ms):  # a line without the needles has no match the rule's check keeps
                 return [(m.span(), m.groups()) for m in ms if check is None or check(m)]
             assert kept(rd._matches(rule, rx, text)) == kept(rx.finditer(text)), (rule, text)
+
+
+def test_encoded_forms_of_undecodable_environment_bytes() -> None:
+    """os.environ keeps bytes that are not UTF-8 as lone surrogates: their encodings are of the bytes, and a
+    surrogate no byte gave has none (it must not crash every run)."""
+    odd = "\udcff\udcfeabcdefgh"  # b"\xff\xfeabcdefgh"
+    assert "%FF%FEabcdefgh" in rd.encoded_forms(odd)
+    assert rd.redact(f"x {odd} y %ff%feabcdefgh", [odd]) == "x [REDACTED] y [REDACTED]"
+    assert rd.encoded_forms("\ud800abcdefgh") == set()
+    assert rd.redact("x \ud800abcdefgh y", ["\ud800abcdefgh"]) == "x [REDACTED] y"
