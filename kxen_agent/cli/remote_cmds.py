@@ -40,21 +40,40 @@ def push_cmd(
         ..., metavar="SES...", help="Sessions to push, ids or unique prefixes (each to its workspace's remote)."),
     remote: Optional[str] = typer.Option(None, "--remote", metavar="NAME_OR_URL", help=_REMOTE_HELP),
     with_branch: bool = typer.Option(False, "--with-branch", help="Also push a worktree fork's kxen/NAME branch."),
+    allow_secrets: bool = typer.Option(
+        False, "--allow-secrets", help="Push even if the scan finds text that looks like a credential (warned of)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {pushes: [{remote, sessions, commits, newObjects, branches}]} as JSON."),
 ) -> None:
     """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental.
+
+    Every object of the sessions is first scanned for text that looks like
+    a credential (as `session export --scan`): if any is found, nothing is
+    pushed unless --allow-secrets is given.
 
     \b
     Examples:
       kxen-agent session push ses_6508
       kxen-agent session push ses_6508 --remote backup --with-branch
     """
+    from kxen_agent.errors import KxenError
     from kxen_agent.session.remote import push_sessions
     from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.session.transfer import session_objects
+
+    from .secret_scan import SecretScan
 
     store = Store.open(namespaces=(NS,))
     full = [SessionStore(store).resolve_id(s) for s in sessions]
+    # A remote is shared and keeps what it is given: look before anything leaves.
+    found = SecretScan()
+    for obj in session_objects(store, full):
+        found(obj)
+    found.warn(f"push of {', '.join(t(s) for s in full)}")
+    if found.hits and not allow_secrets:
+        raise KxenError(f"refusing to push: the sessions hold {len(found.hits)} text(s) that look like credentials "
+                        "(listed above); nothing was pushed — remove them (fork the session before them), or give "
+                        "--allow-secrets to push anyway")
     reports = push_sessions(store, full, remote=remote, with_branch=with_branch)
     if json_out:
         emit_json({"pushes": [r.to_json() for r in reports]})

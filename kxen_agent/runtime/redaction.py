@@ -8,13 +8,20 @@ implementations that follow it redact alike. In order:
    whose name looks like a credential (:func:`is_credential_name`) and that
    is at least :data:`MIN_ENV_SECRET` characters long, and the agent's API
    key (the value of its ``api_key_env``, at least :data:`MIN_KEY_SECRET`
-   characters), longest first, become ``[REDACTED]``;
+   characters), longest first, become ``[REDACTED]``, then their
+   percent- and base64-encoded forms (:func:`encoded_forms`);
 2. **private key blocks** (``-----BEGIN … PRIVATE KEY-----`` to its END
    line, or to the end of the text when the END line is cut off) keep their
    BEGIN and END lines, the key becomes ``[REDACTED]``;
 3. **URL user-info** (``https://user:token@host``) becomes ``***``
    (``https://***@host``);
-4. **token formats** (OpenAI and Anthropic ``sk-…``, GitHub ``ghp_`` …
+4. **webhook and query secrets** (Slack and Discord webhook paths,
+   ``?token=`` and its kin) and 5. **credential files and assignments**
+   (``NAME=value`` lines whose name ends in a credential word, as ``env``
+   and ``~/.aws/credentials`` print them; ``"password": "..."`` and
+   docker's ``"auth"``; ``.netrc`` and ``.pgpass`` lines): the secret
+   becomes ``[REDACTED]``, its name or host stays (:data:`CONTEXT_RULES`);
+6. **token formats** (OpenAI and Anthropic ``sk-…``, GitHub ``ghp_`` …
    ``github_pat_``, AWS ``AKIA``/``ASIA``, Slack ``xox?-``) become
    ``[REDACTED]``.
 
@@ -31,12 +38,15 @@ callers pass the values (the runner reads its environment once per run).
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "ASSIGNMENT_NAME",
+    "CONTEXT_RULES",
     "CREDENTIAL_NAME",
     "Hit",
     "MIN_ENV_SECRET",
@@ -45,6 +55,7 @@ __all__ = [
     "TOKEN_RULES",
     "USERINFO_REDACTED",
     "credential_env_values",
+    "encoded_forms",
     "find_secrets",
     "is_credential_name",
     "redact",
@@ -61,8 +72,16 @@ MIN_ENV_SECRET = 8
 MIN_KEY_SECRET = 4
 
 #: A variable name that looks like a credential (searched, case-insensitive):
-#: it holds KEY, SECRET, TOKEN, PASSWORD, PASSWD or CREDENTIAL, or ends in _PAT.
-CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|_PAT$", re.IGNORECASE)
+#: it holds KEY, SECRET, TOKEN, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL,
+#: _PASS or _PWD (``DB_PASS``, ``MYSQL_PWD``; not ``PWD`` nor ``OLDPWD``, the
+#: shell's directories), or ends in _PAT.
+CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|_PASS|_PWD|_PAT$", re.IGNORECASE)
+
+#: The name in ``name = value`` (and ``"name": "value"``) whose value is
+#: redacted (rule 6): it *ends* in a credential word, so that
+#: ``tokenizer``, ``key_id`` or ``api_key_env`` name no secret.
+ASSIGNMENT_NAME = re.compile(r"(?:KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|[_.-]PASS|[_.-]PWD|_PAT)$",
+                             re.IGNORECASE)
 
 # Every repetition that may fail after it is bounded: a text of 16 MiB (a task)
 # is redacted in linear time. With ``*`` and ``+`` here, a run of letters made
@@ -84,6 +103,13 @@ _ANCHORS: dict[str, tuple[str, ...]] = {
     "github-pat": ("github_pat_",),
     "aws-key-id": ("AKIA", "ASIA"),
     "slack-token": ("xox",),
+    "webhook-slack": ("hooks.slack.com/",),
+    "webhook-discord": ("/api/webhooks/",),
+    "url-query-secret": ("=",),
+    "credential-assignment": ("=", ":"),
+    "json-credential": ('"',),
+    "netrc": ("password",),
+    "pgpass": (":",),
 }
 
 
@@ -104,6 +130,114 @@ TOKEN_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 )
 
 
+def _is_assignment_name(name: str) -> bool:
+    return ASSIGNMENT_NAME.search(name) is not None
+
+
+def _literal_value(value: str) -> bool:
+    """An unquoted value that is a literal, not a reference: ``$VAR``, ``self.token``, ``settings.SECRET_KEY``
+    and ``get_token`` are left alone (they hold no digit nor any of ``+/=!@#%^&*~``)."""
+    return not value.startswith(("$", "%", "<", "{", "[")) and any(c.isdigit() or c in "+/=!@#%^&*~" for c in value)
+
+
+#: (rule, what it looks like, pattern, which group is the secret, a check of the match):
+#: rules 5 and 6 of §14.11, whose matches keep their context (a name, a host)
+#: and lose only the secret, which becomes ``[REDACTED]``.
+CONTEXT_RULES: tuple[tuple[str, str, re.Pattern[str], int | None, Callable[[re.Match[str]], bool] | None], ...] = (
+    ("webhook-slack", "a Slack webhook URL",
+     re.compile(r"(?<![A-Za-z0-9.-])hooks\.slack\.com/(?:services|workflows|triggers)/([A-Za-z0-9_/-]{8,256})"), 1, None),
+    ("webhook-discord", "a Discord webhook URL",
+     re.compile(r"(?<![A-Za-z0-9.-])(?:discord|discordapp)\.com/api/webhooks/[0-9]{1,32}/([A-Za-z0-9_-]{16,256})"),
+     1, None),
+    ("url-query-secret", "a token in a URL's query (?token=...)",
+     re.compile(r"[?&](?:access_token|refresh_token|id_token|auth_token|token|api_key|apikey|api-key|key|secret|"
+                r"client_secret|password|passwd|pwd|sig|signature|auth)=([^\s&#\"'<>]{1,512})", re.IGNORECASE), 1, None),
+    ("credential-assignment", "a credential assignment (NAME=value, name: value)",
+     re.compile(r"^[ \t]{0,64}(?:export[ \t]{1,64})?[\"']?([A-Za-z_][A-Za-z0-9_.-]{0,63})[\"']?[ \t]{0,64}[=:][ \t]{0,64}"
+                r"(?:\"([^\"\n]{8,512})\"|'([^'\n]{8,512})'|([^\s\"'#]{8,512}))[ \t]{0,64},?$", re.MULTILINE),
+     None, lambda m: _is_assignment_name(m[1]) and (m[4] is None or _literal_value(m[4]))),
+    ("json-credential", "a credential in a JSON or YAML string (\"password\": \"...\", docker's \"auth\")",
+     re.compile(r"\"([A-Za-z_][A-Za-z0-9_.-]{0,63})\"[ \t]{0,64}:[ \t]{0,64}\"([^\"\\\s]{8,512})\""), 2,
+     lambda m: _is_assignment_name(m[1]) or m[1].lower() == "auth"),
+    ("netrc", "a .netrc password",
+     re.compile(r"(?:^[ \t]{0,64}password[ \t]{1,64}(?=[^\s=:]\S{0,511}[ \t]{0,64}$)|"
+                r"(?<![^\s])login[ \t]{1,64}\S{1,256}[ \t]{1,64}password[ \t]{1,64})([^\s=:]\S{0,511})(?=[ \t]|$)",
+                re.MULTILINE), 1, None),
+    ("pgpass", "a .pgpass line's password",
+     re.compile(r"^(?:\\.|[^\s:\\]){1,253}:(?:[0-9]{1,5}|\*):(?:\\.|[^\s:\\]){1,63}:[A-Za-z_*][^\s:\\]{0,62}:"
+                r"((?:\\.|[^\s:\\]){1,512})[ \t]{0,64}$", re.MULTILINE), 1, None),
+)
+
+
+def _secret_group(m: re.Match[str], group: int | None) -> int:
+    if group is not None:
+        return group
+    return next(g for g in range(2, (m.re.groups or 0) + 1) if m[g] is not None)
+
+
+#: The line rules (no match spans a line end) and what a line must hold to be
+#: tried: lower-case literals, or (``pgpass``) a pattern with a literal first
+#: character. Tried only on such lines, the rules cost what the literals' search
+#: costs (~0.03 s per MB of tool output); tried at every line, 0.3 s.
+_LINE_NEEDLES: dict[str, tuple[str, ...]] = {
+    "credential-assignment": ("key", "secret", "token", "pass", "pwd", "credential", "_pat"),
+    "netrc": ("password",),
+}
+_LINE_NEEDLES_RX = {rule: re.compile("|".join(map(re.escape, n)), re.IGNORECASE) for rule, n in _LINE_NEEDLES.items()}
+_PGPASS_HINT = re.compile(r":(?:[0-9]{1,5}|\*):")
+
+
+def _needle_positions(rule: str, text: str) -> Iterator[int]:
+    if rule == "pgpass":
+        yield from (m.start() for m in _PGPASS_HINT.finditer(text))
+        return
+    if not text.isascii():  # lower() may change a non-ASCII text's length, and with it the offsets
+        yield from (m.start() for m in _LINE_NEEDLES_RX[rule].finditer(text))
+        return
+    low = text.lower()
+    for needle in _LINE_NEEDLES[rule]:
+        at = low.find(needle)
+        while at >= 0:
+            yield at
+            at = low.find(needle, at + 1)
+
+
+def _matches(rule: str, rx: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
+    """``rx.finditer(text)``, the same matches; a line rule is tried only on lines holding its needles."""
+    if rule != "pgpass" and rule not in _LINE_NEEDLES:
+        yield from rx.finditer(text)
+        return
+    lines = set()
+    for at in _needle_positions(rule, text):
+        lines.add(text.rfind("\n", 0, at) + 1)
+    for start in sorted(lines):
+        end = text.find("\n", start)
+        yield from rx.finditer(text, start, len(text) if end < 0 else end)
+
+
+def _context_spans(rule: str, rx: re.Pattern[str], group: int | None,
+                   check: Callable[[re.Match[str]], bool] | None, text: str) -> list[tuple[int, int]]:
+    """The spans of the secrets a context rule finds in ``text`` (a ``[REDACTED]`` one is none)."""
+    if not _may_match(rule, text):
+        return []
+    spans = []
+    for m in _matches(rule, rx, text):
+        if check is not None and not check(m):
+            continue
+        g = _secret_group(m, group)
+        if m[g] != REDACTED:
+            spans.append(m.span(g))
+    return spans
+
+
+def _splice(text: str, spans: list[tuple[int, int]]) -> str:
+    out, at = [], 0
+    for a, b in spans:
+        out += [text[at:a], REDACTED]
+        at = b
+    return "".join(out) + text[at:]
+
+
 def is_credential_name(name: str) -> bool:
     """Whether an environment variable's name looks like it holds a credential."""
     return CREDENTIAL_NAME.search(name) is not None
@@ -114,9 +248,46 @@ def credential_env_values(environ: Mapping[str, str]) -> list[str]:
     return [v for k, v in environ.items() if len(v) >= MIN_ENV_SECRET and is_credential_name(k)]
 
 
+#: The shortest base64 piece of a secret looked for (two groups: 6 bytes of the secret).
+MIN_ENCODED = 8
+
+
+def encoded_forms(secret: str) -> set[str]:
+    """The encodings of ``secret`` that rule 1 takes out too (§14.11): percent-encoded, base64.
+
+    Percent: ``quote`` with and without ``/`` safe, ``quote_plus``, each with
+    upper- and lower-case hex. Base64 (standard and URL-safe): the part of
+    the encoding that depends on the secret's bytes alone, for each of its 3
+    alignments in a longer encoded text (``user:SECRET`` in a Basic
+    ``Authorization`` header, a docker ``auth``): the groups before and after
+    it mix in other bytes and are left, as a CI log mask does.
+    """
+    from urllib.parse import quote_from_bytes
+
+    try:
+        # The environment's bytes (os.environ keeps undecodable ones as surrogates).
+        raw = secret.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte string gave: no encoding of it exists
+        return set()
+    forms = set()
+    for enc in (quote_from_bytes(raw, safe=""), quote_from_bytes(raw), quote_from_bytes(raw, safe=" ").replace(" ", "+")):
+        if enc != secret:
+            forms |= {enc, re.sub(r"%[0-9A-F]{2}", lambda m: m[0].lower(), enc)}
+    for pad in (0, 1, 2):
+        whole = (pad + len(raw)) // 3 * 4  # the complete groups
+        b = base64.b64encode(b"\0" * pad + raw)[4 if pad else 0 : whole].decode()
+        if len(b) >= MIN_ENCODED:
+            forms |= {b, b.replace("+", "-").replace("/", "_")}
+    forms.discard(secret)
+    return forms
+
+
 def _secrets(secrets: Iterable[str]) -> list[str]:
-    # Longest first, so a secret containing another is replaced whole.
-    return sorted({s for s in secrets if s and len(s) >= MIN_KEY_SECRET}, key=len, reverse=True)
+    # Longest first, so a secret containing another is replaced whole; each
+    # value's encoded forms after the values themselves of their length.
+    values = {s for s in secrets if s and len(s) >= MIN_KEY_SECRET}
+    forms = set().union(*(encoded_forms(v) for v in values)) - values if values else set()
+    return sorted(values, key=len, reverse=True) + sorted(forms, key=len, reverse=True)
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -137,6 +308,10 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
             out += [text[at : m.start()], m[1], USERINFO_REDACTED, "@"]
             at = m.end()
         text = "".join(out) + text[at:]
+    for rule, _what, rx, group, check in CONTEXT_RULES:
+        spans = _context_spans(rule, rx, group, check, text)
+        if spans:
+            text = _splice(text, spans)
     for rule, _what, rx in TOKEN_RULES:
         if _may_match(rule, text):
             text = rx.sub(REDACTED, text)
@@ -205,10 +380,15 @@ def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
         hits.append(Hit(rule, what, start, length))
         work = work[:start] + "\0" * length + work[start + length:]  # offsets kept for the next rules
 
-    for secret in _secrets(secrets):
+    secrets = list(secrets)
+    values = _secrets(secrets)
+    plain = set(secrets)
+    for secret in values:
+        what = ("the value of a credential-looking environment variable" if secret in plain
+                else "an encoded copy (base64 or percent) of a credential-looking variable's value")
         start = work.find(secret)
         while start >= 0:
-            found("secret-value", "the value of a credential-looking environment variable", start, len(secret))
+            found("secret-value" if secret in plain else "encoded-secret-value", what, start, len(secret))
             start = work.find(secret, start + len(secret))
     if _may_match("private-key", work):
         for m in list(_PRIVATE_KEY.finditer(work)):
@@ -218,6 +398,9 @@ def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
         for m in list(_userinfo(work)):
             if m[2] != USERINFO_REDACTED:
                 found("url-userinfo", "a URL with user-info (user:password@)", m.start(2), len(m[2]))
+    for rule, what, rx, group, check in CONTEXT_RULES:
+        for a, b in _context_spans(rule, rx, group, check, work):
+            found(rule, what, a, b - a)
     for rule, what, rx in TOKEN_RULES:
         if _may_match(rule, work):
             for m in list(rx.finditer(work)):
@@ -225,16 +408,20 @@ def find_secrets(text: str, secrets: Iterable[str] = ()) -> list[Hit]:
     return sorted(hits, key=lambda h: h.start)
 
 
-def scan_value(value: object, secrets: Iterable[str] = ()) -> list[tuple[str, Hit]]:
+def scan_value(value: object, secrets: Iterable[str] = (),
+               find: Callable[[str, list[str]], list[Hit]] | None = None) -> list[tuple[str, Hit]]:
     """Every hit in a decoded object's value, with where in the value: ``(path, hit)``.
 
     A blob's value (bytes) is read as UTF-8, invalid bytes replaced, its
     path ``blob``; in a structured value each text string is scanned, keys
     included (path ``key`` or ``toolCalls[0].arguments``; a key itself is
-    ``<key name>``). Links (32-byte strings) are ids, not text.
+    ``<key name>``). Links (32-byte strings) are ids, not text. ``find``:
+    what looks in one text (default :func:`find_secrets`; the CLI's scan
+    adds a library's detectors).
     """
     found: list[tuple[str, Hit]] = []
     values = list(secrets)
+    find_secrets = _find_secrets if find is None else find
     if isinstance(value, (bytes, bytearray)):
         return [("blob", h) for h in find_secrets(bytes(value).decode("utf-8", "replace"), values)]
     stack: list[tuple[str, object]] = [("", value)]
@@ -269,3 +456,6 @@ def tool_environment(environ: Mapping[str, str], keep: tuple[str, ...] | None,
             continue
         out[name] = value
     return out
+
+
+_find_secrets = find_secrets

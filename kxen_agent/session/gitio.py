@@ -312,7 +312,9 @@ class Mirror:
         """Create the mirror if it is missing (the state dir must exist: its store made it)."""
         if self.exists():
             return
-        run_git(["init", "-q", "--bare", self.path])
+        # Git's own modes follow the state dir's (objects_spec.md §10.4), whatever the umask.
+        shared = "group" if OS_IO.is_shared(self.path) else "0600"
+        run_git(["init", "-q", "--bare", f"--shared={shared}", self.path])
         # A mirror is written by kxen-agent only; it never gc's on its own.
         run_git(["config", "gc.auto", "0"], git_dir=self.path)
 
@@ -416,7 +418,7 @@ def _copy_durably(src: str, dst: str) -> None:
             shutil.copyfileobj(fin, fout, 1 << 20)
             fout.flush()
             os.fsync(fout.fileno())
-        os.chmod(tmp, 0o444)
+        os.chmod(tmp, 0o440 if OS_IO.is_shared(dst) else 0o400)  # §10.4: the owner's (and group's) alone
         os.replace(tmp, dst)
     except BaseException:
         try:

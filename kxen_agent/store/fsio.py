@@ -8,8 +8,9 @@ operation, without touching the code that decides *what* to write.
 
 Operations are the mutating primitives ``create`` (a temp file, or a
 missing lock file: :meth:`FileIO.ensure_file`), ``write``, ``fsync``,
-``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate``, ``mkdir``
-and ``utime`` (the times gc's grace period is judged by).
+``rename``, ``fsync_dir``, ``unlink``, ``append``, ``truncate``, ``mkdir``,
+``utime`` (the times gc's grace period is judged by) and ``chmod`` (closing
+an old state dir's root, §10.4).
 :attr:`FileIO.hook` sees each one *before* it happens (it may raise to
 simulate a failing disk); :meth:`FileIO._did` is told of each one *after*
 it happened, with its data.
@@ -37,6 +38,14 @@ persistent: ``EIO@N+``) makes the process-wide :data:`OS_IO` a
 :class:`FaultyIO`, so the same faults can be injected into the installed
 CLI. Unset, :data:`OS_IO` is a plain :class:`FileIO`. Reads are not
 operations: they change nothing.
+
+Modes (``objects_spec.md`` §10.4). Every file the seam creates is 0600 and
+every directory 0700, whatever the umask (which can only take bits away
+from those): a transcript is its owner's alone, and another local user
+cannot open a lock file to hold a lock on it. A state dir in the shared
+mode (:meth:`FileIO.share`) gets 0660 files and 0770 directories with the
+set-group-id bit, set with ``fchmod``/``chmod`` after creation since the
+umask would otherwise take the group's write bit.
 """
 
 from __future__ import annotations
@@ -53,6 +62,10 @@ __all__ = sorted(
     [
         "FaultyIO",
         "FileIO",
+        "PRIVATE_DIR_MODE",
+        "PRIVATE_FILE_MODE",
+        "SHARED_DIR_MODE",
+        "SHARED_FILE_MODE",
         "IOFaultSpecError",
         "IO_FAULT_ENV",
         "MUTATING_OPS",
@@ -65,7 +78,8 @@ __all__ = sorted(
 )
 
 #: Every operation name a hook can see.
-MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir", "utime")
+MUTATING_OPS = ("create", "write", "fsync", "rename", "fsync_dir", "unlink", "append", "truncate", "mkdir", "utime",
+                "chmod")
 
 #: Every read or metadata operation a ``read_hook`` can see.
 READ_OPS = ("read", "open", "mmap", "stat", "listdir")
@@ -73,6 +87,14 @@ READ_OPS = ("read", "open", "mmap", "stat", "listdir")
 #: The environment variable that injects I/O faults into :data:`OS_IO`.
 IO_FAULT_ENV = "KXEN_AGENT_IO_FAULT"
 
+
+#: Modes of what the seam creates (§10.4): private by default, group-shared
+#: under a root given to :meth:`FileIO.share` (set-group-id directories, so
+#: that every file takes the state dir's group).
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+SHARED_FILE_MODE = 0o660
+SHARED_DIR_MODE = 0o2770
 
 #: Read size of :meth:`FileIO.read`: most loose objects fit in one read.
 _READ_CHUNK = 1 << 16
@@ -106,6 +128,47 @@ class FileIO:
         #: Read and metadata operations started so far (not counted in ``op_count``).
         self.read_count = 0
         self.read_hook: Callable[[str, str], None] | None = None
+        # Roots of state dirs in the shared mode (absolute, each ending in
+        # os.sep): almost always none, so a creation pays one empty loop.
+        self._shared_roots: tuple[str, ...] = ()
+
+    # -- modes (§10.4)
+    def share(self, root: str) -> None:
+        """Create files 0660 and directories 02770 at and under ``root`` (a shared state dir)."""
+        root = os.path.join(os.path.abspath(root), "")
+        if root not in self._shared_roots:
+            self._shared_roots += (root,)
+
+    def is_shared(self, path: str) -> bool:
+        """Whether ``path`` is a shared state dir given to :meth:`share`, or under one."""
+        if not self._shared_roots:
+            return False
+        path = os.path.join(os.path.abspath(path), "")
+        return any(path.startswith(r) for r in self._shared_roots)
+
+    def _new_file(self, path: str, flags: int) -> int:
+        """``os.open`` with ``O_CREAT``, in the mode of where ``path`` is (whatever the umask)."""
+        if not self.is_shared(path):
+            return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, SHARED_FILE_MODE)
+        try:
+            st = os.fstat(fd)
+            # The umask took the group's bits (of a file this user owns: one
+            # another member made is theirs to set, and it is set already).
+            if st.st_mode & 0o777 != SHARED_FILE_MODE and st.st_uid == os.geteuid():
+                os.fchmod(fd, SHARED_FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _new_dir(self, path: str) -> None:
+        """``os.mkdir`` in the mode of where ``path`` is (``FileExistsError`` if it exists)."""
+        if not self.is_shared(path):
+            os.mkdir(path, PRIVATE_DIR_MODE)
+            return
+        os.mkdir(path, SHARED_DIR_MODE)
+        os.chmod(path, SHARED_DIR_MODE)  # mkdir drops set-group-id, the umask the group's bits
 
     def _read_op(self, op: str, path: str) -> None:
         self.read_count += 1
@@ -269,8 +332,7 @@ class FileIO:
             # fasteners would have made it without a barrier.
             self.makedirs(parent)
         self._op("create", path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.close(fd)
+        os.close(self._new_file(path, os.O_WRONLY))
         self._did("create", path)
         return True
 
@@ -284,12 +346,18 @@ class FileIO:
         os.utime(path, times)
         self._did("utime", path)
 
+    def chmod(self, path: str, mode: int) -> None:
+        """Set ``path``'s permission bits (a state dir made 0755 before §10.4, closed to 0700)."""
+        self._op("chmod", path)
+        os.chmod(path, mode)
+        self._did("chmod", path)
+
     def write_tmp(self, directory: str, data: bytes, *, sync: bool = True, prefix: str = "tmp_") -> str:
         """Create a new uniquely named file in ``directory`` holding ``data``."""
         # os.urandom, not secrets.token_hex: the secrets module costs every command's start-up.
         path = os.path.join(directory, f"{prefix}{os.urandom(8).hex()}")
         self._op("create", path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = self._new_file(path, os.O_WRONLY | os.O_EXCL)
         self._did("create", path)
         try:
             view = memoryview(data)
@@ -342,7 +410,7 @@ class FileIO:
     def append(self, path: str, data: bytes, *, sync: bool = True) -> int:
         """Append ``data`` to ``path`` (created if missing); return the new size."""
         self._op("append", path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = self._new_file(path, os.O_WRONLY | os.O_APPEND)
         try:
             view = memoryview(data)
             while view:
@@ -378,7 +446,7 @@ class FileIO:
         """
         self._op("mkdir", path)
         try:
-            os.mkdir(path, 0o755)
+            self._new_dir(path)
         except FileExistsError:
             if not os.path.isdir(path):
                 raise
@@ -386,15 +454,23 @@ class FileIO:
         self._did("mkdir", path)
         return True
 
-    def makedirs(self, path: str) -> None:
-        """Create ``path`` and missing parents, each made durable in its parent."""
+    def makedirs(self, path: str, _outer: bool | None = None) -> None:
+        """Create ``path`` and missing parents, each made durable in its parent.
+
+        The parents of a shared state dir that are outside it are made as
+        ``mkdir -p`` would (0755 less the umask): 0700 would shut the group out.
+        """
         if self.isdir(path):
             return
+        outer = self.is_shared(path) if _outer is None else _outer
         parent = os.path.dirname(path.rstrip(os.sep)) or "."
-        self.makedirs(parent)
+        self.makedirs(parent, outer)
         self._op("mkdir", path)
         try:
-            os.mkdir(path, 0o755)
+            if outer and not self.is_shared(path):
+                os.mkdir(path, 0o755)
+            else:
+                self._new_dir(path)
         except FileExistsError:
             return
         self._did("mkdir", path)

@@ -266,6 +266,7 @@ class Store:
         # ref transaction commits them in its step record (§6.8); what no
         # transaction took is written loose when the block ends.
         self._stage = threading.local()
+        self._check_access()
         self._check_format()
         self.packs: list[ObjectSource] = []
         self._hot_pack: ObjectSource | None = None  # the pack that answered the last packed read
@@ -284,6 +285,17 @@ class Store:
         return skeleton_dirs(self.namespaces)
 
     # ------------------------------------------------------------ format file
+
+    def _check_access(self) -> None:
+        """Refuse another user's state dir; learn its mode (§10.4, :mod:`.access`)."""
+        from .access import AccessRefused, check_state_dir, wants_shared
+
+        try:
+            shared = check_state_dir(self.root, self.io)
+            if shared or (shared is None and wants_shared()):
+                self.io.share(self.root)  # a missing one is made shared by its first write
+        except AccessRefused as e:
+            raise StateDirError(str(e)) from None
 
     def _check_format(self) -> None:
         path = os.path.join(self.root, FORMAT_FILE)
@@ -344,8 +356,10 @@ class Store:
             # store instance.
             self.io.fsync_dir(self.root)
             self.io.fsync_dir(os.path.dirname(self.root) or ".")
+            self._settle_root(creating=False)
             self._writable = True
             return
+        self._settle_root(creating=True)
         self._make_skeleton()
         path = os.path.join(self.root, FORMAT_FILE)
         tmp = self.io.write_tmp(
@@ -360,6 +374,14 @@ class Store:
         self._initialized = True
         self._writable = True
         self._trust_skeleton()
+
+    def _settle_root(self, *, creating: bool) -> None:
+        """Give the root its §10.4 mode (a dir made by hand, or 0755 by an older kxen-agent)."""
+        from .access import root_mode
+
+        mode = root_mode(self.root, self.io, shared=self.io.is_shared(self.root), creating=creating)
+        if mode is not None:
+            self.io.chmod(self.root, mode)
 
     def _make_skeleton(self) -> None:
         """Make every skeleton directory, then fsync each parent once (§10.3).

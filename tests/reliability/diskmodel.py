@@ -281,7 +281,7 @@ class Trace:
                 ino = need(rel, i, k)
                 del live.nodes[d].entries[name]
                 emit(_Event(0, i, "unlink", ino, dir=d, name=name))
-            elif k == "utime":
+            elif k in ("utime", "chmod"):
                 # Times are not modelled (a crash state is judged by names and
                 # bytes); the target must exist, as for any operation on it.
                 need(rel, i, k)

@@ -26,11 +26,16 @@ RULES = _blocks("redaction-rule")
 VECTORS = _blocks("redact")
 
 
+def _flags(rx: re.Pattern[str]) -> str:
+    return " ".join(n for n, v in (("IGNORECASE", re.I), ("MULTILINE", re.M), ("DOTALL", re.S)) if rx.flags & v)
+
+
 def test_the_spec_states_every_pattern_the_module_uses() -> None:
-    spec = {r["redaction-rule"]: r["pattern"] for r in RULES}
-    module = {"credential-name": rd.CREDENTIAL_NAME.pattern, "private-key": rd._PRIVATE_KEY.pattern,
-              "url-userinfo": rd._USERINFO.pattern, **{name: rx.pattern for name, _w, rx in rd.TOKEN_RULES}}
-    assert spec == module
+    spec = {r["redaction-rule"]: (r["pattern"], r.get("flags", "")) for r in RULES}
+    rules = {"credential-name": rd.CREDENTIAL_NAME, "assignment-name": rd.ASSIGNMENT_NAME,
+             "private-key": rd._PRIVATE_KEY, "url-userinfo": rd._USERINFO,
+             **{name: rx for name, _w, rx in rd.TOKEN_RULES}, **{r[0]: r[2] for r in rd.CONTEXT_RULES}}
+    assert spec == {name: (rx.pattern, _flags(rx)) for name, rx in rules.items()}
 
 
 @pytest.mark.parametrize("vec", VECTORS, ids=[v["redact"] for v in VECTORS])
@@ -48,10 +53,19 @@ def test_redaction_vector(vec: dict[str, str]) -> None:
 
 def test_credential_names() -> None:
     for name in ("OPENAI_API_KEY", "GITHUB_TOKEN", "aws_secret_access_key", "DB_PASSWORD", "PGPASSWD",
-                 "GOOGLE_APPLICATION_CREDENTIALS", "GITLAB_PAT", "npm_token"):
+                 "GOOGLE_APPLICATION_CREDENTIALS", "GITLAB_PAT", "npm_token", "DB_PASS", "SMTP_PASS_FILE",
+                 "MYSQL_PWD", "db_pwd", "GPG_PASSPHRASE"):
         assert rd.is_credential_name(name), name
-    for name in ("PATH", "HOME", "PAT_HOME", "SSH_AUTH_SOCK", "LANG", "TERM", "PATHEXT"):
+    for name in ("PATH", "HOME", "PAT_HOME", "SSH_AUTH_SOCK", "LANG", "TERM", "PATHEXT", "PWD", "OLDPWD"):
         assert not rd.is_credential_name(name), name
+
+
+def test_the_shell_environment_loses_pass_and_pwd_variables() -> None:
+    """The §14.11 change: ``*_PASS*`` and ``*_PWD*`` are credential-looking, so the tool no longer gets them."""
+    env = {"PATH": "/bin", "PWD": "/w", "OLDPWD": "/", "DB_PASS": "hunter2hunter2", "MYSQL_PWD": "x" * 9}
+    assert rd.tool_environment(env, ()) == {"PATH": "/bin", "PWD": "/w", "OLDPWD": "/"}
+    assert set(rd.tool_environment(env, ("DB_PASS",))) == {"PATH", "PWD", "OLDPWD", "DB_PASS"}
+    assert rd.credential_env_values(env) == ["hunter2hunter2", "x" * 9]
 
 
 def test_credential_env_values_are_those_of_8_characters_or_more() -> None:
@@ -104,7 +118,32 @@ def test_the_user_info_search_finds_what_the_pattern_finds() -> None:
 
 def test_anchors_hold_every_match() -> None:
     """A rule is skipped when its literals are missing: every match must hold one."""
-    for rule, _what, rx in rd.TOKEN_RULES:
+    for rule, _what, rx in [*rd.TOKEN_RULES, *(r[:3] for r in rd.CONTEXT_RULES)]:
         for vec in VECTORS:
             for m in rx.finditer(ast.literal_eval(vec["text"])):
                 assert any(a in m[0] for a in rd._ANCHORS[rule]), (rule, m[0])
+
+
+def test_the_line_rules_find_what_their_patterns_find() -> None:
+    """``_matches`` tries a line rule only on lines holding its needles: the same kept matches as ``finditer``."""
+    import random
+
+    rng = random.Random(25)
+    pieces = ["DB_PASS", "api_key", "Token", "password", "login x", "machine", ":", "=", " ", "\t", "\n", "'", '"',
+              "5432", "*", "abc123+/", "export ", "İ", "é", "secret", "_pat", "PWD", "x.y", "#", ","]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        for rule, _w, rx, _g, check in rd.CONTEXT_RULES:
+            def kept(ms):  # a line without the needles has no match the rule's check keeps
+                return [(m.span(), m.groups()) for m in ms if check is None or check(m)]
+            assert kept(rd._matches(rule, rx, text)) == kept(rx.finditer(text)), (rule, text)
+
+
+def test_encoded_forms_of_undecodable_environment_bytes() -> None:
+    """os.environ keeps bytes that are not UTF-8 as lone surrogates: their encodings are of the bytes, and a
+    surrogate no byte gave has none (it must not crash every run)."""
+    odd = "\udcff\udcfeabcdefgh"  # b"\xff\xfeabcdefgh"
+    assert "%FF%FEabcdefgh" in rd.encoded_forms(odd)
+    assert rd.redact(f"x {odd} y %ff%feabcdefgh", [odd]) == "x [REDACTED] y [REDACTED]"
+    assert rd.encoded_forms("\ud800abcdefgh") == set()
+    assert rd.redact("x \ud800abcdefgh y", ["\ud800abcdefgh"]) == "x [REDACTED] y"
