@@ -33,6 +33,7 @@ from kxen_agent.session.schema import APPROVERS
 __all__ = [
     "APPROVERS",
     "REFUSED",
+    "TRUST_APPROVER",
     "ApprovalRequest",
     "Approver",
     "Decision",
@@ -44,6 +45,8 @@ __all__ = [
 
 #: The output of a call the user refused (its outcome: an error).
 REFUSED = "refused by the user"
+#: §14.6 ``approver`` of a decision ``session trust`` made on a call another state dir asked for or decided.
+TRUST_APPROVER = "trust"
 _POLL_S = 0.05
 
 
@@ -175,12 +178,16 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
             if decision is None:
                 return None
         fields = {"approval": decision.approval, "approver": decision.approver}
-        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields)],
+        # Where the decision was made (§14.6 ``origin``: informative; the reflog is what a reader trusts).
+        origin = {"origin": ctx.origin()} if hasattr(ctx, "origin") else {}
+        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields, **origin)],
                           reason=f"run {ctx.run}: {base['op']} {'approved' if decision.approval == 'yes' else 'refused'}"
                                  f" ({decision.approver})")
+        if hasattr(ctx, "decided_here"):
+            ctx.decided_here.add(base["op"])
         ctx.fault("approval:after-decided")
     else:
-        fields = {"approval": decided["approval"], "approver": decided["approver"]}
+        fields = {k: decided[k] for k in ("approval", "approver", "origin") if k in decided}
     base.update(fields)
     if fields["approval"] == "yes":
         return True

@@ -45,6 +45,7 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
+from kxen_agent.session.trust import LocalRecords, TrustRecord, TrustStore, lock_problem, official_pair
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
@@ -55,7 +56,7 @@ from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, Te
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
-from .recovery import (FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
+from .recovery import (AskModel, FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
                        SettleThenAsk, Stop, next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
@@ -79,6 +80,8 @@ from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
+#: ``_loop``'s ``key_env``: keep the key variable the run recorded.
+_KEEP = object()
 
 
 def _stored_text(text: str, secrets: list[str]) -> str:
@@ -234,10 +237,12 @@ class Runner:
     # ================================================================ entry points
 
     def start(self, workspace_path: str, task: str, agent_lock: dict, *, model: str | None = None,
-              base_url: str | None = None) -> RunResult:
+              base_url: str | None = None, api_key_env: str | None = None) -> RunResult:
         """Create a Session bound to ``workspace_path`` and run its first task.
 
-        ``model`` / ``base_url`` override the lock's for this run (recorded in it).
+        ``model`` / ``base_url`` / ``api_key_env`` override the lock's for this run (recorded in it).
+        The lock is this machine's (a definition it was given): its endpoint and key variable, and an
+        overriding pair given here, are recorded as accepted (§14.13).
         """
         from kxen_agent.session.workspace import inspect_workspace
 
@@ -245,18 +250,21 @@ class Runner:
         lease_ttl_s()  # so is a bad KXEN_AGENT_LEASE_TTL_S (the lease is taken after the session exists)
         self._check_tools(agent_lock)
         endpoint = model_endpoint(agent_lock, model=model, base_url=base_url)
+        _check_key_env(agent_lock, api_key_env)
         self.providers(agent_lock, endpoint).close()  # and a lock no provider can be made from
         require_sdk(agent_lock)  # and a provider whose SDK is missing: before a session exists
         ws = inspect_workspace(workspace_path)
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
+        self._register(info.id, agent_lock, info.agent_oid, endpoint, api_key_env, given_url=base_url is not None)
         run = new_id("run")
         with self._lease(info.id, run=run) as lease:
-            return self._new_run(info.id, run, task, lease, endpoint)
+            return self._new_run(info.id, run, task, lease, endpoint, key_env=api_key_env)
 
     def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
                rebind: bool = False, retry: bool = False, model: str | None = None,
-               base_url: str | None = None) -> RunResult:
+               base_url: str | None = None, api_key_env: str | None = None,
+               agent_lock: dict | None = None) -> RunResult:
         """Continue the unfinished run of ``ses``, start a new one with ``task``, or retry the last one.
 
         ``retry``: a new run re-attempting the task of the latest run, which
@@ -264,15 +272,22 @@ class Runner:
         from the current history, without a second copy of its task message.
         ``model`` / ``base_url`` override the model and endpoint: of the new
         run, or of the unfinished run resumed (which otherwise keeps those it
-        recorded); a new run without them uses the lock's.
+        recorded); a new run without them uses the lock's. ``api_key_env``
+        names the key variable instead of the lock's (with ``base_url``: a
+        pair the user accepts here, §14.13). ``agent_lock`` (``--agent
+        FILE``) re-binds the session to a definition of this machine's: its
+        model and endpoint replace those an unfinished run recorded.
         """
         check_fault_spec()
         if retry and task is not None:
             raise UsageError("--retry re-attempts the last run's task; give either --retry or --task, not both")
         info = self.sessions.get(ses)
-        lock = self.sessions.agent(info)
+        lock = self.sessions.agent(info) if agent_lock is None else agent_lock
+        if agent_lock is not None:
+            self._check_tools(agent_lock)
         if model is not None or base_url is not None:
             model_endpoint(lock, model=model, base_url=base_url)  # a bad override changes nothing
+        _check_key_env(lock, api_key_env)
         require_sdk(lock)
         if rebind:
             if workspace is None:
@@ -289,12 +304,23 @@ class Runner:
             # may have started or finished a run since (two `--task` racing
             # must not both start one; a busy session is LeaseBusy, not "still running").
             info = self.sessions.get(ses)
+            if agent_lock is not None:
+                info = self._rebind_agent(info, agent_lock, lease)
+                if model is None and base_url is None:
+                    base_url = model_endpoint(agent_lock).base_url  # the definition's, not what a run recorded
             latest = self.latest_run(info)
+            if agent_lock is not None or (base_url is not None and (
+                    api_key_env is not None or _lock_verdict(self.store, ses, info.agent_oid, lock, None, None,
+                                                             locality=True) is None)):
+                self._register(ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
+                               api_key_env, given_url=base_url is not None, own=agent_lock is not None,
+                               var_chosen=True)
             if retry:
                 assert new_run is not None
                 retried = self._retryable(ses, latest)
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
-                return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0])
+                return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0],
+                                     key_env=api_key_env)
             if new_run is not None:
                 assert task is not None
                 if latest is not None:
@@ -310,7 +336,7 @@ class Runner:
                             f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
                         )
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
-                return self._new_run(ses, new_run, task, lease, endpoint)
+                return self._new_run(ses, new_run, task, lease, endpoint, key_env=api_key_env)
             if latest is None:
                 raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
             run, oid, st = latest
@@ -323,7 +349,8 @@ class Runner:
             override = None
             if model is not None or base_url is not None:
                 override = model_endpoint(lock, model=model, base_url=base_url, recorded=st)
-            return self._loop(ses, run, lease, override=override)
+            key = api_key_env if api_key_env is not None else (None if agent_lock is not None else _KEEP)
+            return self._loop(ses, run, lease, override=override, key_env=key)
 
     def _retryable(self, ses: str, latest: tuple[str, bytes, dict] | None) -> tuple[str, bytes, dict]:
         """The latest run if ``--retry`` may re-attempt it; :class:`NothingToRetry` saying what to do if not."""
@@ -349,7 +376,7 @@ class Runner:
     # ================================================================ a new run
 
     def _new_run(self, ses: str, run: str, task: str, lease: Lease, endpoint: ModelEndpoint, *,
-                 retry_of: str | None = None) -> RunResult:
+                 retry_of: str | None = None, key_env: str | None = None) -> RunResult:
         """Start run ``run`` of ``ses`` with ``task`` (the caller holds the lease) and run it.
 
         With ``retry_of`` the task is that run's (already stored, so already
@@ -358,7 +385,7 @@ class Runner:
         """
         info = self.sessions.get(ses)
         agent = self.sessions.agent(info)
-        secrets = self._secrets(agent)
+        secrets = self._secrets(agent if key_env is None else dict(agent, api_key_env=key_env))
         latest = self.latest_run(info)
         index = 0 if latest is None else latest[2]["index"] + 1
         # What the loop needs first is read (and checked) before the start is
@@ -385,6 +412,8 @@ class Runner:
             }
             if retry_of is not None:
                 st["retryOf"] = retry_of
+            if key_env is not None:
+                st["apiKeyEnv"] = key_env
             oid = put(self.store, "run", st)
             updates = [RefUpdate(f"runs/{run}", None, oid)]
             if head != info.head:
@@ -396,7 +425,9 @@ class Runner:
     # ================================================================ the loop
 
     def _loop(self, ses: str, run: str, lease: Lease, *, new: bool = False,
-              override: ModelEndpoint | None = None) -> RunResult:
+              override: ModelEndpoint | None = None, key_env: object = _KEEP) -> RunResult:
+        """Run ``run`` on; ``override`` its model and endpoint from now on, ``key_env`` its key variable
+        (a name, None for the lock's, :data:`_KEEP` for what the run recorded)."""
         ctx = _RunCtx(self, ses, run, lease)
         self.history.start(ses)  # a process's first run of a long session starts from its history index
         try:
@@ -406,6 +437,10 @@ class Runner:
                 ctx.endpoint = override
                 self.on_event(f"run {run} now uses model {override.model}"
                               + (f" at {override.base_url}" if override.base_url else ""))
+            if (key_env is not _KEEP and ctx.st["status"] not in TERMINAL
+                    and key_env != ctx.st.get("apiKeyEnv")):
+                ctx.update({"apiKeyEnv": key_env}, reason=f"run {run}: key variable {key_env or '-'} from now on")
+                ctx.refresh()
             self.emit(RunStarted(ses, run, ctx.st["index"], ctx.endpoint.model, ctx.endpoint.base_url,
                                  ctx.st.get("retryOf"), not new))
             ctx.loop()
@@ -450,6 +485,93 @@ class Runner:
             return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
                     "isError": bool(is_error)}
 
+    # ================================================================ trust (§14.13)
+
+    def _register(self, ses: str, lock: dict, lock_oid: bytes, endpoint: ModelEndpoint, key_env: str | None, *,
+                  given_url: bool, own: bool = True, var_chosen: bool = False) -> None:
+        """Record as accepted what this machine chose itself: the pair of a definition it was given (``own``)
+        unless official, and an endpoint given on the command line with a key variable it chose (given too, or
+        its own definition's). Nothing is written when it is there already, or official."""
+        from kxen_agent.session.trust import lock_pair
+
+        trust = TrustStore(self.store)
+        if own:
+            url, var = lock_pair(lock)
+            if lock.get("provider") == "script" or not official_pair(url, var):
+                trust.add(TrustRecord("lock", url if lock.get("provider") != "script" else None, var, "local",
+                                      lock_oid, ses), reason=f"trust: local agent {lock.get('name')} of {ses}")
+        if given_url and (key_env is not None or own or var_chosen):
+            var = key_env if key_env is not None else lock.get("api_key_env")
+            if not official_pair(endpoint.base_url, var):
+                trust.add(TrustRecord("pair", endpoint.base_url, var, "command-line", None, ses),
+                          reason=f"trust: --base-url of {ses}")
+
+    def _rebind_agent(self, info: SessionInfo, lock: dict, lease: Lease) -> SessionInfo:
+        """Bind session ``info`` to agent lock ``lock`` (``--agent FILE``): new metadata, under the lease."""
+        oid = self.sessions.put_agent(lock)
+        if oid == info.agent_oid:
+            return info
+        m = info.meta
+        meta = dict(m, agent=oid, reason="agent", previous=info.meta_oid, revisedNs=time.time_ns())
+        with self.store.writing():
+            new = put(self.store, "session", meta)
+            self.store.refs.transaction(info.group, [RefUpdate("meta", info.meta_oid, new)],
+                                        reason=f"session: agent {lock.get('name')}", fence=lease.fence)
+        self.on_event(f"session {info.id} now uses agent {lock.get('name')}")
+        return self.sessions.get(info.id)
+
+    def trust_report(self, ses: str) -> dict:
+        """What session ``ses`` would make this machine do that it has not accepted (``session trust``)."""
+        info = self.sessions.get(ses)
+        latest = self.latest_run(info)
+        with self._lease(ses, run=latest[0] if latest else None, purpose="trust") as lease:
+            return self._trust(ses, lease, accept=None)
+
+    def accept_trust(self, ses: str, *, refuse_calls: bool = False) -> dict:
+        """Accept what ``trust_report`` shows: the lock (a trust record) and each pending call (a ``Decided``
+        entry made here; ``refuse_calls``: refused instead, so they never run)."""
+        info = self.sessions.get(ses)
+        latest = self.latest_run(info)
+        with self._lease(ses, run=latest[0] if latest else None, purpose="trust") as lease:
+            return self._trust(ses, lease, accept=not refuse_calls)
+
+    def _trust(self, ses: str, lease: Lease, *, accept: bool | None) -> dict:
+        info = self.sessions.get(ses)
+        lock = self.sessions.agent(info)
+        latest = self.latest_run(info)
+        doc: dict = {"session": ses, "lockId": info.agent_oid.hex(), "lock": _lock_doc(lock), "run": None,
+                     "lockProblem": None, "calls": [], "accepted": False}
+        if latest is None or (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
+            # No unfinished run: the next one uses the lock as it is (its endpoint, no override).
+            ep = model_endpoint(lock)
+            doc["endpoint"], doc["keyEnv"] = ep.base_url, lock.get("api_key_env")
+            ctx = None
+            problem = _lock_verdict(self.store, ses, info.agent_oid, lock, ep.base_url, lock.get("api_key_env"))
+        else:
+            ctx = _RunCtx(self, ses, latest[0], lease)
+            doc["run"] = latest[0]
+            doc["endpoint"], doc["keyEnv"] = ctx.endpoint.base_url, ctx.agent.get("api_key_env")
+            problem = ctx.lock_gate()
+        doc["lockProblem"] = problem
+        pending = ctx.foreign_calls() if ctx is not None else []
+        doc["calls"] = [{"op": e["op"] if e else None, "callId": c["id"], "tool": c["name"],
+                         "arguments": c["arguments"], "state": e["state"] if e else None,
+                         "decidedBy": e.get("approver") if e else None, "origin": e.get("origin") if e else None}
+                        for c, e in pending]
+        if accept is None or (problem is None and not pending):
+            return doc
+        if problem is not None:
+            TrustStore(self.store).add(
+                TrustRecord("lock", doc["endpoint"], doc["keyEnv"], "accepted", info.agent_oid, ses,
+                            ) if lock.get("provider") != "script" else
+                TrustRecord("lock", None, None, "accepted", info.agent_oid, ses),
+                reason=f"trust: accepted the agent lock of {ses}")
+        if ctx is not None:
+            for call, e in pending:
+                ctx.decide_here(call, e, yes=accept)
+        doc["accepted"] = True
+        return doc
+
     # ================================================================ helpers
 
     def pack_loose(self, *, after_run: bool = False) -> None:
@@ -470,6 +592,51 @@ class Runner:
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
         return ([val] if val else []) + credential_env_values(os.environ)
+
+
+def _check_key_env(lock: dict, key_env: str | None) -> None:
+    """A bad ``--api-key-env`` is refused before anything is written."""
+    if key_env is None:
+        return
+    import re
+
+    if lock.get("provider") not in ("openai", "anthropic"):
+        raise UsageError(f"--api-key-env applies to the openai and anthropic providers; agent {lock.get('name')!r} "
+                         f"uses the {lock.get('provider')} provider, which sends no key; leave --api-key-env out")
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key_env):
+        raise UsageError(f"--api-key-env {key_env!r} is not an environment variable name ([A-Z_][A-Z0-9_]*); "
+                         "give the variable's name, never its value")
+
+
+def _lock_doc(lock: dict) -> dict:
+    """What ``session trust`` shows of an agent lock: everything that decides what it can make this machine do."""
+    policy = lock.get("policy", {})
+    steps = None
+    if lock.get("script") is not None:
+        try:
+            steps = json.loads(lock["script"])
+        except ValueError:
+            steps = lock["script"]
+    return {"name": lock.get("name"), "provider": lock.get("provider"), "model": lock.get("model"),
+            "baseUrl": lock.get("base_url"), "apiKeyEnv": lock.get("api_key_env"), "tools": lock.get("tools", []),
+            "approve": policy.get("approve", []), "envKeep": policy.get("env_keep", []), "script": steps}
+
+
+def _lock_verdict(store: Repository, ses: str, lock_oid: bytes, lock: dict, endpoint: str | None,
+                  key_env: str | None, *, locality: bool = False) -> str | None:
+    """:func:`~kxen_agent.session.trust.lock_problem` with this state dir's records read (only when needed).
+
+    ``locality``: only whether the lock is this machine's (a definition it ran the session with, or registered).
+    """
+    if not locality and lock.get("provider") != "script" and official_pair(endpoint, key_env):
+        return None
+    trust = TrustStore(store)
+    local_lock = (any(r.lock == lock_oid and r.how == "local" for r in trust.records())
+                  or lock_oid in LocalRecords.read(store, ses).local_agents(store))
+    if locality:
+        return None if local_lock else "not local"
+    return lock_problem(lock, lock_oid, endpoint, key_env, lock_local=local_lock, trusted_locks=trust.locks(),
+                        trusted_pairs=trust.pairs())
 
 
 def _summary(text: str, limit: int = 160) -> str:
@@ -504,11 +671,19 @@ class _RunCtx:
         self.run = run
         self.lease = lease
         self.info = self.sessions.get(ses)
-        self.agent = self.sessions.agent(self.info)
-        self.secrets = Runner._secrets(self.agent)
         self.oid, self.st = runner.run_state(self.info, run)
+        self.agent = self.sessions.agent(self.info)
+        if self.st.get("apiKeyEnv") is not None:  # the run's --api-key-env (§14.5) instead of the lock's
+            self.agent = dict(self.agent, api_key_env=self.st["apiKeyEnv"])
+        self.secrets = Runner._secrets(self.agent)
         self.endpoint = runner.endpoint_of(self.info, self.st)
         self._provider: Provider | None = None
+        # What this process wrote itself needs no reflog to be trusted (§14.13): the assistant
+        # messages it put on head, the operations it decided.
+        self.asked_here: set[bytes] = set()
+        self.decided_here: set[str] = set()
+        self._local: LocalRecords | None = None
+        self._lock_verdict: tuple[str | None] | None = None
         # Looked up now, not at import: tests replace the module's ``fault``.
         # Called straight from the loop's methods (a hook may look at its caller's frame).
         self.fault = runner.fault if runner.fault is not None else fault
@@ -534,6 +709,102 @@ class _RunCtx:
     def refresh(self) -> None:
         self.info = self.sessions.get(self.ses)
         self.oid, self.st = self.r.run_state(self.info, self.run)
+        if self.st.get("apiKeyEnv") is not None:
+            self.agent = dict(self.sessions.agent(self.info), api_key_env=self.st["apiKeyEnv"])
+        else:
+            self.agent = self.sessions.agent(self.info)
+        self.secrets = Runner._secrets(self.agent)
+        self._lock_verdict = None
+
+    # ---------------------------------------------------------------- trust (§14.13)
+
+    def origin(self) -> str:
+        """This state dir's id, recorded in the decisions made here (§14.6 ``origin``)."""
+        return TrustStore(self.store).origin()
+
+    def local(self) -> LocalRecords:
+        """What this state dir's reflog says it wrote of the session (read once, only when needed)."""
+        if self._local is None:
+            self._local = LocalRecords.read(self.store, self.ses)
+        return self._local
+
+    def lock_gate(self) -> str | None:
+        """Why this run may not call its endpoint with its key variable (or run its script) here, or None."""
+        if self._lock_verdict is None:
+            self._lock_verdict = (_lock_verdict(self.store, self.ses, self.info.agent_oid, self.agent,
+                                                self.endpoint.base_url, self.agent.get("api_key_env")),)
+        return self._lock_verdict[0]
+
+    def foreign_calls(self) -> list[tuple[dict, dict | None]]:
+        """The calls of the run's pending tool turn that wait for a decision another state dir made, or that
+        another state dir asked for and nobody here decided: (call, its newest journal entry or None)."""
+        if self.info.head is None:
+            return []
+        last = self.sessions.read_message(self.info.head)
+        if not (last.role == "assistant" and last.tool_calls and last.run == self.run):
+            return []
+        by_call = {e["callId"]: e for e in self.r.ops(self.st).values() if e.get("message") == last.oid}
+        out = []
+        for call in last.tool_calls:
+            e = by_call.get(call["id"])
+            if e is None:
+                if last.oid not in self.asked_here and last.oid not in self.local().heads:
+                    out.append((call, None))
+            elif e["state"] == "Decided" and e.get("approval") == "yes" and e["op"] not in self.decided_here:
+                if not self.local().committed_journal(self.store, self.run, self._entry_oid(e["op"]),
+                                                      f"run {self.run}: {e['op']} "):
+                    out.append((call, e))
+        return out
+
+    def _entry_oid(self, op: str) -> bytes | None:
+        cur = self.st.get("journal")
+        while cur is not None:
+            e = read(self.store, cur, "journal")
+            if e["op"] == op:
+                return cur
+            cur = e.get("previous")
+        return None
+
+    def trust_problem(self) -> str | None:
+        """Why the run must wait for this machine's decision before its next step, or None (§14.13)."""
+        problem = self.lock_gate()
+        if problem is not None:
+            return (f"{problem}; `kxen-agent session trust {self.ses}` shows the agent lock and accepts it (or "
+                    f"`kxen-agent --resume {self.ses} --agent FILE` re-binds the session to a definition of yours, or "
+                    f"`--base-url URL --api-key-env VAR` names a pair), then `kxen-agent --resume {self.ses}`")
+        pending = self.foreign_calls()
+        if not pending:
+            return None
+        shown = "; ".join(f"{c['name']} {_summary(c['arguments'], 200)}"
+                          + (" (decided on another machine)" if e is not None else "") for c, e in pending)
+        return (f"{len(pending)} tool call(s) recorded on another machine wait for this machine's decision: {shown}; "
+                f"`kxen-agent session trust {self.ses}` shows them and accepts (or --refuse-calls refuses) them, "
+                f"then `kxen-agent --resume {self.ses}`")
+
+    def pause_for_trust(self, problem: str) -> None:
+        """The run waits in ``input_required`` until this machine decides (written once, however often resumed)."""
+        if self.st["status"] != "input_required" or self.st.get("error") != problem:
+            self.update({"status": "input_required", "error": problem},
+                        reason=f"run {self.run}: waits for this machine's decision")
+        self.r.on_event(f"run {self.run} waits: {problem}")
+        raise _Stop
+
+    def decide_here(self, call: dict, e: dict | None, *, yes: bool) -> None:
+        """Record this machine's decision on a call another state dir asked for or decided (``session trust``)."""
+        from .approvals import TRUST_APPROVER
+
+        if e is not None:
+            base = {k: v for k, v in e.items() if k not in ("previous", "output", "outputBlob", "timeNs")}
+        else:
+            tool = TOOLS.get(call["name"])
+            base = {"op": new_id("op"), "run": self.run, "turn": self.st["turn"], "callId": call["id"],
+                    "tool": call["name"], "arguments": call["arguments"], "message": self.info.head,
+                    "sideEffects": bool(tool.side_effects) if tool else False}
+        entry = dict(base, state="Decided", source="human", approval="yes" if yes else "no",
+                     approver=TRUST_APPROVER, origin=self.origin())
+        self.journal_write([entry], reason=f"run {self.run}: {base['op']} {'accepted' if yes else 'refused'} here "
+                                           "(session trust)")
+        self.decided_here.add(base["op"])
 
     def _put_state(self, changes: dict, journal: bytes | None = None) -> tuple[bytes, dict]:
         st = dict(self.st)
@@ -593,6 +864,10 @@ class _RunCtx:
             step = next_step(self.run, status, bool(st.get("settled")),
                              None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
                              [OpState(e["state"]) for e in ops.values()])
+            if isinstance(step, (ResumeAfterResolution, RunTools, SettleThenAsk, AskModel)):
+                problem = self.trust_problem()
+                if problem is not None:
+                    self.pause_for_trust(problem)
             if isinstance(step, FinishSettlement):
                 self.finish_settlement()
                 raise _Stop
@@ -601,7 +876,8 @@ class _RunCtx:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
                 raise _Stop
             if isinstance(step, ResumeAfterResolution):
-                self.update({"status": "running"}, reason=f"run {self.run}: resumed after resolution")
+                self.update({"status": "running", **({"error": None} if st.get("error") else {})},
+                            reason=f"run {self.run}: resumed after resolution")
                 continue
             if isinstance(step, RunTools):
                 assert last is not None
@@ -701,6 +977,8 @@ class _RunCtx:
                 self.update({"turn": number, "model": turn.model, **counted},
                             reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
                             head=(self.info.head, new_head))
+            assert new_head is not None
+            self.asked_here.add(new_head)
             self.r.emit(finished)
             return
         # Final answer, settled in two phases (result, message, settled).
@@ -839,7 +1117,9 @@ class _RunCtx:
         base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
                 "arguments": call["arguments"], "message": assistant.oid,
                 "sideEffects": bool(tool.side_effects) if tool else False}
-        if (_refusal(call, allowed) is None and needs_approval(self.agent, name, base["sideEffects"])
+        # A call decided before (an approval, or this machine's `session trust`) goes by that decision.
+        if (_refusal(call, allowed) is None
+                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
                 and not approve_call(self, base, decided)):
             return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
