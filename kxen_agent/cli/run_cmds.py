@@ -125,6 +125,16 @@ def default_agent() -> str:
                      "`kxen-agent demo` runs the bundled demo agent offline")
 
 
+def configured_locks() -> list[dict]:
+    """The lock of this machine's configured default agent (``KXEN_AGENT_AGENT`` or the XDG file), if any:
+    an imported session made with the same definition runs here without asking (§14.13). A missing or
+    broken default is not this command's business: it then counts for nothing."""
+    try:
+        return [load_agent_definition(default_agent())]
+    except KxenError:
+        return []
+
+
 def read_stdin_task() -> str:
     """The task from standard input (``--task-file -``, or a piped ``run`` with no task), checked."""
     data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
@@ -185,6 +195,7 @@ def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool
             rl.on_event = view.note
         runner = rl.runner(store, **kw) if rl is not None else Runner(store, **kw)  # type: ignore[arg-type]
         runner.approver = TerminalApprover(assume_yes=yes)
+        runner.own_locks = configured_locks()
         runners.append(runner)
         try:
             res = call(runner)
@@ -395,7 +406,8 @@ def show_cmd(
 def approval_line(approval: dict) -> str:
     """``approved by the user`` ... for a §14.6 approval (who decided a call that needed a yes)."""
     by = {"user": "by the user", "user-always": "by the user (always, for this run)", "--yes": "by --yes",
-          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)"}.get(approval["by"],
+          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)",
+          "trust": "on this machine with `session trust` (the call came from another state dir)"}.get(approval["by"],
                                                                                         t(approval["by"]))
     return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
 

@@ -148,6 +148,9 @@ class Runner:
         self.history = RunHistory(self.sessions)
         #: Packs loose objects between turns and after a run when there are too many (None: never).
         self.autopack = AutoPacker.for_store(store)
+        #: This machine's own agent definitions (the CLI's configured default agent): a session whose lock is
+        #: one of them, or names the same endpoint and key variable, runs here without asking (§14.13).
+        self.own_locks: list[dict] = []
 
     def emit(self, event: RunEvent) -> None:
         self.listener(event)
@@ -279,6 +282,7 @@ class Runner:
         model and endpoint replace those an unfinished run recorded.
         """
         check_fault_spec()
+        url_given = base_url is not None  # on the command line (an --agent's endpoint is registered with its lock)
         if retry and task is not None:
             raise UsageError("--retry re-attempts the last run's task; give either --retry or --task, not both")
         info = self.sessions.get(ses)
@@ -306,14 +310,15 @@ class Runner:
             info = self.sessions.get(ses)
             if agent_lock is not None:
                 info = self._rebind_agent(info, agent_lock, lease)
-                if model is None and base_url is None:
-                    base_url = model_endpoint(agent_lock).base_url  # the definition's, not what a run recorded
+                if model is None and base_url is None:  # the definition's, not what a run recorded
+                    own = model_endpoint(agent_lock)
+                    model, base_url = own.model, own.base_url
             latest = self.latest_run(info)
-            if agent_lock is not None or (base_url is not None and (
+            if agent_lock is not None or (url_given and (
                     api_key_env is not None or _lock_verdict(self.store, ses, info.agent_oid, lock, None, None,
                                                              locality=True) is None)):
                 self._register(ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
-                               api_key_env, given_url=base_url is not None, own=agent_lock is not None,
+                               api_key_env, given_url=url_given, own=agent_lock is not None,
                                var_chosen=True)
             if retry:
                 assert new_run is not None
@@ -546,7 +551,8 @@ class Runner:
             ep = model_endpoint(lock)
             doc["endpoint"], doc["keyEnv"] = ep.base_url, lock.get("api_key_env")
             ctx = None
-            problem = _lock_verdict(self.store, ses, info.agent_oid, lock, ep.base_url, lock.get("api_key_env"))
+            problem = _lock_verdict(self.store, ses, info.agent_oid, lock, ep.base_url, lock.get("api_key_env"),
+                                    own=self.own_locks)
         else:
             ctx = _RunCtx(self, ses, latest[0], lease)
             doc["run"] = latest[0]
@@ -623,20 +629,25 @@ def _lock_doc(lock: dict) -> dict:
 
 
 def _lock_verdict(store: Repository, ses: str, lock_oid: bytes, lock: dict, endpoint: str | None,
-                  key_env: str | None, *, locality: bool = False) -> str | None:
+                  key_env: str | None, *, locality: bool = False, own: list[dict] = []) -> str | None:
     """:func:`~kxen_agent.session.trust.lock_problem` with this state dir's records read (only when needed).
 
     ``locality``: only whether the lock is this machine's (a definition it ran the session with, or registered).
     """
     if not locality and lock.get("provider") != "script" and official_pair(endpoint, key_env):
         return None
+    from kxen_agent.session.trust import lock_pair, normal_url
+    from kxen_agent.store.objects import encode_object
+
     trust = TrustStore(store)
-    local_lock = (any(r.lock == lock_oid and r.how == "local" for r in trust.records())
+    own_ids = {encode_object("agent", o).id for o in own}
+    local_lock = (lock_oid in own_ids or any(r.lock == lock_oid and r.how == "local" for r in trust.records())
                   or lock_oid in LocalRecords.read(store, ses).local_agents(store))
     if locality:
         return None if local_lock else "not local"
+    own_pairs = {(normal_url(u), v) for u, v in map(lock_pair, own) }
     return lock_problem(lock, lock_oid, endpoint, key_env, lock_local=local_lock, trusted_locks=trust.locks(),
-                        trusted_pairs=trust.pairs())
+                        trusted_pairs=trust.pairs() | own_pairs)
 
 
 def _summary(text: str, limit: int = 160) -> str:
@@ -732,7 +743,8 @@ class _RunCtx:
         """Why this run may not call its endpoint with its key variable (or run its script) here, or None."""
         if self._lock_verdict is None:
             self._lock_verdict = (_lock_verdict(self.store, self.ses, self.info.agent_oid, self.agent,
-                                                self.endpoint.base_url, self.agent.get("api_key_env")),)
+                                                self.endpoint.base_url, self.agent.get("api_key_env"),
+                                                own=self.r.own_locks),)
         return self._lock_verdict[0]
 
     def foreign_calls(self) -> list[tuple[dict, dict | None]]:
