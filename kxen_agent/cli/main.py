@@ -154,7 +154,7 @@ def root(
         None, "--agent", metavar="FILE",
         help="With --resume/--continue: re-bind the session to this agent definition of yours (TOML)."),
     api_key_env: Optional[str] = typer.Option(
-        None, "--api-key-env", metavar="VAR",
+        None, "--api-key-env", metavar="NAME",
         help="With --resume/--continue: the variable holding the API key (with --base-url: a pair you accept)."),
     version: bool = typer.Option(
         False, "--version", is_eager=True, callback=_version, help="Print the version and exit."),

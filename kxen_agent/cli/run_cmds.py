@@ -252,7 +252,7 @@ def run_cmd(
     yes: bool = typer.Option(
         False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
     api_key_env: Optional[str] = typer.Option(
-        None, "--api-key-env", metavar="VAR", help="The variable holding the API key for this run (default: the agent's)."),
+        None, "--api-key-env", metavar="NAME", help="The variable holding the API key for this run (default: the agent's)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 

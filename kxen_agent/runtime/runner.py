@@ -781,9 +781,10 @@ class _RunCtx:
         """Why the run must wait for this machine's decision before its next step, or None (§14.13)."""
         problem = self.lock_gate()
         if problem is not None:
+            pair = "" if self.agent.get("provider") == "script" else ", or `--base-url URL --api-key-env NAME` names a pair"
             return (f"{problem}; `kxen-agent session trust {self.ses}` shows the agent lock and accepts it (or "
-                    f"`kxen-agent --resume {self.ses} --agent FILE` re-binds the session to a definition of yours, or "
-                    f"`--base-url URL --api-key-env VAR` names a pair), then `kxen-agent --resume {self.ses}`")
+                    f"`kxen-agent --resume {self.ses} --agent FILE` re-binds the session to a definition of yours{pair}), "
+                    f"then `kxen-agent --resume {self.ses}`")
         pending = self.foreign_calls()
         if not pending:
             return None
