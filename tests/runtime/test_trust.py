@@ -313,3 +313,25 @@ def test_the_standard_endpoint_with_its_standard_variable_needs_no_decision(tmp_
     res = Runner(b_store, providers=Fake).resume(ses, task="next")
     assert res.status == "completed", res
     assert seen and all(s == ("https://api.openai.com/v1", "OPENAI_API_KEY") for s in seen), seen
+
+
+# ---------------------------------------------------------------- §14.13 trust record vector
+
+
+def test_the_trust_record_vector_is_what_a_record_encodes_to() -> None:
+    import ast
+    import re
+
+    import blake3
+
+    from kxen_agent.session.trust import TrustRecord
+
+    spec = (Path(__file__).resolve().parents[2] / "objects_spec.md").read_text(encoding="utf-8")
+    block = re.search(r"^vector: trust-record-lock\n(.*?)^```", spec, re.S | re.M).group(1)
+    value = ast.literal_eval(dict(line.split(": ", 1) for line in block.splitlines())["value"])
+    rec = TrustRecord("lock", "http://127.0.0.1:8000/v1", "SOME_SECRET_VAR", "accepted",
+                      blake3.blake3(b"example agent lock").digest(), "ses_4f2a9c7e1b3d5a6e8c0b", 1700000003000000000)
+    assert rec.encode() == value
+    assert TrustRecord.decode(value) == rec
+    assert rec.ref_name() == "locks/d1005e3e9d674bce05de314b9780162c8a9e6669f200ff51cf1f0400fec3b581"
+    assert TrustRecord.decode(value[:-1]) is None  # a damaged record accepts nothing
