@@ -170,8 +170,9 @@ def root(
       kxen-agent run show ses_6508                      # the latest run and its tool journal
 
     Exit codes: 0 done, 1 error or run failed, 2 usage, 3 input required
-    (an UNKNOWN operation: run show, then run resolve), 75 session busy,
-    130 canceled.
+    (an UNKNOWN operation: run show, then run resolve; or a session from
+    elsewhere waits for this machine's decision: session trust), 75 session
+    busy, 130 canceled.
     """
     if ctx.invoked_subcommand is not None:
         if resume is not None or continue_:
