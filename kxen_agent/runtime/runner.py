@@ -319,7 +319,7 @@ class Runner:
                                                              locality=True) is None)):
                 self._register(ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
                                api_key_env, given_url=url_given, own=agent_lock is not None,
-                               var_chosen=True)
+                               var_chosen=True, rebound=agent_lock is not None)
             if retry:
                 assert new_run is not None
                 retried = self._retryable(ses, latest)
@@ -493,14 +493,17 @@ class Runner:
     # ================================================================ trust (§14.13)
 
     def _register(self, ses: str, lock: dict, lock_oid: bytes, endpoint: ModelEndpoint, key_env: str | None, *,
-                  given_url: bool, own: bool = True, var_chosen: bool = False) -> None:
+                  given_url: bool, own: bool = True, var_chosen: bool = False, rebound: bool = False) -> None:
         """Record as accepted what this machine chose itself: the pair of a definition it was given (``own``)
         unless official, and an endpoint given on the command line with a key variable it chose (given too, or
         its own definition's). Nothing is written when it is there already, or official."""
         from kxen_agent.session.trust import lock_pair
 
         trust = TrustStore(self.store)
-        if own:
+        # A script lock is registered only when named to re-bind a session (--agent): the sessions it
+        # creates are this state dir's anyway (their reflog says so), and a session nobody asked
+        # about keeps a state dir free of trust records.
+        if own and (lock.get("provider") != "script" or rebound):
             url, var = lock_pair(lock)
             if lock.get("provider") == "script" or not official_pair(url, var):
                 trust.add(TrustRecord("lock", url if lock.get("provider") != "script" else None, var, "local",
@@ -527,10 +530,7 @@ class Runner:
 
     def trust_report(self, ses: str) -> dict:
         """What session ``ses`` would make this machine do that it has not accepted (``session trust``)."""
-        info = self.sessions.get(ses)
-        latest = self.latest_run(info)
-        with self._lease(ses, run=latest[0] if latest else None, purpose="trust") as lease:
-            return self._trust(ses, lease, accept=None)
+        return self._trust(ses, None, accept=None)  # reads only: no lease taken, nothing written
 
     def accept_trust(self, ses: str, *, refuse_calls: bool = False) -> dict:
         """Accept what ``trust_report`` shows: the lock (a trust record) and each pending call (a ``Decided``
@@ -540,7 +540,7 @@ class Runner:
         with self._lease(ses, run=latest[0] if latest else None, purpose="trust") as lease:
             return self._trust(ses, lease, accept=not refuse_calls)
 
-    def _trust(self, ses: str, lease: Lease, *, accept: bool | None) -> dict:
+    def _trust(self, ses: str, lease: Lease | None, *, accept: bool | None) -> dict:
         info = self.sessions.get(ses)
         lock = self.sessions.agent(info)
         latest = self.latest_run(info)
@@ -554,7 +554,7 @@ class Runner:
             problem = _lock_verdict(self.store, ses, info.agent_oid, lock, ep.base_url, lock.get("api_key_env"),
                                     own=self.own_locks)
         else:
-            ctx = _RunCtx(self, ses, latest[0], lease)
+            ctx = _RunCtx(self, ses, latest[0], lease)  # type: ignore[arg-type]  # None: only reads
             doc["run"] = latest[0]
             doc["endpoint"], doc["keyEnv"] = ctx.endpoint.base_url, ctx.agent.get("api_key_env")
             problem = ctx.lock_gate()
