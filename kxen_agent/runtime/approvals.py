@@ -30,6 +30,8 @@ from typing import Any, Protocol
 # the run's ``--yes``, or no terminal to ask at (refused).
 from kxen_agent.session.schema import APPROVERS
 
+from .trust import TRUST_APPROVER  # the approver of a decision `session trust` made (§14.6)
+
 __all__ = [
     "APPROVERS",
     "REFUSED",
@@ -45,8 +47,6 @@ __all__ = [
 
 #: The output of a call the user refused (its outcome: an error).
 REFUSED = "refused by the user"
-#: §14.6 ``approver`` of a decision ``session trust`` made on a call another state dir asked for or decided.
-TRUST_APPROVER = "trust"
 _POLL_S = 0.05
 
 

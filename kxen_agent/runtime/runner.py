@@ -45,7 +45,7 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
-from kxen_agent.session.trust import LocalRecords, TrustRecord, TrustStore, lock_problem, official_pair
+from kxen_agent.session.trust import TrustStore
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
@@ -65,6 +65,7 @@ from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .run_status import read_run, shown_status
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
+from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
 
 __all__ = [
     "NothingToRetry",
@@ -253,13 +254,13 @@ class Runner:
         lease_ttl_s()  # so is a bad KXEN_AGENT_LEASE_TTL_S (the lease is taken after the session exists)
         self._check_tools(agent_lock)
         endpoint = model_endpoint(agent_lock, model=model, base_url=base_url)
-        _check_key_env(agent_lock, api_key_env)
+        check_key_env(agent_lock, api_key_env)
         self.providers(agent_lock, endpoint).close()  # and a lock no provider can be made from
         require_sdk(agent_lock)  # and a provider whose SDK is missing: before a session exists
         ws = inspect_workspace(workspace_path)
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
-        self._register(info.id, agent_lock, info.agent_oid, endpoint, api_key_env, given_url=base_url is not None)
+        register(self.store, info.id, agent_lock, info.agent_oid, endpoint, api_key_env, given_url=base_url is not None)
         run = new_id("run")
         with self._lease(info.id, run=run) as lease:
             return self._new_run(info.id, run, task, lease, endpoint, key_env=api_key_env)
@@ -291,7 +292,7 @@ class Runner:
             self._check_tools(agent_lock)
         if model is not None or base_url is not None:
             model_endpoint(lock, model=model, base_url=base_url)  # a bad override changes nothing
-        _check_key_env(lock, api_key_env)
+        check_key_env(lock, api_key_env)
         require_sdk(lock)
         if rebind:
             if workspace is None:
@@ -309,17 +310,19 @@ class Runner:
             # must not both start one; a busy session is LeaseBusy, not "still running").
             info = self.sessions.get(ses)
             if agent_lock is not None:
-                info = self._rebind_agent(info, agent_lock, lease)
+                info = rebind_agent(self, info, agent_lock, lease)
                 if model is None and base_url is None:  # the definition's, not what a run recorded
                     own = model_endpoint(agent_lock)
                     model, base_url = own.model, own.base_url
             latest = self.latest_run(info)
+            # What the command line chose is this machine's choice (§14.13): an --agent definition, and an
+            # endpoint given with a key variable given too or this machine's own lock's.
             if agent_lock is not None or (url_given and (
-                    api_key_env is not None or _lock_verdict(self.store, ses, info.agent_oid, lock, None, None,
-                                                             locality=True) is None)):
-                self._register(ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
-                               api_key_env, given_url=url_given, own=agent_lock is not None,
-                               var_chosen=True, rebound=agent_lock is not None)
+                    api_key_env is not None or lock_verdict(self.store, ses, info.agent_oid, lock, None, None,
+                                                            locality=True, own=self.own_locks) is None)):
+                register(self.store, ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
+                         api_key_env, given_url=url_given, own=agent_lock is not None, var_chosen=True,
+                         rebound=agent_lock is not None)
             if retry:
                 assert new_run is not None
                 retried = self._retryable(ses, latest)
@@ -492,42 +495,6 @@ class Runner:
 
     # ================================================================ trust (§14.13)
 
-    def _register(self, ses: str, lock: dict, lock_oid: bytes, endpoint: ModelEndpoint, key_env: str | None, *,
-                  given_url: bool, own: bool = True, var_chosen: bool = False, rebound: bool = False) -> None:
-        """Record as accepted what this machine chose itself: the pair of a definition it was given (``own``)
-        unless official, and an endpoint given on the command line with a key variable it chose (given too, or
-        its own definition's). Nothing is written when it is there already, or official."""
-        from kxen_agent.session.trust import lock_pair
-
-        trust = TrustStore(self.store)
-        # A script lock is registered only when named to re-bind a session (--agent): the sessions it
-        # creates are this state dir's anyway (their reflog says so), and a session nobody asked
-        # about keeps a state dir free of trust records.
-        if own and (lock.get("provider") != "script" or rebound):
-            url, var = lock_pair(lock)
-            if lock.get("provider") == "script" or not official_pair(url, var):
-                trust.add(TrustRecord("lock", url if lock.get("provider") != "script" else None, var, "local",
-                                      lock_oid, ses), reason=f"trust: local agent {lock.get('name')} of {ses}")
-        if given_url and (key_env is not None or own or var_chosen):
-            var = key_env if key_env is not None else lock.get("api_key_env")
-            if not official_pair(endpoint.base_url, var):
-                trust.add(TrustRecord("pair", endpoint.base_url, var, "command-line", None, ses),
-                          reason=f"trust: --base-url of {ses}")
-
-    def _rebind_agent(self, info: SessionInfo, lock: dict, lease: Lease) -> SessionInfo:
-        """Bind session ``info`` to agent lock ``lock`` (``--agent FILE``): new metadata, under the lease."""
-        oid = self.sessions.put_agent(lock)
-        if oid == info.agent_oid:
-            return info
-        m = info.meta
-        meta = dict(m, agent=oid, reason="agent", previous=info.meta_oid, revisedNs=time.time_ns())
-        with self.store.writing():
-            new = put(self.store, "session", meta)
-            self.store.refs.transaction(info.group, [RefUpdate("meta", info.meta_oid, new)],
-                                        reason=f"session: agent {lock.get('name')}", fence=lease.fence)
-        self.on_event(f"session {info.id} now uses agent {lock.get('name')}")
-        return self.sessions.get(info.id)
-
     def trust_report(self, ses: str) -> dict:
         """What session ``ses`` would make this machine do that it has not accepted (``session trust``)."""
         return self._trust(ses, None, accept=None)  # reads only: no lease taken, nothing written
@@ -541,42 +508,7 @@ class Runner:
             return self._trust(ses, lease, accept=not refuse_calls)
 
     def _trust(self, ses: str, lease: Lease | None, *, accept: bool | None) -> dict:
-        info = self.sessions.get(ses)
-        lock = self.sessions.agent(info)
-        latest = self.latest_run(info)
-        doc: dict = {"session": ses, "lockId": info.agent_oid.hex(), "lock": _lock_doc(lock), "run": None,
-                     "lockProblem": None, "calls": [], "accepted": False}
-        if latest is None or (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
-            # No unfinished run: the next one uses the lock as it is (its endpoint, no override).
-            ep = model_endpoint(lock)
-            doc["endpoint"], doc["keyEnv"] = ep.base_url, lock.get("api_key_env")
-            ctx = None
-            problem = _lock_verdict(self.store, ses, info.agent_oid, lock, ep.base_url, lock.get("api_key_env"),
-                                    own=self.own_locks)
-        else:
-            ctx = _RunCtx(self, ses, latest[0], lease)  # type: ignore[arg-type]  # None: only reads
-            doc["run"] = latest[0]
-            doc["endpoint"], doc["keyEnv"] = ctx.endpoint.base_url, ctx.agent.get("api_key_env")
-            problem = ctx.lock_gate()
-        doc["lockProblem"] = problem
-        pending = ctx.foreign_calls() if ctx is not None else []
-        doc["calls"] = [{"op": e["op"] if e else None, "callId": c["id"], "tool": c["name"],
-                         "arguments": c["arguments"], "state": e["state"] if e else None,
-                         "decidedBy": e.get("approver") if e else None, "origin": e.get("origin") if e else None}
-                        for c, e in pending]
-        if accept is None or (problem is None and not pending):
-            return doc
-        if problem is not None:
-            TrustStore(self.store).add(
-                TrustRecord("lock", doc["endpoint"], doc["keyEnv"], "accepted", info.agent_oid, ses,
-                            ) if lock.get("provider") != "script" else
-                TrustRecord("lock", None, None, "accepted", info.agent_oid, ses),
-                reason=f"trust: accepted the agent lock of {ses}")
-        if ctx is not None:
-            for call, e in pending:
-                ctx.decide_here(call, e, yes=accept)
-        doc["accepted"] = True
-        return doc
+        return trust_doc(self, ses, lambda run: _RunCtx(self, ses, run, lease), accept=accept)  # type: ignore[arg-type]
 
     # ================================================================ helpers
 
@@ -598,56 +530,6 @@ class Runner:
         name = agent.get("api_key_env")
         val = os.environ.get(name) if name else None
         return ([val] if val else []) + credential_env_values(os.environ)
-
-
-def _check_key_env(lock: dict, key_env: str | None) -> None:
-    """A bad ``--api-key-env`` is refused before anything is written."""
-    if key_env is None:
-        return
-    import re
-
-    if lock.get("provider") not in ("openai", "anthropic"):
-        raise UsageError(f"--api-key-env applies to the openai and anthropic providers; agent {lock.get('name')!r} "
-                         f"uses the {lock.get('provider')} provider, which sends no key; leave --api-key-env out")
-    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key_env):
-        raise UsageError(f"--api-key-env {key_env!r} is not an environment variable name ([A-Z_][A-Z0-9_]*); "
-                         "give the variable's name, never its value")
-
-
-def _lock_doc(lock: dict) -> dict:
-    """What ``session trust`` shows of an agent lock: everything that decides what it can make this machine do."""
-    policy = lock.get("policy", {})
-    steps = None
-    if lock.get("script") is not None:
-        try:
-            steps = json.loads(lock["script"])
-        except ValueError:
-            steps = lock["script"]
-    return {"name": lock.get("name"), "provider": lock.get("provider"), "model": lock.get("model"),
-            "baseUrl": lock.get("base_url"), "apiKeyEnv": lock.get("api_key_env"), "tools": lock.get("tools", []),
-            "approve": policy.get("approve", []), "envKeep": policy.get("env_keep", []), "script": steps}
-
-
-def _lock_verdict(store: Repository, ses: str, lock_oid: bytes, lock: dict, endpoint: str | None,
-                  key_env: str | None, *, locality: bool = False, own: list[dict] = []) -> str | None:
-    """:func:`~kxen_agent.session.trust.lock_problem` with this state dir's records read (only when needed).
-
-    ``locality``: only whether the lock is this machine's (a definition it ran the session with, or registered).
-    """
-    if not locality and lock.get("provider") != "script" and official_pair(endpoint, key_env):
-        return None
-    from kxen_agent.session.trust import lock_pair, normal_url
-    from kxen_agent.store.objects import encode_object
-
-    trust = TrustStore(store)
-    own_ids = {encode_object("agent", o).id for o in own}
-    local_lock = (lock_oid in own_ids or any(r.lock == lock_oid and r.how == "local" for r in trust.records())
-                  or lock_oid in LocalRecords.read(store, ses).local_agents(store))
-    if locality:
-        return None if local_lock else "not local"
-    own_pairs = {(normal_url(u), v) for u, v in map(lock_pair, own) }
-    return lock_problem(lock, lock_oid, endpoint, key_env, lock_local=local_lock, trusted_locks=trust.locks(),
-                        trusted_pairs=trust.pairs() | own_pairs)
 
 
 def _summary(text: str, limit: int = 160) -> str:
@@ -693,8 +575,7 @@ class _RunCtx:
         # messages it put on head, the operations it decided.
         self.asked_here: set[bytes] = set()
         self.decided_here: set[str] = set()
-        self._local: LocalRecords | None = None
-        self._lock_verdict: tuple[str | None] | None = None
+        self.gate = TrustGate(self)
         # Looked up now, not at import: tests replace the module's ``fault``.
         # Called straight from the loop's methods (a hook may look at its caller's frame).
         self.fault = runner.fault if runner.fault is not None else fault
@@ -725,74 +606,13 @@ class _RunCtx:
         else:
             self.agent = self.sessions.agent(self.info)
         self.secrets = Runner._secrets(self.agent)
-        self._lock_verdict = None
+        self.gate.forget()
 
     # ---------------------------------------------------------------- trust (§14.13)
 
     def origin(self) -> str:
         """This state dir's id, recorded in the decisions made here (§14.6 ``origin``)."""
         return TrustStore(self.store).origin()
-
-    def local(self) -> LocalRecords:
-        """What this state dir's reflog says it wrote of the session (read once, only when needed)."""
-        if self._local is None:
-            self._local = LocalRecords.read(self.store, self.ses)
-        return self._local
-
-    def lock_gate(self) -> str | None:
-        """Why this run may not call its endpoint with its key variable (or run its script) here, or None."""
-        if self._lock_verdict is None:
-            self._lock_verdict = (_lock_verdict(self.store, self.ses, self.info.agent_oid, self.agent,
-                                                self.endpoint.base_url, self.agent.get("api_key_env"),
-                                                own=self.r.own_locks),)
-        return self._lock_verdict[0]
-
-    def foreign_calls(self) -> list[tuple[dict, dict | None]]:
-        """The calls of the run's pending tool turn that wait for a decision another state dir made, or that
-        another state dir asked for and nobody here decided: (call, its newest journal entry or None)."""
-        if self.info.head is None:
-            return []
-        last = self.sessions.read_message(self.info.head)
-        if not (last.role == "assistant" and last.tool_calls and last.run == self.run):
-            return []
-        by_call = {e["callId"]: e for e in self.r.ops(self.st).values() if e.get("message") == last.oid}
-        out = []
-        for call in last.tool_calls:
-            e = by_call.get(call["id"])
-            if e is None:
-                if last.oid not in self.asked_here and last.oid not in self.local().heads:
-                    out.append((call, None))
-            elif e["state"] == "Decided" and e.get("approval") == "yes" and e["op"] not in self.decided_here:
-                if not self.local().committed_journal(self.store, self.run, self._entry_oid(e["op"]),
-                                                      f"run {self.run}: {e['op']} "):
-                    out.append((call, e))
-        return out
-
-    def _entry_oid(self, op: str) -> bytes | None:
-        cur = self.st.get("journal")
-        while cur is not None:
-            e = read(self.store, cur, "journal")
-            if e["op"] == op:
-                return cur
-            cur = e.get("previous")
-        return None
-
-    def trust_problem(self) -> str | None:
-        """Why the run must wait for this machine's decision before its next step, or None (§14.13)."""
-        problem = self.lock_gate()
-        if problem is not None:
-            pair = "" if self.agent.get("provider") == "script" else ", or `--base-url URL --api-key-env NAME` names a pair"
-            return (f"{problem}; `kxen-agent session trust {self.ses}` shows the agent lock and accepts it (or "
-                    f"`kxen-agent --resume {self.ses} --agent FILE` re-binds the session to a definition of yours{pair}), "
-                    f"then `kxen-agent --resume {self.ses}`")
-        pending = self.foreign_calls()
-        if not pending:
-            return None
-        shown = "; ".join(f"{c['name']} {_summary(c['arguments'], 200)}"
-                          + (" (decided on another machine)" if e is not None else "") for c, e in pending)
-        return (f"{len(pending)} tool call(s) recorded on another machine wait for this machine's decision: {shown}; "
-                f"`kxen-agent session trust {self.ses}` shows them and accepts (or --refuse-calls refuses) them, "
-                f"then `kxen-agent --resume {self.ses}`")
 
     def pause_for_trust(self, problem: str) -> None:
         """The run waits in ``input_required`` until this machine decides (written once, however often resumed)."""
@@ -801,23 +621,6 @@ class _RunCtx:
                         reason=f"run {self.run}: waits for this machine's decision")
         self.r.on_event(f"run {self.run} waits: {problem}")
         raise _Stop
-
-    def decide_here(self, call: dict, e: dict | None, *, yes: bool) -> None:
-        """Record this machine's decision on a call another state dir asked for or decided (``session trust``)."""
-        from .approvals import TRUST_APPROVER
-
-        if e is not None:
-            base = {k: v for k, v in e.items() if k not in ("previous", "output", "outputBlob", "timeNs")}
-        else:
-            tool = TOOLS.get(call["name"])
-            base = {"op": new_id("op"), "run": self.run, "turn": self.st["turn"], "callId": call["id"],
-                    "tool": call["name"], "arguments": call["arguments"], "message": self.info.head,
-                    "sideEffects": bool(tool.side_effects) if tool else False}
-        entry = dict(base, state="Decided", source="human", approval="yes" if yes else "no",
-                     approver=TRUST_APPROVER, origin=self.origin())
-        self.journal_write([entry], reason=f"run {self.run}: {base['op']} {'accepted' if yes else 'refused'} here "
-                                           "(session trust)")
-        self.decided_here.add(base["op"])
 
     def _put_state(self, changes: dict, journal: bytes | None = None) -> tuple[bytes, dict]:
         st = dict(self.st)
@@ -878,7 +681,7 @@ class _RunCtx:
                              None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
                              [OpState(e["state"]) for e in ops.values()])
             if isinstance(step, (ResumeAfterResolution, RunTools, SettleThenAsk, AskModel)):
-                problem = self.trust_problem()
+                problem = self.gate.problem()
                 if problem is not None:
                     self.pause_for_trust(problem)
             if isinstance(step, FinishSettlement):
