@@ -16,6 +16,12 @@ steps is the seed's:
    final message is written into the Session idempotently, then the run is
    marked settled.
 
+Before each step that calls the model or a tool, the run passes the trust
+gate (:mod:`.trust`, §14.13): a lock whose endpoint and key variable this
+machine has not accepted, a script lock from elsewhere, or a pending call
+another state dir asked for or decided, makes the run wait in
+``input_required`` until this machine decides (``session trust``).
+
 Recovery is a pure function of (Session history, journal): a call that is
 ``Started`` with no outcome becomes ``OutcomeUnknown`` (or, for a tool
 without side effects, simply runs again), the run waits in
