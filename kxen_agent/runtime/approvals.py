@@ -170,7 +170,10 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
     """
     if decided is None:
         ops = ctx.r.ops(ctx.st)
-        if any(e.get("approver") == "user-always" and e["tool"] == base["tool"] for e in ops.values()):
+        always = [e for e in ops.values() if e.get("approver") == "user-always" and e["tool"] == base["tool"]]
+        # "Always" said on another machine is that machine's decision, not this one's (§14.6).
+        gate = getattr(ctx, "gate", None)
+        if any(gate is None or gate.decided_here(e["op"]) for e in always):
             decision: Decision | None = Decision("yes", "user-always")
         else:
             request = ApprovalRequest(ctx.ses, ctx.run, base["op"], base["tool"], base["arguments"])

@@ -172,12 +172,18 @@ class TrustGate:
                     out.append((call, e))
         return out
 
-    def _entry_oid(self, op: str) -> bytes | None:
-        """The id of the newest journal entry of ``op`` (the journal is walked back from the run state)."""
+    def decided_here(self, op: str) -> bool:
+        """Whether this state dir made the decision (``Decided`` entry) of operation ``op`` of the run."""
+        c = self.ctx
+        return op in c.decided_here or self.local().committed_journal(
+            c.store, c.run, self._entry_oid(op, "Decided"), f"run {c.run}: {op} ")
+
+    def _entry_oid(self, op: str, state: str | None = None) -> bytes | None:
+        """The id of the newest journal entry of ``op`` (in ``state``, if given), walking back from the run state."""
         cur = self.ctx.st.get("journal")
         while cur is not None:
             e = read(self.ctx.store, cur, "journal")
-            if e["op"] == op:
+            if e["op"] == op and (state is None or e["state"] == state):
                 return cur
             cur = e.get("previous")
         return None

@@ -335,3 +335,43 @@ def test_the_trust_record_vector_is_what_a_record_encodes_to() -> None:
     assert TrustRecord.decode(value) == rec
     assert rec.ref_name() == "locks/d1005e3e9d674bce05de314b9780162c8a9e6669f200ff51cf1f0400fec3b581"
     assert TrustRecord.decode(value[:-1]) is None  # a damaged record accepts nothing
+
+
+def test_always_said_on_another_machine_approves_nothing_here(tmp_path: Path) -> None:
+    """In-process: "always for this run" answered on the author's machine for `shell` does not approve the
+    next `shell` call the run makes on the importer's (that call is asked here: the importer's approver decides)."""
+    from kxen_agent.runtime.approvals import Decision
+    from kxen_agent.runtime.runner import Runner
+    from kxen_agent.session.agent_def import load_agent_definition
+    from kxen_agent.session.transfer import export_sessions, import_sessions
+
+    ws_a = git_workspace(tmp_path / "A")
+    ws_b = clone(ws_a, tmp_path / "B")
+    steps = [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo one"}}]},
+             {"tool_calls": [{"name": "shell", "arguments": {"command": "touch pwned"}}]},
+             {"content": "done"}]
+    lock = load_agent_definition(str(write_agent(tmp_path / "agent", steps, policy={"approve": ["shell"]})))
+
+    class Stop(Exception):
+        pass
+
+    def after_first_turn(point: str) -> None:
+        if point == "tool:after-turn":
+            raise Stop
+
+    a = Runner(Store(str(tmp_path / "state-a")), fault=after_first_turn)
+    a.approver = lambda request, cancel: Decision("yes", "user-always")
+    with pytest.raises(Stop):
+        a.start(str(ws_a), "t", lock)
+    (ses,) = [s.id for s in a.sessions.list()]
+    export_sessions(a.store, [ses], str(tmp_path / "s.bundle"))
+    b_store = Store(str(tmp_path / "state-b"))
+    import_sessions(b_store, str(tmp_path / "s.bundle"), str(ws_b))
+    b = Runner(b_store)  # no terminal: a call that needs a decision here is refused
+    assert b.accept_trust(ses)["accepted"]  # the script lock: accepted; no call is pending
+    res = b.resume(ses)
+    assert res.status == "completed", res
+    assert not (ws_b / "pwned").exists()
+    ops = list(b.ops(b.run_state(b.sessions.get(ses), res.run)[1]).values())
+    assert [(e["approver"], e.get("output")) for e in ops] == [("user-always", "one\n[exit code 0]"),
+                                                               ("no-terminal", "refused by the user")], ops
