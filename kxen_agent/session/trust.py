@@ -107,7 +107,10 @@ class LocalRecords:
     created_here: bool = False
     ran_here: bool = False
     heads: set[bytes] = field(default_factory=set)
+    #: the session metadata a line of ``session: create`` or ``session: agent`` put on ``meta``: a lock chosen here
     metas: set[bytes] = field(default_factory=set)
+    #: the session this one was forked from here (its lock is the parent's: local only if it is local there)
+    fork_of: str | None = None
     #: run id -> [(state id, reason)] of the run states this state dir put on ``runs/<run>``
     run_states: dict[str, list[tuple[bytes, str]]] = field(default_factory=dict)
 
@@ -118,6 +121,8 @@ class LocalRecords:
         if lines:
             first = lines[0].reason
             out.created_here = first.startswith("session: create") or first.startswith("session: fork")
+            if first.startswith("session: fork of "):
+                out.fork_of = first[len("session: fork of "):].strip() or None
         for e in lines:
             if _foreign(e.reason) or e.new is None:
                 continue
@@ -125,15 +130,24 @@ class LocalRecords:
                 out.ran_here = True
             if e.name == "head":
                 out.heads.add(e.new)
-            elif e.name == "meta":
+            elif e.name == "meta" and (e.reason.startswith("session: create") or e.reason.startswith("session: agent")):
                 out.metas.add(e.new)
             elif e.name.startswith("runs/"):
                 out.run_states.setdefault(e.name[5:], []).append((e.new, e.reason))
         return out
 
-    def local_agents(self, store: Repository) -> set[bytes]:
-        """The agent locks of the session metadata this state dir wrote (the definitions it ran the session with)."""
-        return {store.get(m, "session")["agent"] for m in self.metas}
+    def local_agents(self, store: Repository, _depth: int = 0) -> set[bytes]:
+        """The agent locks this state dir chose for the session: those it created it with or re-bound it to
+        (``--agent``), and for a fork made here, its parent's (a fork of an imported session launders nothing)."""
+        out = {store.get(m, "session")["agent"] for m in self.metas}
+        if self.fork_of is not None and _depth < 64:
+            from kxen_agent.errors import KxenError
+
+            try:
+                out |= LocalRecords.read(store, self.fork_of).local_agents(store, _depth + 1)
+            except KxenError:
+                pass  # the parent is gone or damaged: its lock counts for nothing
+        return out
 
     def committed_journal(self, store: Repository, run: str, entry: bytes, reason_prefix: str) -> bool:
         """Whether this state dir committed a state of ``run`` whose newest journal entry is ``entry``.

@@ -159,6 +159,10 @@ def test_a_foreign_script_lock_runs_no_command_until_accepted(tmp_path: Path) ->
     move(a, b, ses, ws_b, tmp_path)
     paused(b("--resume", ses, "--task", "go on", "--json"), ses)
     assert not (ws_b / "pwned").exists()
+    # A fork made here of the imported session has the same lock: not this machine's either.
+    fork = b("session", "fork", ses, "--json", expect=0).json()["id"]
+    paused(b("--resume", fork, "--task", "in the fork", "--json"), fork)
+    assert not (ws_b / "pwned").exists()
     shown = b("session", "trust", ses).out
     assert "script steps:" in shown and "touch pwned" in shown, shown
     b("session", "trust", ses, "--yes", expect=0)
