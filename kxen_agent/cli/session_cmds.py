@@ -581,7 +581,8 @@ def trust_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Accept without asking."),
     refuse_calls: bool = typer.Option(
-        False, "--refuse-calls", help="Refuse the pending tool calls instead of accepting them (they never run)."),
+        False, "--refuse-calls",
+        help="Refuse the pending tool calls instead of accepting them (they never run; the agent lock is still accepted)."),
     json_out: bool = typer.Option(False, "--json", help="Print what the session asks of this machine as JSON."),
 ) -> None:
     """Show what a session from elsewhere would make this machine do, and accept it.
