@@ -88,7 +88,8 @@ def run_demo(base: str | None) -> None:
     subprocess.run(git_argv(["clone", "-q", ws, runner_b]), check=True, capture_output=True)
     _git(runner_b, "remote", "set-url", "origin", "https://example.invalid/demo/repo.git")
     kx(state_b, "session", "import", bundle, "--workspace", runner_b)
-    kx(state_b, "--resume", ses, "--workspace", runner_b, "--task", "Continue with the next step.")
+    # The fresh runner resumes with its own agent definition: a lock from elsewhere runs nothing unasked.
+    kx(state_b, "--resume", ses, "--workspace", runner_b, "--task", "Continue with the next step.", "--agent", DEMO_AGENT)
     kx(state_b, "session", "show", ses)
     kx(state_a, "fsck")
     kx(state_b, "fsck")

@@ -150,6 +150,12 @@ def root(
     yes: bool = typer.Option(
         False, "--yes", "-y",
         help="With --resume/--continue: approve every call the agent's [policy] approve lists, without asking."),
+    agent: Optional[str] = typer.Option(
+        None, "--agent", metavar="FILE",
+        help="With --resume/--continue: re-bind the session to this agent definition of yours (TOML)."),
+    api_key_env: Optional[str] = typer.Option(
+        None, "--api-key-env", metavar="NAME",
+        help="With --resume/--continue: the variable holding the API key (with --base-url: a pair you accept)."),
     version: bool = typer.Option(
         False, "--version", is_eager=True, callback=_version, help="Print the version and exit."),
 ) -> None:
@@ -164,8 +170,9 @@ def root(
       kxen-agent run show ses_6508                      # the latest run and its tool journal
 
     Exit codes: 0 done, 1 error or run failed, 2 usage, 3 input required
-    (an UNKNOWN operation: run show, then run resolve), 75 session busy,
-    130 canceled.
+    (an UNKNOWN operation: run show, then run resolve; or a session from
+    elsewhere waits for this machine's decision: session trust), 75 session
+    busy, 130 canceled.
     """
     if ctx.invoked_subcommand is not None:
         if resume is not None or continue_:
@@ -175,15 +182,16 @@ def root(
         raise UsageError("give either --resume SES or --continue, not both")
     if resume is None and not continue_:
         if any([task, task_file, workspace, rebind_workspace, retry, model, base_url, quiet, events, remote_lease,
-                remote, yes]):
-            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes at the top "
-                             "level need --resume SES or --continue (or use `kxen-agent run` for a new session)")
+                remote, yes, agent, api_key_env]):
+            raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes/--agent/"
+                             "--api-key-env at the top level need --resume SES or --continue (or use `kxen-agent run` "
+                             "for a new session)")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     from .run_cmds import resume_cmd
 
     more = dict(retry=retry, model=model, base_url=base_url, quiet=quiet, events=events,
-                remote_lease=remote_lease, remote=remote, yes=yes)
+                remote_lease=remote_lease, remote=remote, yes=yes, agent=agent, api_key_env=api_key_env)
 
     if continue_:
         from kxen_agent.session.sessions import NS, SessionStore
@@ -191,11 +199,15 @@ def root(
 
         here = os.path.realpath(workspace if workspace is not None else os.getcwd())
         store = Store.open(namespaces=(NS,))
-        info = SessionStore(store).latest_for_workspace(here)
+        from kxen_agent.session.trust import ours_now
+
+        # Only a session this state dir created or has run, and none dated in the future (§14.13):
+        # an imported session's times are whatever its bundle says.
+        info = SessionStore(store).latest_for_workspace(here, keep=lambda i: ours_now(store, i))
         if info is None:
-            raise KxenError(f"no session is bound to workspace {here} in state dir {store.root}; "
-                            "start one with `kxen-agent run --task TEXT` (`kxen-agent session list` shows "
-                            "what there is)")
+            raise KxenError(f"no session this state dir created or has run is bound to workspace {here} in state dir "
+                            f"{store.root}; start one with `kxen-agent run --task TEXT`, or resume an imported one "
+                            "with `kxen-agent --resume SES` (`kxen-agent session list` shows what there is)")
         # The directory is always checked: found by identity at another
         # path, the resume names the rebind to run.
         resume_cmd(info.id, task, task_file, here, rebind_workspace, json_out, **more)

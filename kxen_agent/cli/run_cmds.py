@@ -125,6 +125,16 @@ def default_agent() -> str:
                      "`kxen-agent demo` runs the bundled demo agent offline")
 
 
+def configured_locks() -> list[dict]:
+    """The lock of this machine's configured default agent (``KXEN_AGENT_AGENT`` or the XDG file), if any:
+    an imported session made with the same definition runs here without asking (§14.13). A missing or
+    broken default is not this command's business: it then counts for nothing."""
+    try:
+        return [load_agent_definition(default_agent())]
+    except KxenError:
+        return []
+
+
 def read_stdin_task() -> str:
     """The task from standard input (``--task-file -``, or a piped ``run`` with no task), checked."""
     data = sys.stdin.buffer.read(MAX_TASK_BYTES + 1)
@@ -185,6 +195,7 @@ def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool
             rl.on_event = view.note
         runner = rl.runner(store, **kw) if rl is not None else Runner(store, **kw)  # type: ignore[arg-type]
         runner.approver = TerminalApprover(assume_yes=yes)
+        runner.own_locks = configured_locks()
         runners.append(runner)
         try:
             res = call(runner)
@@ -205,7 +216,8 @@ def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> No
         if res.result:
             out_text("result", res.result)
         if res.error:
-            out_text("error", res.error)
+            # A run that waits for this machine's decision (§14.13) says what, and the next command.
+            out_text("waits" if res.status == "input_required" else "error", res.error)
         for op in map(t, res.unknown_ops):
             out(
                 f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
@@ -239,6 +251,8 @@ def run_cmd(
         None, "--remote", metavar="NAME_OR_URL", help="With --remote-lease: the remote (default: the workspace's origin)."),
     yes: bool = typer.Option(
         False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
+    api_key_env: Optional[str] = typer.Option(
+        None, "--api-key-env", metavar="NAME", help="The variable holding the API key for this run (default: the agent's)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
@@ -263,7 +277,7 @@ def run_cmd(
         raise UsageError("run needs a task: --task TEXT, --task-file FILE, or the task piped on standard input")
     lock = load_agent_definition(agent or default_agent())
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url),
+    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel, workspace=workspace))
 
@@ -271,8 +285,10 @@ def run_cmd(
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
                rebind: bool, json_out: bool, *, retry: bool = False, model: Optional[str] = None,
                base_url: Optional[str] = None, quiet: bool = False, events: bool = False,
-               remote_lease: bool = False, remote: Optional[str] = None, yes: bool = False) -> None:
+               remote_lease: bool = False, remote: Optional[str] = None, yes: bool = False,
+               agent: Optional[str] = None, api_key_env: Optional[str] = None) -> None:
     text = read_task(task, task_file)
+    lock = load_agent_definition(agent) if agent is not None else None  # refused before anything is written
     if retry and text is not None:
         raise UsageError("--retry re-attempts the last run's task; give either --retry or --task/--task-file")
     lease_ttl_s()
@@ -282,7 +298,8 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
         return
     # A new run (a task, a retry) is named at its start: the remote lease is claimed then, with the name; else now.
     execute(lambda runner: runner.resume(ses, task=text, workspace=workspace, rebind=rebind, retry=retry,
-                                         model=model, base_url=base_url),
+                                         model=model, base_url=base_url, api_key_env=api_key_env,
+                                         agent_lock=lock),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel,
                                                      claim_now=text is None and not retry))
@@ -389,7 +406,8 @@ def show_cmd(
 def approval_line(approval: dict) -> str:
     """``approved by the user`` ... for a §14.6 approval (who decided a call that needed a yes)."""
     by = {"user": "by the user", "user-always": "by the user (always, for this run)", "--yes": "by --yes",
-          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)"}.get(approval["by"],
+          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)",
+          "trust": "on this machine with `session trust` (the call came from another state dir)"}.get(approval["by"],
                                                                                         t(approval["by"]))
     return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
 

@@ -201,7 +201,7 @@ def show_cmd(
     d["messages"] = sessions.message_count(info)
     d["agent"] = {"lock": info.agent_oid.hex(), "name": agent.get("name"), "provider": agent.get("provider"),
                   "model": agent.get("model"), "tools": agent.get("tools"), "policy": agent.get("policy"),
-                  "apiKeyEnv": agent.get("api_key_env")}
+                  "apiKeyEnv": agent.get("api_key_env"), "baseUrl": agent.get("base_url")}
     from kxen_agent.runtime.results import sum_usage
 
     runs = _runs_json(sessions, info)
@@ -228,6 +228,11 @@ def show_cmd(
             out(f"    remote:     {t(ws['remoteHash'])} (hash of the credential-free origin URL)")
     a = d["agent"]
     out(f"  agent lock:   {a['lock']} ({t(str(a['name']))}, {t(str(a['provider']))}/{t(str(a['model']))})")
+    if a["provider"] != "script":  # where a run sends the history, and which variable's value goes with it
+        from kxen_agent.session.trust import lock_pair
+
+        url, var = lock_pair(agent)
+        out(f"    endpoint:   {t(str(url or '-'))}  key variable: {t(str(var or '-'))}")
     out(f"  messages:     {d['messages']} (head {t(d['head'] or '-')})")
     out(f"  usage:        {usage_line(d['usage'])}")
     out("  runs:")
@@ -567,3 +572,80 @@ def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
 from .remote_cmds import register as _register_remote_cmds  # noqa: E402
 
 _register_remote_cmds(session_app)
+
+
+@session_app.command("trust")
+def trust_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Accept without asking."),
+    refuse_calls: bool = typer.Option(
+        False, "--refuse-calls",
+        help="Refuse the pending tool calls instead of accepting them (they never run; the agent lock is still accepted)."),
+    json_out: bool = typer.Option(False, "--json", help="Print what the session asks of this machine as JSON."),
+) -> None:
+    """Show what a session from elsewhere would make this machine do, and accept it.
+
+    Shows the agent lock (provider, model, endpoint, key variable, tools,
+    approve, env_keep, script steps) when this machine has not accepted its
+    endpoint and key variable, and the tool calls recorded on another machine
+    that wait for a decision here. At a terminal it asks; --yes accepts;
+    otherwise nothing is accepted (exit 3). Acceptance is recorded in this
+    state dir; then `kxen-agent --resume SES` goes on.
+
+    \b
+    Examples:
+      kxen-agent session trust ses_6508
+      kxen-agent session trust ses_6508 --yes && kxen-agent --resume ses_6508
+    """
+    from kxen_agent.runtime.runner import Runner
+
+    runner = Runner(_store())
+    ses = runner.sessions.resolve_id(ses)
+    doc = runner.trust_report(ses)
+    wanted = doc["lockProblem"] is not None or bool(doc["calls"])
+    if not json_out:
+        _show_trust(doc)
+    if not wanted:
+        if json_out:
+            emit_json(doc)
+        else:
+            out(f"nothing to accept: this machine already accepts what session {t(ses)} asks of it")
+        return
+    accept = yes
+    if not yes and not json_out and os.isatty(0):
+        sys.stderr.write(f"{'refuse the calls' if refuse_calls else 'accept'} for session {ses}? [y/N] ")
+        sys.stderr.flush()
+        accept = sys.stdin.readline().strip().lower() in ("y", "yes")
+    if accept:
+        doc = runner.accept_trust(ses, refuse_calls=refuse_calls)
+    if json_out:
+        emit_json(doc)
+    elif accept:
+        out(f"accepted in this state dir; continue with `kxen-agent --resume {t(ses)}`")
+    else:
+        out(f"nothing accepted; `kxen-agent session trust {t(ses)} --yes` accepts it")
+    if not accept:
+        raise typer.Exit(3)
+
+
+def _show_trust(doc: dict) -> None:
+    a = doc["lock"]
+    if doc["lockProblem"] is not None:
+        out(f"session {t(doc['session'])}: {t(doc['lockProblem'])}")
+        out(f"agent lock {doc['lockId']} ({t(str(a['name']))})")
+        out(f"  provider:     {t(str(a['provider']))}   model: {t(str(a['model']))}")
+        out(f"  endpoint:     {t(str(doc.get('endpoint') or '-'))}")
+        out(f"  key variable: {t(str(doc.get('keyEnv') or '-'))}")
+        out(f"  tools:        {t(', '.join(a['tools']) or '-')}")
+        out(f"  approve:      {t(', '.join(a['approve']) or '- (no call waits for a yes)')}")
+        out(f"  env_keep:     {t(', '.join(a['envKeep']) or '-')}")
+        if a["script"] is not None:
+            out("  script steps:")
+            for n, step in enumerate(a["script"] if isinstance(a["script"], list) else [a["script"]]):
+                out(f"    {n}: {t(dumps_json(step) if not isinstance(step, str) else step)}")
+    if doc["calls"]:
+        out(f"tool calls of run {t(str(doc['run']))} recorded on another machine, waiting for this machine's decision:")
+        for c in doc["calls"]:
+            how = (f"decided yes by {t(str(c['decidedBy']))} in state dir {t(str(c['origin'] or 'unknown'))}"
+                   if c["state"] == "Decided" else "never decided")
+            out(f"  {t(c['tool'])} {t(c['arguments'])}  ({how})")

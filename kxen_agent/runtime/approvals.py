@@ -31,9 +31,12 @@ from typing import Any, Protocol
 # the run's ``--yes``, or no terminal to ask at (refused).
 from kxen_agent.session.schema import APPROVERS
 
+from .trust import TRUST_APPROVER  # the approver of a decision `session trust` made (§14.6)
+
 __all__ = [
     "APPROVERS",
     "REFUSED",
+    "TRUST_APPROVER",
     "ApprovalRequest",
     "Approver",
     "Decision",
@@ -173,7 +176,10 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
     """
     if decided is None:
         ops = ctx.r.ops(ctx.st)
-        if any(e.get("approver") == "user-always" and e["tool"] == base["tool"] for e in ops.values()):
+        always = [e for e in ops.values() if e.get("approver") == "user-always" and e["tool"] == base["tool"]]
+        # "Always" said on another machine is that machine's decision, not this one's (§14.6).
+        gate = getattr(ctx, "gate", None)
+        if any(gate is None or gate.decided_here(e["op"]) for e in always):
             decision: Decision | None = Decision("yes", "user-always")
         else:
             request = ApprovalRequest(ctx.ses, ctx.run, base["op"], base["tool"], base["arguments"])
@@ -181,12 +187,16 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
             if decision is None:
                 return None
         fields = {"approval": decision.approval, "approver": decision.approver}
-        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields)],
+        # Where the decision was made (§14.6 ``origin``: informative; the reflog is what a reader trusts).
+        origin = {"origin": ctx.origin()} if hasattr(ctx, "origin") else {}
+        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields, **origin)],
                           reason=f"run {ctx.run}: {base['op']} {'approved' if decision.approval == 'yes' else 'refused'}"
                                  f" ({decision.approver})")
+        if hasattr(ctx, "decided_here"):
+            ctx.decided_here.add(base["op"])
         ctx.fault("approval:after-decided")
     else:
-        fields = {"approval": decided["approval"], "approver": decided["approver"]}
+        fields = {k: decided[k] for k in ("approval", "approver", "origin") if k in decided}
     base.update(fields)
     if fields["approval"] == "yes":
         return True

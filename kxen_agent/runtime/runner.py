@@ -16,6 +16,12 @@ steps is the seed's:
    final message is written into the Session idempotently, then the run is
    marked settled.
 
+Before each step that calls the model or a tool, the run passes the trust
+gate (:mod:`.trust`, §14.13): a lock whose endpoint and key variable this
+machine has not accepted, a script lock from elsewhere, or a pending call
+another state dir asked for or decided, makes the run wait in
+``input_required`` until this machine decides (``session trust``).
+
 Recovery is a pure function of (Session history, journal): a call that is
 ``Started`` with no outcome becomes ``OutcomeUnknown`` (or, for a tool
 without side effects, simply runs again), the run waits in
@@ -45,6 +51,7 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
+from kxen_agent.session.trust import TrustStore
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
@@ -56,7 +63,7 @@ from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, Te
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
-from .recovery import (FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
+from .recovery import (AskModel, FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
                        SettleThenAsk, Stop, next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
@@ -66,6 +73,7 @@ from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .run_status import read_run, shown_status
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
 from .tools.files import DEFAULT_MAX_FILE_BYTES, GitInternalsWatch
+from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
 
 __all__ = [
     "NothingToRetry",
@@ -81,6 +89,8 @@ from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
+#: ``_loop``'s ``key_env``: keep the key variable the run recorded.
+_KEEP = object()
 
 
 def _stored_text(text: str, secrets: list[str]) -> str:
@@ -147,6 +157,9 @@ class Runner:
         self.history = RunHistory(self.sessions)
         #: Packs loose objects between turns and after a run when there are too many (None: never).
         self.autopack = AutoPacker.for_store(store)
+        #: This machine's own agent definitions (the CLI's configured default agent): a session whose lock is
+        #: one of them, or names the same endpoint and key variable, runs here without asking (§14.13).
+        self.own_locks: list[dict] = []
 
     def emit(self, event: RunEvent) -> None:
         self.listener(event)
@@ -236,10 +249,12 @@ class Runner:
     # ================================================================ entry points
 
     def start(self, workspace_path: str, task: str, agent_lock: dict, *, model: str | None = None,
-              base_url: str | None = None) -> RunResult:
+              base_url: str | None = None, api_key_env: str | None = None) -> RunResult:
         """Create a Session bound to ``workspace_path`` and run its first task.
 
-        ``model`` / ``base_url`` override the lock's for this run (recorded in it).
+        ``model`` / ``base_url`` / ``api_key_env`` override the lock's for this run (recorded in it).
+        The lock is this machine's (a definition it was given): its endpoint and key variable, and an
+        overriding pair given here, are recorded as accepted (§14.13).
         """
         from kxen_agent.session.workspace import inspect_workspace
 
@@ -247,18 +262,21 @@ class Runner:
         lease_ttl_s()  # so is a bad KXEN_AGENT_LEASE_TTL_S (the lease is taken after the session exists)
         self._check_tools(agent_lock)
         endpoint = model_endpoint(agent_lock, model=model, base_url=base_url)
+        check_key_env(agent_lock, api_key_env)
         self.providers(agent_lock, endpoint).close()  # and a lock no provider can be made from
         require_sdk(agent_lock)  # and a provider whose SDK is missing: before a session exists
         ws = inspect_workspace(workspace_path)
         info = self.sessions.create(agent_lock, ws)
         self.on_event(f"session {info.id} created, bound to {ws.root}")
+        register(self.store, info.id, agent_lock, info.agent_oid, endpoint, api_key_env, given_url=base_url is not None)
         run = new_id("run")
         with self._lease(info.id, run=run) as lease:
-            return self._new_run(info.id, run, task, lease, endpoint)
+            return self._new_run(info.id, run, task, lease, endpoint, key_env=api_key_env)
 
     def resume(self, ses: str, *, task: str | None = None, workspace: str | None = None,
                rebind: bool = False, retry: bool = False, model: str | None = None,
-               base_url: str | None = None) -> RunResult:
+               base_url: str | None = None, api_key_env: str | None = None,
+               agent_lock: dict | None = None) -> RunResult:
         """Continue the unfinished run of ``ses``, start a new one with ``task``, or retry the last one.
 
         ``retry``: a new run re-attempting the task of the latest run, which
@@ -266,15 +284,23 @@ class Runner:
         from the current history, without a second copy of its task message.
         ``model`` / ``base_url`` override the model and endpoint: of the new
         run, or of the unfinished run resumed (which otherwise keeps those it
-        recorded); a new run without them uses the lock's.
+        recorded); a new run without them uses the lock's. ``api_key_env``
+        names the key variable instead of the lock's (with ``base_url``: a
+        pair the user accepts here, §14.13). ``agent_lock`` (``--agent
+        FILE``) re-binds the session to a definition of this machine's: its
+        model and endpoint replace those an unfinished run recorded.
         """
         check_fault_spec()
+        url_given = base_url is not None  # on the command line (an --agent's endpoint is registered with its lock)
         if retry and task is not None:
             raise UsageError("--retry re-attempts the last run's task; give either --retry or --task, not both")
         info = self.sessions.get(ses)
-        lock = self.sessions.agent(info)
+        lock = self.sessions.agent(info) if agent_lock is None else agent_lock
+        if agent_lock is not None:
+            self._check_tools(agent_lock)
         if model is not None or base_url is not None:
             model_endpoint(lock, model=model, base_url=base_url)  # a bad override changes nothing
+        check_key_env(lock, api_key_env)
         require_sdk(lock)
         if rebind:
             if workspace is None:
@@ -291,12 +317,26 @@ class Runner:
             # may have started or finished a run since (two `--task` racing
             # must not both start one; a busy session is LeaseBusy, not "still running").
             info = self.sessions.get(ses)
+            if agent_lock is not None:
+                info = rebind_agent(self, info, agent_lock, lease)
+                if model is None and base_url is None:  # the definition's, not what a run recorded
+                    own = model_endpoint(agent_lock)
+                    model, base_url = own.model, own.base_url
             latest = self.latest_run(info)
+            # What the command line chose is this machine's choice (§14.13): an --agent definition, and an
+            # endpoint given with a key variable given too or this machine's own lock's.
+            if agent_lock is not None or (url_given and (
+                    api_key_env is not None or lock_verdict(self.store, ses, info.agent_oid, lock, None, None,
+                                                            locality=True, own=self.own_locks) is None)):
+                register(self.store, ses, lock, info.agent_oid, model_endpoint(lock, model=model, base_url=base_url),
+                         api_key_env, given_url=url_given, own=agent_lock is not None, var_chosen=True,
+                         rebound=agent_lock is not None)
             if retry:
                 assert new_run is not None
                 retried = self._retryable(ses, latest)
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
-                return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0])
+                return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0],
+                                     key_env=api_key_env)
             if new_run is not None:
                 assert task is not None
                 if latest is not None:
@@ -312,7 +352,7 @@ class Runner:
                             f"`kxen-agent --resume {ses}` (or resolve its UNKNOWN operations) before giving a new task"
                         )
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
-                return self._new_run(ses, new_run, task, lease, endpoint)
+                return self._new_run(ses, new_run, task, lease, endpoint, key_env=api_key_env)
             if latest is None:
                 raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
             run, oid, st = latest
@@ -325,7 +365,8 @@ class Runner:
             override = None
             if model is not None or base_url is not None:
                 override = model_endpoint(lock, model=model, base_url=base_url, recorded=st)
-            return self._loop(ses, run, lease, override=override)
+            key = api_key_env if api_key_env is not None else (None if agent_lock is not None else _KEEP)
+            return self._loop(ses, run, lease, override=override, key_env=key)
 
     def _retryable(self, ses: str, latest: tuple[str, bytes, dict] | None) -> tuple[str, bytes, dict]:
         """The latest run if ``--retry`` may re-attempt it; :class:`NothingToRetry` saying what to do if not."""
@@ -351,7 +392,7 @@ class Runner:
     # ================================================================ a new run
 
     def _new_run(self, ses: str, run: str, task: str, lease: Lease, endpoint: ModelEndpoint, *,
-                 retry_of: str | None = None) -> RunResult:
+                 retry_of: str | None = None, key_env: str | None = None) -> RunResult:
         """Start run ``run`` of ``ses`` with ``task`` (the caller holds the lease) and run it.
 
         With ``retry_of`` the task is that run's (already stored, so already
@@ -360,7 +401,7 @@ class Runner:
         """
         info = self.sessions.get(ses)
         agent = self.sessions.agent(info)
-        secrets = self._secrets(agent)
+        secrets = self._secrets(agent if key_env is None else dict(agent, api_key_env=key_env))
         latest = self.latest_run(info)
         index = 0 if latest is None else latest[2]["index"] + 1
         # What the loop needs first is read (and checked) before the start is
@@ -387,6 +428,8 @@ class Runner:
             }
             if retry_of is not None:
                 st["retryOf"] = retry_of
+            if key_env is not None:
+                st["apiKeyEnv"] = key_env
             oid = put(self.store, "run", st)
             updates = [RefUpdate(f"runs/{run}", None, oid)]
             if head != info.head:
@@ -398,7 +441,9 @@ class Runner:
     # ================================================================ the loop
 
     def _loop(self, ses: str, run: str, lease: Lease, *, new: bool = False,
-              override: ModelEndpoint | None = None) -> RunResult:
+              override: ModelEndpoint | None = None, key_env: object = _KEEP) -> RunResult:
+        """Run ``run`` on; ``override`` its model and endpoint from now on, ``key_env`` its key variable
+        (a name, None for the lock's, :data:`_KEEP` for what the run recorded)."""
         ctx = _RunCtx(self, ses, run, lease)
         git_watch = GitInternalsWatch(ctx.info.workspace.root)  # .git/config, hooks/: Git runs what they name
         self.history.start(ses)  # a process's first run of a long session starts from its history index
@@ -409,6 +454,10 @@ class Runner:
                 ctx.endpoint = override
                 self.on_event(f"run {run} now uses model {override.model}"
                               + (f" at {override.base_url}" if override.base_url else ""))
+            if (key_env is not _KEEP and ctx.st["status"] not in TERMINAL
+                    and key_env != ctx.st.get("apiKeyEnv")):
+                ctx.update({"apiKeyEnv": key_env}, reason=f"run {run}: key variable {key_env or '-'} from now on")
+                ctx.refresh()
             self.emit(RunStarted(ses, run, ctx.st["index"], ctx.endpoint.model, ctx.endpoint.base_url,
                                  ctx.st.get("retryOf"), not new))
             ctx.loop()
@@ -455,6 +504,23 @@ class Runner:
             )
             return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
                     "isError": bool(is_error)}
+
+    # ================================================================ trust (§14.13)
+
+    def trust_report(self, ses: str) -> dict:
+        """What session ``ses`` would make this machine do that it has not accepted (``session trust``)."""
+        return self._trust(ses, None, accept=None)  # reads only: no lease taken, nothing written
+
+    def accept_trust(self, ses: str, *, refuse_calls: bool = False) -> dict:
+        """Accept what ``trust_report`` shows: the lock (a trust record) and each pending call (a ``Decided``
+        entry made here; ``refuse_calls``: refused instead, so they never run)."""
+        info = self.sessions.get(ses)
+        latest = self.latest_run(info)
+        with self._lease(ses, run=latest[0] if latest else None, purpose="trust") as lease:
+            return self._trust(ses, lease, accept=not refuse_calls)
+
+    def _trust(self, ses: str, lease: Lease | None, *, accept: bool | None) -> dict:
+        return trust_doc(self, ses, lambda run: _RunCtx(self, ses, run, lease), accept=accept)  # type: ignore[arg-type]
 
     # ================================================================ helpers
 
@@ -508,11 +574,18 @@ class _RunCtx:
         self.run = run
         self.lease = lease
         self.info = self.sessions.get(ses)
-        self.agent = self.sessions.agent(self.info)
-        self.secrets = Runner._secrets(self.agent)
         self.oid, self.st = runner.run_state(self.info, run)
+        self.agent = self.sessions.agent(self.info)
+        if self.st.get("apiKeyEnv") is not None:  # the run's --api-key-env (§14.5) instead of the lock's
+            self.agent = dict(self.agent, api_key_env=self.st["apiKeyEnv"])
+        self.secrets = Runner._secrets(self.agent)
         self.endpoint = runner.endpoint_of(self.info, self.st)
         self._provider: Provider | None = None
+        # What this process wrote itself needs no reflog to be trusted (§14.13): the assistant
+        # messages it put on head, the operations it decided.
+        self.asked_here: set[bytes] = set()
+        self.decided_here: set[str] = set()
+        self.gate = TrustGate(self)
         # Looked up now, not at import: tests replace the module's ``fault``.
         # Called straight from the loop's methods (a hook may look at its caller's frame).
         self.fault = runner.fault if runner.fault is not None else fault
@@ -538,6 +611,26 @@ class _RunCtx:
     def refresh(self) -> None:
         self.info = self.sessions.get(self.ses)
         self.oid, self.st = self.r.run_state(self.info, self.run)
+        if self.st.get("apiKeyEnv") is not None:
+            self.agent = dict(self.sessions.agent(self.info), api_key_env=self.st["apiKeyEnv"])
+        else:
+            self.agent = self.sessions.agent(self.info)
+        self.secrets = Runner._secrets(self.agent)
+        self.gate.forget()
+
+    # ---------------------------------------------------------------- trust (§14.13)
+
+    def origin(self) -> str:
+        """This state dir's id, recorded in the decisions made here (§14.6 ``origin``)."""
+        return TrustStore(self.store).origin()
+
+    def pause_for_trust(self, problem: str) -> None:
+        """The run waits in ``input_required`` until this machine decides (written once, however often resumed)."""
+        if self.st["status"] != "input_required" or self.st.get("error") != problem:
+            self.update({"status": "input_required", "error": problem},
+                        reason=f"run {self.run}: waits for this machine's decision")
+        self.r.on_event(f"run {self.run} waits: {problem}")
+        raise _Stop
 
     def _put_state(self, changes: dict, journal: bytes | None = None) -> tuple[bytes, dict]:
         st = dict(self.st)
@@ -597,6 +690,10 @@ class _RunCtx:
             step = next_step(self.run, status, bool(st.get("settled")),
                              None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
                              [OpState(e["state"]) for e in ops.values()])
+            if isinstance(step, (ResumeAfterResolution, RunTools, SettleThenAsk, AskModel)):
+                problem = self.gate.problem()
+                if problem is not None:
+                    self.pause_for_trust(problem)
             if isinstance(step, FinishSettlement):
                 self.finish_settlement()
                 raise _Stop
@@ -605,7 +702,8 @@ class _RunCtx:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
                 raise _Stop
             if isinstance(step, ResumeAfterResolution):
-                self.update({"status": "running"}, reason=f"run {self.run}: resumed after resolution")
+                self.update({"status": "running", **({"error": None} if st.get("error") else {})},
+                            reason=f"run {self.run}: resumed after resolution")
                 continue
             if isinstance(step, RunTools):
                 assert last is not None
@@ -705,6 +803,8 @@ class _RunCtx:
                 self.update({"turn": number, "model": turn.model, **counted},
                             reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
                             head=(self.info.head, new_head))
+            assert new_head is not None
+            self.asked_here.add(new_head)
             self.r.emit(finished)
             return
         # Final answer, settled in two phases (result, message, settled).
@@ -843,7 +943,9 @@ class _RunCtx:
         base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
                 "arguments": call["arguments"], "message": assistant.oid,
                 "sideEffects": bool(tool.side_effects) if tool else False}
-        if (_refusal(call, allowed) is None and needs_approval(self.agent, name, base["sideEffects"])
+        # A call decided before (an approval, or this machine's `session trust`) goes by that decision.
+        if (_refusal(call, allowed) is None
+                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
                 and not approve_call(self, base, decided)):
             return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
         self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")

@@ -40,7 +40,7 @@ RUN_STATUSES = ("running", "input_required", "completed", "failed", "canceled")
 OP_STATES = ("Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
 OP_SOURCES = ("tool", "recovery", "cancel", "human", "policy")
 APPROVALS = ("yes", "no")
-APPROVERS = ("user", "user-always", "--yes", "no-terminal")
+APPROVERS = ("user", "user-always", "--yes", "no-terminal", "trust")
 ROLES = ("user", "assistant", "tool", "compaction")
 FORK_KINDS = (None, "conversation", "worktree")
 
@@ -311,6 +311,7 @@ def _run(v: Any) -> Links:
     f.text("baseUrl", null=True, optional=True)
     f.text("retryOf", optional=True, match=RUN_RE)
     f.int("compactedTurn", optional=True)
+    f.text("apiKeyEnv", null=True, optional=True)  # §14.5: the run's --api-key-env
     if "usage" in f.d:
         _usage(f.d["usage"], "usage", ("turns",))
     if f.d.get("turnUsage") is not None:
@@ -350,6 +351,7 @@ def _journal(v: Any) -> Links:
     f.text("approval", one_of=APPROVALS, optional=state != "Decided")
     f.text("approver", one_of=APPROVERS, optional=state != "Decided")
     f.text("note", optional=True)
+    f.text("origin", optional=True)  # §14.6: the state dir that made the decision (informative)
     f.link("previous", "journal", optional=True)
     f.int("timeNs")
     return f.links

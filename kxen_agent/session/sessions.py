@@ -315,7 +315,7 @@ class SessionStore:
             latest = max(latest, st.get("updatedNs", 0), st.get("startedNs", 0))
         return latest
 
-    def latest_for_workspace(self, path: str) -> SessionInfo | None:
+    def latest_for_workspace(self, path: str, keep: Callable[[SessionInfo], bool] | None = None) -> SessionInfo | None:
         """The session last active among those bound to the workspace at ``path`` (``--continue``).
 
         Bound means: recorded at ``path``'s realpath; failing that, recorded
@@ -324,7 +324,7 @@ class SessionStore:
         skipped.
         """
         root = os.path.realpath(path)
-        infos = self.list(on_damaged=lambda group, e: None)
+        infos = [i for i in self.list(on_damaged=lambda group, e: None) if keep is None or keep(i)]
         here = [i for i in infos if i.meta["workspace"].get("root") == root]
         if not here:
             try:

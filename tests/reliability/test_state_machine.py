@@ -192,7 +192,9 @@ class LibraryMachine(RuleBasedStateMachine):
     def new_task(self, data, task: str) -> None:
         self._count("new_task")
         s, ses = self._pick(data)
-        res = Runner(self.stores[s]).resume(ses, task=task)
+        runner = Runner(self.stores[s])
+        runner.own_locks = [AGENT]  # both state dirs are set up with the agent (an imported lock is their own)
+        res = runner.resume(ses, task=task)
         assert res.status == "completed" and res.settled, res
         m = self.model[s][ses]
         m.messages += predict_run(m.messages, task, res.run)

@@ -141,6 +141,9 @@ def make_machine(tmp_path: Path, name: str, remote: Remote, *, env: dict[str, st
     subprocess.run(["git", "clone", "-q", remote.url, str(ws)], check=True, capture_output=True,
                    env=dict(os.environ, NO_PROXY="127.0.0.1", no_proxy="127.0.0.1"))
     agent = write_agent(tmp_path / f"{name}-agent", STEPS)
+    # Each machine is set up with the same agent definition: a session pulled from the other runs here
+    # unasked (a lock that is not this machine's own waits for `session trust`: tests/runtime/test_trust.py).
+    env = {"KXEN_AGENT_AGENT": str(agent), **(env or {})}
     return Machine(name, tmp_path / f"{name}-state", ws, Kx(tmp_path / f"{name}-state", env=env), agent)
 
 

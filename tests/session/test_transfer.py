@@ -152,7 +152,9 @@ def test_ephemeral_runner_migration_as_in_the_seed(source: Source, tmp_path: Pat
         runner = tmp_path / f"runner-{form}"
         runner.mkdir()
         checkout = clone(source.repo, runner / "repo")
-        kx = Kx(runner / "state")  # a fresh, empty state dir
+        # A fresh, empty state dir; the runner is set up with the same agent definition (a lock from
+        # elsewhere that is not this machine's own would wait for `session trust`: tests/runtime/test_trust.py).
+        kx = Kx(runner / "state", env={"KXEN_AGENT_AGENT": str(source.tmp / "agent" / "agent.toml")})
         # Relative bundle name, run from the bundle's directory, as in the seed.
         imp = kx("session", "import", bundle.name, "--workspace", str(checkout), cwd=bundle.parent, expect=0)
         assert f"{ses}: created" in imp.out, str(imp)
@@ -238,7 +240,7 @@ HOLDER = textwrap.dedent("""\
 def test_reimport_is_a_noop_then_fast_forwards_waits_for_the_lease_and_refuses_divergence(tmp_path: Path) -> None:
     repo = source_repo(tmp_path / "A")
     agent = write_agent(tmp_path / "agent", STEPS)
-    src, dst = Kx(tmp_path / "state-a"), Kx(tmp_path / "state-b")
+    src, dst = Kx(tmp_path / "state-a"), Kx(tmp_path / "state-b", env={"KXEN_AGENT_AGENT": str(agent)})
     ses = src.run_json(repo, "first", agent, expect=0).json()["session"]
     b1 = tmp_path / "b1.bundle"
     src("session", "export", ses, "--output", str(b1), expect=0)
@@ -352,7 +354,7 @@ def test_a_family_with_a_worktree_fork_imports_with_a_binding_per_session(tmp_pa
     there (``--workspace SES=DIR``); without the second binding the import names the fix and writes nothing."""
     repo = source_repo(tmp_path / "A")
     agent = write_agent(tmp_path / "agent", STEPS)
-    src, dst = Kx(tmp_path / "state-a"), Kx(tmp_path / "state-b")
+    src, dst = Kx(tmp_path / "state-a"), Kx(tmp_path / "state-b", env={"KXEN_AGENT_AGENT": str(agent)})
     ses = src.run_json(repo, "first", agent, expect=0).json()["session"]
     fork = src("session", "fork", ses, "--worktree", "alt", "--json", expect=0).json()["id"]
     bundle = tmp_path / "family.bundle"
