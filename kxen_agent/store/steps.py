@@ -344,23 +344,35 @@ def _tail_damage(buf: bytes, p: int, line: bytes, base: int) -> tuple[int, str] 
 
     Damage: a real header after ``p`` (a later record), or a real trailer
     in ``[p, n)`` naming a record at or after ``p`` (a whole record whose
-    header no longer checks). Each ``STEP``/``PETS`` found costs an integer
-    comparison, and a 16-byte-field hash only when the position matches:
-    linear in the tail.
+    header no longer checks). Candidates are found by one regular-expression
+    pass that already asks the offset field's top 4 bytes to be those of a
+    position in the tail; each costs an integer comparison more, and a
+    short hash only when the position matches: linear in the tail.
     """
-    find = buf.find
-    q = find(RECORD_MAGIC, p + 1)
-    while q != -1:
+    n = len(buf)
+    for q in _candidates(buf, RECORD_MAGIC, p + 1, base + p, base + n):
         if _real_header(buf, q, line, base) is not None:
             return q, "a record header"
-        q = find(RECORD_MAGIC, q + 1)
-    t = find(TRAILER_MAGIC, p)
-    while t != -1:
+    for t in _candidates(buf, TRAILER_MAGIC, p, base + p, base + n):
         got = _real_trailer(buf, t, line, base)
         if got is not None and got[1] >= base + p:
             return t, f"the trailer of a record at offset {got[1]}"
-        t = find(TRAILER_MAGIC, t + 1)
     return None
+
+
+_PATTERNS: dict[tuple[bytes, bytes | None], re.Pattern[bytes]] = {}
+
+
+def _candidates(buf: bytes, magic: bytes, start: int, lo: int, hi: int) -> Iterator[int]:
+    """Positions >= ``start`` where ``magic`` begins a field set whose offset (bytes 8-16) may lie in [lo, hi]."""
+    top = (lo >> 32).to_bytes(4, "big") if lo >> 32 == hi >> 32 else None
+    pat = _PATTERNS.get((magic, top))
+    if pat is None:
+        pat = _PATTERNS[(magic, top)] = re.compile(
+            # The magics have no border (no proper prefix is also a suffix):
+            # matches never overlap, and the magic itself can be consumed.
+            re.escape(magic) + (b"(?=[\\s\\S]{4}" + re.escape(top) + b")" if top is not None else b""))
+    return (m.start() for m in pat.finditer(buf, start))
 
 
 def _scan_v1(data: bytes | memoryview, start: int, where: str, base: int,
