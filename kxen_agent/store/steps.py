@@ -132,8 +132,8 @@ def read_header(data: bytes | memoryview, where: str) -> tuple[int, str, int, in
     head = bytes(data[:MAX_HEADER])
     m = _HEADER_RE.match(head)
     if m is None:
-        raise CorruptSteps(f"step log {where}: does not begin with 'kxen-steps <1 or 2> <group> <generation>' "
-                           "and a newline; run fsck")
+        raise CorruptSteps(f"step log {where} is damaged at offset 0: it does not begin with 'kxen-steps <1 or 2> "
+                           "<group> <generation>' and a newline; no writer touches it: run fsck")
     return int(m.group(1)), m.group(2).decode("ascii"), int(m.group(3)), m.end()
 
 
@@ -331,11 +331,19 @@ def _scan_v2(buf: bytes, start: int, where: str, line: bytes, base: int,
         last = (base + p, base + e)
         p = e
     if p < n:
+        if buf[p:p + 4] == RECORD_MAGIC and p + _HEAD <= n and int.from_bytes(buf[p + 8:p + 16], "big") == base + p:
+            # Its own position, all its bytes present, its checksum good:
+            # a whole record whose header check alone fails — the header
+            # line it is bound to (a generation digit) or the check itself
+            # was damaged. One hash, at the committed end only.
+            e = p + _FRAME + int.from_bytes(buf[p + 4:p + 8], "big")
+            if e <= n and blake3.blake3(view[p:e - 64]).digest() == buf[e - 64:e - 32]:
+                raise _damage(where, base + p, "a whole record lies there whose header check does not match (the "
+                              "log's header line or the check was damaged)", last)
         bad = _tail_damage(buf, p, line, base)
         if bad is not None:
-            raise _damage(where, base + bad[0], f"{bad[1]} lies past the committed records' end (offset "
-                          f"{base + p}): bytes that are not a whole record are followed by a record's part "
-                          "(not a torn append)", last)
+            raise _damage(where, base + bad[0], f"{bad[1]} follows the committed records' end (offset "
+                          f"{base + p}), and the bytes between are not a whole record: not a torn append", last)
     return out, p
 
 

@@ -180,7 +180,7 @@ MUTANTS = [
     (ForgetsNewLogDirSync, ForkWorkload, "older state than one acknowledged"),
     (SkipsFoundLogDirSync, _found_log_workload, "older state than one acknowledged"),
     (ForgetsMakeDurable, ForkAfterDeathWorkload, "missing-object"),
-    (RenamesUnsyncedLog, ForkWorkload, "does not begin with 'kxen-steps 1"),
+    (RenamesUnsyncedLog, ForkWorkload, "does not begin with 'kxen-steps <1 or 2>"),
     (SwapsCheckpointOrder, GcWorkload, "keeps naming a generation its ref file does not"),
     (ForgetsRefDirSync, AutoPackWorkload, "the group is lost"),
     (RenamesUnsyncedData, GcWorkload, "corrupt-ref"),

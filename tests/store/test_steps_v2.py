@@ -333,3 +333,23 @@ def test_a_damaged_version_1_log_is_refused_not_upgraded(tmp_path):
         s.refs.transaction(G, [RefUpdate("head", heads[-1], heads[0])], reason="no")
     assert open(path, "rb").read() == bytes(data)
     assert not fsck(_open(root)).clean
+
+
+def test_a_flipped_generation_digit_in_the_header_line_is_damage_not_a_stale_log(tmp_path):
+    # Every record's checks are bound to the header line: with a generation
+    # changed they all stop checking, and the log would read as a stale one
+    # (or a removed group's leftover) that the next writer replaces. A whole
+    # record at the committed end that fails its header check alone is damage.
+    root = str(tmp_path / "s")
+    heads = _build(root, 2)
+    path = _open(root).refs.steps_path(G)
+    data = open(path, "rb").read()
+    hlen = parse_header(data, path)[2]
+    assert data[hlen - 2:hlen] == b"0\n"
+    bad = data[:hlen - 2] + b"1\n" + data[hlen:]  # 0x30 ^ 0x01
+    open(path, "wb").write(bad)
+    s = _open(root)
+    with pytest.raises(CorruptRef, match=f"damaged at offset {hlen}: a whole record"):
+        s.refs.transaction(G, [RefUpdate("head", heads[-1], heads[0])], reason="no")
+    assert open(path, "rb").read() == bad
+    assert not fsck(_open(root)).clean
