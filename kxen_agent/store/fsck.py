@@ -186,7 +186,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
         if not _group_name(ns, gid):
             continue  # a stray name (step 7), never read as a group
         try:
-            log = steps.load(group)
+            log = steps.load(group, fresh=True)  # every byte, not what this store cached: damage in place too
         except (KxenError, ValueError) as e:
             rep.problems.append(Problem("corrupt-ref", steps.path(group), str(e)))
             continue

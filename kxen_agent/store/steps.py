@@ -502,12 +502,19 @@ class StepLogs:
 
     # ---------------------------------------------------------------- reading
 
-    def load(self, group: str) -> _Log | None:
-        """The log of ``group`` as it is now (committed records read, cached), or None if there is none."""
+    def load(self, group: str, *, fresh: bool = False) -> _Log | None:
+        """The log of ``group`` as it is now (committed records read, cached), or None if there is none.
+
+        ``fresh``: read every byte again (fsck: the cache trusts the bytes
+        it has read, and damage in place would go unseen).
+        """
         path = self.path(group)
         io = self.io
         with self._mu:
             old = self._logs.get(path)
+            if fresh and old is not None:
+                self._forget(old)
+                old = None
             try:
                 f = io.open_read(path)
             except FileNotFoundError:

@@ -23,7 +23,7 @@ from kxen_agent.store.fsio import TracingIO
 
 from .crashsim import FS, Trace, explore
 from .workloads import (AutoPackWorkload, FaultThenRetry, ForkAfterDeathWorkload, ForkWorkload, GcWorkload,
-                        LooseWorkload, ResumeWorkload, all_workloads)
+                        LooseWorkload, ResumeWorkload, UpgradeWorkload, all_workloads)
 
 
 @pytest.mark.slow
@@ -187,6 +187,9 @@ MUTANTS = [
     (SkipsReflogSync, AutoPackWorkload, "shorter"),
     (ForgetsObjectDirSync, LooseWorkload, "missing-object"),
     (BypassesTheSeam, ResumeWorkload, "bypassed store.io"),
+    # The upgrade of a version-1 log is a new log's durable replace (§6.8.1): the same two rules.
+    (ForgetsNewLogDirSync, UpgradeWorkload, "older state than one acknowledged"),
+    (RenamesUnsyncedLog, UpgradeWorkload, "does not begin with 'kxen-steps <1 or 2>"),
 ]
 
 

@@ -353,3 +353,24 @@ def test_a_flipped_generation_digit_in_the_header_line_is_damage_not_a_stale_log
         s.refs.transaction(G, [RefUpdate("head", heads[-1], heads[0])], reason="no")
     assert open(path, "rb").read() == bad
     assert not fsck(_open(root)).clean
+
+
+def test_fsck_in_a_long_lived_process_sees_damage_in_place(tmp_path):
+    # The process read the log before the damage (its cache holds the
+    # records); fsck reads every byte again, and reports it.
+    root = str(tmp_path / "s")
+    heads = _build(root, 3)
+    s = _open(root)
+    assert s.refs.read(G).refs["head"] == heads[-1] and fsck(s).clean
+    path = s.refs.steps_path(G)
+    recs, _ = _records(open(path, "rb").read(), path)
+    with open(path, "r+b") as f:  # the same file, one bit of the first record's length
+        f.seek(recs[0].offset + 6)
+        b = f.read(1)
+        f.seek(recs[0].offset + 6)
+        f.write(bytes([b[0] ^ 0x10]))
+    rep = fsck(s)
+    assert not rep.clean
+    (p,) = [p for p in rep.problems if p.where == path]
+    assert p.kind == "corrupt-ref" and f"damaged at offset {recs[1].offset}" in p.message
+    assert "no record before it is committed" in p.message
