@@ -353,33 +353,61 @@ def _tail_damage(buf: bytes, p: int, line: bytes, base: int) -> tuple[int, str] 
     Damage: a real header after ``p`` (a later record), or a real trailer
     in ``[p, n)`` naming a record at or after ``p`` (a whole record whose
     header no longer checks). Candidates are found by one regular-expression
-    pass that already asks the offset field's top 4 bytes to be those of a
-    position in the tail; each costs an integer comparison more, and a
-    short hash only when the position matches: linear in the tail.
+    pass that already asks their offset field to name a position in the
+    tail (zeros or a copy from before ``p`` do not); each then costs an
+    integer comparison, and a short hash only when its position matches:
+    linear in the tail.
     """
     n = len(buf)
-    for q in _candidates(buf, RECORD_MAGIC, p + 1, base + p, base + n):
-        if _real_header(buf, q, line, base) is not None:
+    if n - p < 32:
+        return None
+    hash_ = blake3.blake3
+    for q in _candidates(buf, RECORD_MAGIC, p + 1, base + p + 1, base + n - 32):
+        # _real_header, inlined: a crafted tail can make this run once per 16 bytes.
+        if (q + _HEAD <= n and buf[q + 8:q + 16] == (base + q).to_bytes(8, "big")
+                and hash_(line + buf[q:q + 16]).digest()[:16] == buf[q + 16:q + 32]):
             return q, "a record header"
-    for t in _candidates(buf, TRAILER_MAGIC, p, base + p, base + n):
+    for t in _candidates(buf, TRAILER_MAGIC, p, base + p, base + n - 96):
         got = _real_trailer(buf, t, line, base)
         if got is not None and got[1] >= base + p:
             return t, f"the trailer of a record at offset {got[1]}"
     return None
 
 
-_PATTERNS: dict[tuple[bytes, bytes | None], re.Pattern[bytes]] = {}
+def _range_re(lo: int, hi: int, width: int) -> bytes:
+    """A regular expression matching exactly the ``width``-byte big-endian integers in [lo, hi]."""
+    if width == 0:
+        return b""
+    shift = 8 * (width - 1)
+    full = (1 << shift) - 1
+    a, b = lo >> shift, hi >> shift
+    rest_lo, rest_hi = lo & full, hi & full
+
+    def byte(x: int) -> bytes:
+        return b"\\x%02x" % x
+
+    def anything(w: int) -> bytes:
+        return b"[\\s\\S]{%d}" % w if w else b""
+
+    def sub(x: int, y: int) -> bytes:
+        return anything(width - 1) if (x, y) == (0, full) else _range_re(x, y, width - 1)
+
+    if a == b:
+        return byte(a) + sub(rest_lo, rest_hi)
+    alts = [byte(a) + sub(rest_lo, full)]
+    if b - a > 1:
+        alts.append(b"[" + byte(a + 1) + b"-" + byte(b - 1) + b"]" + anything(width - 1))
+    alts.append(byte(b) + sub(0, rest_hi))
+    return b"(?:" + b"|".join(alts) + b")"
 
 
 def _candidates(buf: bytes, magic: bytes, start: int, lo: int, hi: int) -> Iterator[int]:
-    """Positions >= ``start`` where ``magic`` begins a field set whose offset (bytes 8-16) may lie in [lo, hi]."""
-    top = (lo >> 32).to_bytes(4, "big") if lo >> 32 == hi >> 32 else None
-    pat = _PATTERNS.get((magic, top))
-    if pat is None:
-        pat = _PATTERNS[(magic, top)] = re.compile(
-            # The magics have no border (no proper prefix is also a suffix):
-            # matches never overlap, and the magic itself can be consumed.
-            re.escape(magic) + (b"(?=[\\s\\S]{4}" + re.escape(top) + b")" if top is not None else b""))
+    """Positions >= ``start`` where ``magic`` begins fields whose offset (bytes 8-16) lies in [lo, hi]."""
+    if lo > hi:
+        return iter(())
+    # The magics have no border (no proper prefix is also a suffix): matches
+    # never overlap, and the magic itself can be consumed.
+    pat = re.compile(re.escape(magic) + b"(?=[\\s\\S]{4}" + _range_re(lo, hi, 8) + b")")
     return (m.start() for m in pat.finditer(buf, start))
 
 
@@ -453,6 +481,10 @@ class _Log:
     records: list[StepRecord]
     ids: set = field(default_factory=set)  # the objects its records hold
     version: int = VERSION
+    # The bytes after ``end`` as last judged an uncommitted tail: a reader
+    # re-reads a group 40 times a turn, and judging a long tail again each
+    # time would cost that many passes over it.
+    tail: bytes = b""
 
     @property
     def line(self) -> bytes:
@@ -557,6 +589,8 @@ class StepLogs:
 
     def _extend(self, log: _Log, more: bytes, size: int) -> None:
         """Read the records in ``more`` (the file's bytes from ``log.end`` on)."""
+        if more and more == log.tail:
+            return  # the very bytes judged an uncommitted tail last time: the same judgement (a pure function)
         base = log.end
         recs, end = scan(more, 0, log.path, line=log.line, base=base, last=log.last)
         if recs:
@@ -566,6 +600,7 @@ class StepLogs:
                                        tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
         log.end = base + end
         log.size = size
+        log.tail = more[end:]
 
     def _add(self, log: _Log, recs: list[StepRecord]) -> None:
         log.records.extend(recs)
@@ -711,6 +746,7 @@ class StepLogs:
             if log.size > log.end:
                 io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
                 log.size = log.end
+                log.tail = b""
             if (path, log.ident, log.gen) not in self._durable:
                 # Found, not made here (this very file: a checkpoint
                 # elsewhere may have replaced it and died before its

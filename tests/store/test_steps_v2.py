@@ -214,26 +214,34 @@ def test_a_good_record_after_torn_bytes_is_never_cut_by_session_delete(tmp_path)
 
 
 def _best_of_3(f) -> float:
+    """The CPU time ``f`` takes, best of 3: the machine's other processes do not count (a complexity check)."""
     best = float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         f()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
-@pytest.mark.parametrize("kind", [b"STEP", b"PETS", b"STEP\x00\x00\x00\x00", b"STEP" + bytes(12), b"PETS" + bytes(12)],
-                         ids=["STEP", "PETS", "STEP-zero-length", "STEP-16", "PETS-16"])
+@pytest.mark.parametrize("kind", [b"STEP", b"PETS", b"STEP\x00\x00\x00\x00", b"STEP" + bytes(12), b"PETS" + bytes(12),
+                                  b"crafted"],
+                         ids=["STEP", "PETS", "STEP-zero-length", "STEP-16", "PETS-16", "crafted"])
 def test_a_2_mib_hostile_tail_is_judged_in_linear_time(tmp_path, kind):
     # Issue 24, reproduction 3: a 2 MiB tail of magics took 61.9 s, the
     # time growing with the square of the tail. Through the store (read the
     # file, judge the tail) under 1 s; and the judgement alone: 8 times the
     # bytes take well under 32 times as long (quadratic would be 64).
+    # "crafted": every 16 bytes a header whose offset names its own
+    # position (the most a candidate can cost: a hash, its check failing).
     root = str(tmp_path / "s")
     _build(root, 1)
     path = _open(root).refs.steps_path(G)
     good = open(path, "rb").read()
-    tail = kind * (2 * 1024 * 1024 // len(kind))
+    if kind == b"crafted":
+        tail = b"".join(b"STEP" + (16).to_bytes(4, "big") + (len(good) + q).to_bytes(8, "big")
+                        for q in range(0, 2 * 1024 * 1024, 16))
+    else:
+        tail = kind * (2 * 1024 * 1024 // len(kind))
     with open(path, "ab") as f:
         f.write(tail)
     t = _best_of_3(lambda: _open(root).refs.read(G))
@@ -242,7 +250,7 @@ def test_a_2_mib_hostile_tail_is_judged_in_linear_time(tmp_path, kind):
     line = good[:parse_header(good, path)[2]]
     small = _best_of_3(lambda: scan(good + tail[:256 * 1024], len(line), path))
     big = _best_of_3(lambda: scan(good + tail, len(line), path))
-    assert big < 32 * max(small, 0.005), (small, big)
+    assert big < 32 * max(small, 0.01), (small, big)
 
 
 def test_a_record_shaped_copy_inside_a_torn_payload_is_a_tail(tmp_path):
