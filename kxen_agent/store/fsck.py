@@ -29,7 +29,7 @@ from .fsio import FileIO
 from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, Schema, SchemaViolation, a_kind, decode_body, links_of
 from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file, validate_group
-from .repo import Store
+from .repo import FORMAT_VERSION, Store
 
 #: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
 #: ``FORMAT.tmp_…`` (the FORMAT file's, §10.3).
@@ -189,7 +189,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
         if not _group_name(ns, gid):
             continue  # a stray name (step 7), never read as a group
         try:
-            log = steps.load(group)
+            log = steps.load(group, fresh=True)  # every byte, not what this store cached: damage in place too
         except (KxenError, ValueError) as e:
             rep.problems.append(Problem("corrupt-ref", steps.path(group), str(e)))
             continue
@@ -358,7 +358,7 @@ def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckRepor
         if store.format_version < 3:
             rep.problems.append(Problem("corrupt-ref", log.path, f"a step log in a version-{store.format_version} "
                                         "state dir, whose FORMAT was put back by hand or restored from a backup: "
-                                        "set FORMAT to version 3 (kxen-agent-state 3) or move the log out"))
+                                        f"set FORMAT to version {FORMAT_VERSION} (kxen-agent-state {FORMAT_VERSION}) or move the log out"))
         ids = {oid for rec in log.records for oid, _at, _n in rec.objects}
         if reads:
             live |= ids

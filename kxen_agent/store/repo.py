@@ -51,7 +51,7 @@ __all__ = [
     "store_lock",
 ]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT_FILE = "FORMAT"
 # The FORMAT file's temporary name while it is being written. A process that
 # dies between creating it and renaming it leaves it behind; it must not make
@@ -338,8 +338,12 @@ class Store:
     def ensure_initialized(self) -> None:
         """Create the state dir on first write: its skeleton, then FORMAT (§10.3).
 
-        Also upgrades a version-1 state dir (made lazily, directory by
-        directory) to version 2 the first time this version writes to it.
+        Also upgrades an older state dir the first time this version writes
+        to it (§10.2): version 1 made its skeleton lazily; version 3's step
+        logs are of step-log version 1, which this version reads but, as
+        FORMAT 4 says to older binaries, writes as version 2 (§6.8): FORMAT
+        goes first, so an older kxen-agent refuses the dir as too new
+        rather than calling a version-2 log damaged.
         """
         if self._writable:
             return

@@ -3,8 +3,13 @@
 A *step log* (``objects_spec.md`` §6.8) is an append-only file per ref
 group, ``steps/<ns>/<id>``. One record carries a transaction's updates,
 fence, deleted-marker action and reason together with the objects it
-made, each as the same zstd frame a loose file holds; the record ends in a
-BLAKE3 checksum of itself. Appending a record and ``fsync``-ing the file
+made, each as the same zstd frame a loose file holds. A version-2 record
+(the one written) starts with a small header — its length and its own
+offset in the file, checked by a hash bound to the log's header line —
+and ends in a BLAKE3 checksum of itself and a copy of the header (the
+trailer): a reader knows at each position whether a record is real, so a
+committed record is never taken for a torn tail, nor a torn tail for
+damage, and the committed end is found in linear time. Appending a record and ``fsync``-ing the file
 is the transaction's commit point: one fsync for a durable step, where a
 loose object costs two and a ref file three.
 
@@ -45,23 +50,35 @@ __all__ = [
     "StepRecord",
     "StepTx",
     "TxUpdate",
+    "TRAILER_MAGIC",
+    "VERSION",
+    "encode_body",
     "encode_header",
     "encode_record",
+    "encode_record_v1",
+    "frame_body",
     "parse_header",
+    "read_header",
     "scan",
 ]
 
 #: Marks each record's start (§6.8).
 RECORD_MAGIC = b"STEP"
-_HEADER_RE = re.compile(rb"kxen-steps 1 ([A-Za-z0-9_][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}) "
+#: Marks each version-2 record's trailer (§6.8): the magic, reversed.
+TRAILER_MAGIC = b"PETS"
+#: The step-log version this module writes (§6.8); version 1 is still read.
+VERSION = 2
+_HEADER_RE = re.compile(rb"kxen-steps ([12]) ([A-Za-z0-9_][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}) "
                         rb"(0|[1-9][0-9]{0,18})\n")
 #: Longest header: the words, a group of two 64-byte segments, 19 digits.
 MAX_HEADER = 14 + 129 + 1 + 19 + 1
 #: A record's body is at most this long (its length field is 4 bytes):
 #: objects are at most 64 MiB each, and a step makes a handful.
 MAX_BODY = (1 << 32) - 1
-_PREFIX = 8  # magic + body length
+_PREFIX = 8  # version 1: magic + body length
 _SUM = 32
+_HEAD = 32  # version 2: magic, B, P, HC
+_FRAME = 96  # version 2: head, checksum, trailer
 
 
 class CorruptSteps(KxenError):
@@ -105,17 +122,24 @@ class StepRecord:
 # ------------------------------------------------------------------ formats
 
 
-def encode_header(group: str, gen: int) -> bytes:
-    return b"kxen-steps 1 %s %d\n" % (group.encode("ascii"), gen)
+def encode_header(group: str, gen: int, version: int = VERSION) -> bytes:
+    """The header line ``L`` of a log of ``group`` and generation ``gen`` (version 1 only to build old logs)."""
+    return b"kxen-steps %d %s %d\n" % (version, group.encode("ascii"), gen)
+
+
+def read_header(data: bytes | memoryview, where: str) -> tuple[int, str, int, int]:
+    """(version, group, generation, header length) of a step log's first bytes; CorruptSteps if they are not one."""
+    head = bytes(data[:MAX_HEADER])
+    m = _HEADER_RE.match(head)
+    if m is None:
+        raise CorruptSteps(f"step log {where} is damaged at offset 0: it does not begin with 'kxen-steps <1 or 2> "
+                           "<group> <generation>' and a newline; no writer touches it: run fsck")
+    return int(m.group(1)), m.group(2).decode("ascii"), int(m.group(3)), m.end()
 
 
 def parse_header(data: bytes | memoryview, where: str) -> tuple[str, int, int]:
     """(group, generation, header length) of a step log's first bytes; CorruptSteps if they are not one."""
-    head = bytes(data[:MAX_HEADER])
-    m = _HEADER_RE.match(head)
-    if m is None:
-        raise CorruptSteps(f"step log {where}: does not begin with 'kxen-steps 1 <group> <generation>' and a newline")
-    return m.group(1).decode("ascii"), int(m.group(2)), m.end()
+    return read_header(data, where)[1:]
 
 
 def _tx_value(tx: StepTx) -> dict[str, Any]:
@@ -132,8 +156,8 @@ def _tx_value(tx: StepTx) -> dict[str, Any]:
     return v
 
 
-def encode_record(tx: StepTx, objects: list[tuple[ObjectId, bytes]]) -> bytes:
-    """The bytes of one record: ``objects`` are (id, zstd frame) pairs, in the order given."""
+def encode_body(tx: StepTx, objects: list[tuple[ObjectId, bytes]]) -> bytes:
+    """A record's body (the same in both versions): ``objects`` are (id, zstd frame) pairs, in the order given."""
     txb = codec.encode(_tx_value(tx))
     parts = [len(txb).to_bytes(4, "big"), txb]
     for oid, frame in objects:
@@ -141,6 +165,31 @@ def encode_record(tx: StepTx, objects: list[tuple[ObjectId, bytes]]) -> bytes:
     body = b"".join(parts)
     if len(body) > MAX_BODY:
         raise ValueError(f"a step of {len(body)} bytes exceeds the record limit ({MAX_BODY})")
+    return body
+
+
+def _check16(line: bytes, field: bytes) -> bytes:
+    """HC or TC: the first 16 bytes of BLAKE3(L ‖ the 16 bytes before it), binding it to this log's header line."""
+    return blake3.blake3(line + field).digest()[:16]
+
+
+def frame_body(body: bytes, at: int, line: bytes) -> bytes:
+    """The version-2 record of ``body`` starting at file offset ``at`` of the log whose header line is ``line``."""
+    lp = len(body).to_bytes(4, "big") + at.to_bytes(8, "big")
+    head = RECORD_MAGIC + lp
+    head += _check16(line, head)
+    tail = TRAILER_MAGIC + lp
+    return b"".join((head, body, blake3.blake3(head + body).digest(), tail, _check16(line, tail)))
+
+
+def encode_record(tx: StepTx, objects: list[tuple[ObjectId, bytes]], at: int, line: bytes) -> bytes:
+    """The bytes of one version-2 record, to lie at file offset ``at`` of the log whose header line is ``line``."""
+    return frame_body(encode_body(tx, objects), at, line)
+
+
+def encode_record_v1(tx: StepTx, objects: list[tuple[ObjectId, bytes]]) -> bytes:
+    """The bytes of one version-1 record (never written by the store now: for tests and old logs' vectors)."""
+    body = encode_body(tx, objects)
     head = RECORD_MAGIC + len(body).to_bytes(4, "big")
     return head + body + blake3.blake3(head + body).digest()
 
@@ -178,15 +227,193 @@ def _parse_tx(data: memoryview, where: str) -> StepTx:
                   tuple(ups))
 
 
-def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRecord], int]:
+def _parse_body(view: memoryview, b0: int, body_end: int, pos: int, end: int, at: str) -> StepRecord:
+    """The record whose body is ``view[b0:body_end]`` (its checksums already matched); CorruptSteps if it does not parse."""
+    if body_end - b0 < 4:
+        raise CorruptSteps(f"{at}: record too short for its transaction length")
+    tlen = int.from_bytes(view[b0:b0 + 4], "big")
+    q = b0 + 4 + tlen
+    if q > body_end:
+        raise CorruptSteps(f"{at}: transaction runs past the record")
+    tx = _parse_tx(view[b0 + 4:q], at)
+    objs = []
+    while q < body_end:
+        if q + 36 > body_end:
+            raise CorruptSteps(f"{at}: object entry runs past the record")
+        oid = bytes(view[q:q + 32])
+        flen = int.from_bytes(view[q + 32:q + 36], "big")
+        if q + 36 + flen > body_end:
+            raise CorruptSteps(f"{at}: object frame runs past the record")
+        objs.append((oid, q + 36, flen))
+        q += 36 + flen
+    return StepRecord(pos, end, tx, tuple(objs))
+
+
+def _damage(where: str, at: int, what: str, last: tuple[int, int] | None) -> CorruptSteps:
+    """The one-line refusal of a damaged log: the file, the offset (from the file's start), the last committed record."""
+    if last is None:
+        held = "no record before it is committed"
+    else:
+        held = f"the last committed record is the one at offset {last[0]} (ending at {last[1]})"
+    e = CorruptSteps(f"step log {where} is damaged at offset {at}: {what}; {held}; no writer cuts it: "
+                     f"run fsck, and keep a copy of the file before any repair")
+    e.offset = at  # type: ignore[attr-defined]
+    return e
+
+
+def scan(data: bytes | memoryview, start: int, where: str, *, line: bytes | None = None, base: int = 0,
+         last: tuple[int, int] | None = None) -> tuple[list[StepRecord], int]:
     """The committed records of ``data`` from ``start`` (a record boundary), and where they end.
 
-    A record that is incomplete or whose checksum does not match ends the
-    scan: it is an uncommitted tail (a writer that died in its append, or
-    whose append a power loss cut), which readers ignore and the next
-    writer cuts off (§6.8). A complete record with a good checksum that
-    does not parse is damage: :class:`CorruptSteps`.
+    ``data[i]`` is the file's byte ``base + i``; ``line`` is the log's
+    header line (default: ``data[:start]``, for a whole file), whose
+    version picks the rule; ``last``: (offset, end) of the committed
+    record before ``start``, for messages. What follows the committed
+    records is either an uncommitted tail (readers ignore it, the next
+    writer cuts it) or damage: :class:`CorruptSteps`, naming the file
+    offset (§6.8 states the rule once; :func:`_scan_v2` follows it).
     """
+    if line is None:
+        line = bytes(data[:start])
+    version = read_header(line, where)[0]
+    if version == 1:
+        return _scan_v1(data, start, where, base, last)
+    return _scan_v2(bytes(data), start, where, line, base, last)
+
+
+def _real_header(buf: bytes, q: int, line: bytes, base: int) -> int | None:
+    """B, if a real version-2 record header lies at ``buf[q]``: magic, its P naming this position, HC matching."""
+    if q + _HEAD > len(buf) or buf[q:q + 4] != RECORD_MAGIC:
+        return None
+    if int.from_bytes(buf[q + 8:q + 16], "big") != base + q:
+        return None  # cheap first: a copy from elsewhere names another position
+    if _check16(line, buf[q:q + 16]) != buf[q + 16:q + 32]:
+        return None
+    return int.from_bytes(buf[q + 4:q + 8], "big")
+
+
+def _real_trailer(buf: bytes, t: int, line: bytes, base: int) -> tuple[int, int] | None:
+    """(B, P), if a real version-2 trailer lies at ``buf[t]``: magic, P + 64 + B naming this position, TC matching."""
+    if t + 32 > len(buf) or buf[t:t + 4] != TRAILER_MAGIC:
+        return None
+    blen = int.from_bytes(buf[t + 4:t + 8], "big")
+    p = int.from_bytes(buf[t + 8:t + 16], "big")
+    if p + 64 + blen != base + t:
+        return None
+    if _check16(line, buf[t:t + 16]) != buf[t + 16:t + 32]:
+        return None
+    return blen, p
+
+
+def _scan_v2(buf: bytes, start: int, where: str, line: bytes, base: int,
+             last: tuple[int, int] | None) -> tuple[list[StepRecord], int]:
+    view = memoryview(buf)
+    n = len(buf)
+    out: list[StepRecord] = []
+    p = start
+    while p < n:
+        blen = _real_header(buf, p, line, base)
+        if blen is None or p + _FRAME + blen > n:
+            break
+        e = p + _FRAME + blen
+        s = e - 64
+        if blake3.blake3(view[p:s]).digest() != buf[s:s + 32]:
+            raise _damage(where, base + p, f"the record there ({e - p} bytes, all present) does not match its "
+                          f"checksum (at offset {base + s})", last)
+        if _real_trailer(buf, e - 32, line, base) != (blen, base + p):
+            raise _damage(where, base + e - 32, f"the trailer of the record at offset {base + p} does not match "
+                          "its header", last)
+        try:
+            rec = _parse_body(view, p + _HEAD, s, p, e, f"step log {where} at offset {base + p}")
+        except CorruptSteps as err:
+            raise _damage(where, base + p, f"the record there checks but does not parse ({err})", last) from None
+        out.append(rec)
+        last = (base + p, base + e)
+        p = e
+    if p < n:
+        if buf[p:p + 4] == RECORD_MAGIC and p + _HEAD <= n and int.from_bytes(buf[p + 8:p + 16], "big") == base + p:
+            # Its own position, all its bytes present, its checksum good:
+            # a whole record whose header check alone fails — the header
+            # line it is bound to (a generation digit) or the check itself
+            # was damaged. One hash, at the committed end only.
+            e = p + _FRAME + int.from_bytes(buf[p + 4:p + 8], "big")
+            if e <= n and blake3.blake3(view[p:e - 64]).digest() == buf[e - 64:e - 32]:
+                raise _damage(where, base + p, "a whole record lies there whose header check does not match (the "
+                              "log's header line or the check was damaged)", last)
+        bad = _tail_damage(buf, p, line, base)
+        if bad is not None:
+            raise _damage(where, base + bad[0], f"{bad[1]} follows the committed records' end (offset "
+                          f"{base + p}), and the bytes between are not a whole record: not a torn append", last)
+    return out, p
+
+
+def _tail_damage(buf: bytes, p: int, line: bytes, base: int) -> tuple[int, str] | None:
+    """Where the bytes ``buf[p:]`` past the committed records show damage, if they do (§6.8).
+
+    Damage: a real header after ``p`` (a later record), or a real trailer
+    in ``[p, n)`` naming a record at or after ``p`` (a whole record whose
+    header no longer checks). Candidates are found by one regular-expression
+    pass that already asks their offset field to name a position in the
+    tail (zeros or a copy from before ``p`` do not); each then costs an
+    integer comparison, and a short hash only when its position matches:
+    linear in the tail.
+    """
+    n = len(buf)
+    if n - p < 32:
+        return None
+    hash_ = blake3.blake3
+    for q in _candidates(buf, RECORD_MAGIC, p + 1, base + p + 1, base + n - 32):
+        # _real_header, inlined: a crafted tail can make this run once per 16 bytes.
+        if (q + _HEAD <= n and buf[q + 8:q + 16] == (base + q).to_bytes(8, "big")
+                and hash_(line + buf[q:q + 16]).digest()[:16] == buf[q + 16:q + 32]):
+            return q, "a record header"
+    for t in _candidates(buf, TRAILER_MAGIC, p, base + p, base + n - 96):
+        got = _real_trailer(buf, t, line, base)
+        if got is not None and got[1] >= base + p:
+            return t, f"the trailer of a record at offset {got[1]}"
+    return None
+
+
+def _range_re(lo: int, hi: int, width: int) -> bytes:
+    """A regular expression matching exactly the ``width``-byte big-endian integers in [lo, hi]."""
+    if width == 0:
+        return b""
+    shift = 8 * (width - 1)
+    full = (1 << shift) - 1
+    a, b = lo >> shift, hi >> shift
+    rest_lo, rest_hi = lo & full, hi & full
+
+    def byte(x: int) -> bytes:
+        return b"\\x%02x" % x
+
+    def anything(w: int) -> bytes:
+        return b"[\\s\\S]{%d}" % w if w else b""
+
+    def sub(x: int, y: int) -> bytes:
+        return anything(width - 1) if (x, y) == (0, full) else _range_re(x, y, width - 1)
+
+    if a == b:
+        return byte(a) + sub(rest_lo, rest_hi)
+    alts = [byte(a) + sub(rest_lo, full)]
+    if b - a > 1:
+        alts.append(b"[" + byte(a + 1) + b"-" + byte(b - 1) + b"]" + anything(width - 1))
+    alts.append(byte(b) + sub(0, rest_hi))
+    return b"(?:" + b"|".join(alts) + b")"
+
+
+def _candidates(buf: bytes, magic: bytes, start: int, lo: int, hi: int) -> Iterator[int]:
+    """Positions >= ``start`` where ``magic`` begins fields whose offset (bytes 8-16) lies in [lo, hi]."""
+    if lo > hi:
+        return iter(())
+    # The magics have no border (no proper prefix is also a suffix): matches
+    # never overlap, and the magic itself can be consumed.
+    pat = re.compile(re.escape(magic) + b"(?=[\\s\\S]{4}" + _range_re(lo, hi, 8) + b")")
+    return (m.start() for m in pat.finditer(buf, start))
+
+
+def _scan_v1(data: bytes | memoryview, start: int, where: str, base: int,
+             last: tuple[int, int] | None) -> tuple[list[StepRecord], int]:
+    """Version 1's rule (§6.8.1): records end at the first that fails; a valid one after that is damage."""
     view = memoryview(data)
     n = len(view)
     out: list[StepRecord] = []
@@ -200,27 +427,12 @@ def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRec
             break
         if blake3.blake3(view[pos:end - _SUM]).digest() != view[end - _SUM:end]:
             break
-        at = f"{where} at offset {pos}"
-        b0 = pos + _PREFIX
-        if blen < 4:
-            raise CorruptSteps(f"{at}: record too short for its transaction length")
-        tlen = int.from_bytes(view[b0:b0 + 4], "big")
-        q = b0 + 4 + tlen
-        body_end = end - _SUM
-        if q > body_end:
-            raise CorruptSteps(f"{at}: transaction runs past the record")
-        tx = _parse_tx(view[b0 + 4:q], at)
-        objs = []
-        while q < body_end:
-            if q + 36 > body_end:
-                raise CorruptSteps(f"{at}: object entry runs past the record")
-            oid = bytes(view[q:q + 32])
-            flen = int.from_bytes(view[q + 32:q + 36], "big")
-            if q + 36 + flen > body_end:
-                raise CorruptSteps(f"{at}: object frame runs past the record")
-            objs.append((oid, q + 36, flen))
-            q += 36 + flen
-        out.append(StepRecord(pos, end, tx, tuple(objs)))
+        try:
+            rec = _parse_body(view, pos + _PREFIX, end - _SUM, pos, end, f"step log {where} at offset {base + pos}")
+        except CorruptSteps as err:
+            raise _damage(where, base + pos, f"the record there checks but does not parse ({err})", last) from None
+        out.append(rec)
+        last = (base + pos, base + end)
         pos = end
     if pos < n:
         # A torn record may carry anything, a record's bytes among them (a
@@ -229,22 +441,15 @@ def scan(data: bytes | memoryview, start: int, where: str) -> tuple[list[StepRec
         after = pos + 1
         if view[pos:pos + 4] == RECORD_MAGIC and pos + _PREFIX <= n:
             after = max(after, pos + _PREFIX + int.from_bytes(view[pos + 4:pos + 8], "big") + _SUM)
-        bad = _later_record(view, after - 1)
+        bad = _later_record_v1(view, after - 1)
         if bad is not None:
-            raise CorruptSteps(f"{where}: the bytes at offset {pos} are not a record, yet a committed record "
-                               f"follows at offset {bad}: the log is damaged (not a torn append); run fsck")
+            raise _damage(where, base + pos, f"the bytes there are not a record, yet a committed record follows "
+                          f"at offset {base + bad} (not a torn append)", last)
     return out, pos
 
 
-def _later_record(view: memoryview, pos: int) -> int | None:
-    """Where a valid record starts after ``pos``, if one does.
-
-    Bytes past the last committed record are an uncommitted tail only if
-    no committed record follows them: one append at a time is ever in
-    flight, and each writer cuts a tail before it appends, so a torn
-    record is always the last thing in a log. Anything else is damage,
-    which no writer may cut away.
-    """
+def _later_record_v1(view: memoryview, pos: int) -> int | None:
+    """Where a valid version-1 record starts after ``pos``, if one does."""
     data = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else bytes(view)
     at = data.find(RECORD_MAGIC, pos + 1)
     while at != -1:
@@ -275,6 +480,21 @@ class _Log:
     chunks: list[bytes]
     records: list[StepRecord]
     ids: set = field(default_factory=set)  # the objects its records hold
+    version: int = VERSION
+    # The bytes after ``end`` as last judged an uncommitted tail: a reader
+    # re-reads a group 40 times a turn, and judging a long tail again each
+    # time would cost that many passes over it.
+    tail: bytes = b""
+
+    @property
+    def line(self) -> bytes:
+        """The header line ``L`` (version 2's record checks are bound to it)."""
+        return self.chunks[0][:self.header_len]  # the first chunk starts at 0 and holds the header
+
+    @property
+    def last(self) -> tuple[int, int] | None:
+        """(offset, end) of the last committed record, for messages."""
+        return (self.records[-1].offset, self.records[-1].end) if self.records else None
 
     def slice(self, offset: int, length: int) -> bytes:
         i = bisect.bisect_right(self.starts, offset) - 1
@@ -314,12 +534,19 @@ class StepLogs:
 
     # ---------------------------------------------------------------- reading
 
-    def load(self, group: str) -> _Log | None:
-        """The log of ``group`` as it is now (committed records read, cached), or None if there is none."""
+    def load(self, group: str, *, fresh: bool = False) -> _Log | None:
+        """The log of ``group`` as it is now (committed records read, cached), or None if there is none.
+
+        ``fresh``: read every byte again (fsck: the cache trusts the bytes
+        it has read, and damage in place would go unseen).
+        """
         path = self.path(group)
         io = self.io
         with self._mu:
             old = self._logs.get(path)
+            if fresh and old is not None:
+                self._forget(old)
+                old = None
             try:
                 f = io.open_read(path)
             except FileNotFoundError:
@@ -352,18 +579,20 @@ class StepLogs:
                     self._forget(old)
                 f.seek(0)
                 data = f.read()
-            group_in, gen, hlen = parse_header(data, path)
+            version, group_in, gen, hlen = read_header(data, path)
             if group_in != group:
                 raise CorruptSteps(f"step log {path} names group {group_in}, not {group}")
-            log = _Log(path, ident, group, gen, hlen, hlen, hlen, [0], [data[:hlen]], [])
+            log = _Log(path, ident, group, gen, hlen, hlen, hlen, [0], [data[:hlen]], [], version=version)
             self._extend(log, data[hlen:], len(data))
             self._logs[path] = log
             return log
 
     def _extend(self, log: _Log, more: bytes, size: int) -> None:
         """Read the records in ``more`` (the file's bytes from ``log.end`` on)."""
+        if more and more == log.tail:
+            return  # the very bytes judged an uncommitted tail last time: the same judgement (a pure function)
         base = log.end
-        recs, end = scan(more, 0, log.path)
+        recs, end = scan(more, 0, log.path, line=log.line, base=base, last=log.last)
         if recs:
             log.starts.append(base)
             log.chunks.append(more[:end])
@@ -371,6 +600,7 @@ class StepLogs:
                                        tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
         log.end = base + end
         log.size = size
+        log.tail = more[end:]
 
     def _add(self, log: _Log, recs: list[StepRecord]) -> None:
         log.records.extend(recs)
@@ -472,62 +702,72 @@ class StepLogs:
 
         ``log``: the log as read under the lock (None: no file, or one of
         another generation, which this replaces). One fsync when the file
-        exists, is of this generation, and this instance has made its name
-        durable before; a new file costs its directory's fsync too.
+        exists, is of this generation and version, and this instance has
+        made its name durable before; a new file costs its directory's
+        fsync too. A version-1 log of this generation is upgraded here: a
+        new version-2 log holding its committed records (re-framed, bodies
+        unchanged) and this one, by durable replace (§6.8.1).
         """
         io = self.io
         path = self.path(group)
         d = os.path.dirname(path)
         frames = [(o.id, compress_loose(o.raw)) for o in objects]
         self.written += len(frames)
-        rec = encode_record(tx, frames)
+        body = encode_body(tx, frames)
         with self._mu:
-            if log is None or log.gen != gen:
-                # A new log (the group's first step, or the first after a
-                # checkpoint that did not get to make its new file): made
-                # whole under a temp name, then renamed over whatever is
-                # there — a stale generation, which holds nothing of the group's.
+            if log is None or log.gen != gen or log.version != VERSION:
+                # A new log (the group's first step, the first after a
+                # checkpoint that did not get to make its new file, or the
+                # upgrade of a version-1 log): made whole under a temp name,
+                # then renamed over whatever is there — a stale generation,
+                # which holds nothing of the group's, or the same records.
+                keep: list[bytes] = []
+                if log is not None and log.gen == gen:
+                    keep = [log.slice(r.offset + _PREFIX, r.end - _SUM - r.offset - _PREFIX) for r in log.records]
                 stale = log if log is not None else self._logs.get(path)
                 if stale is not None:
                     self._forget(stale)
                 header = encode_header(group, gen)
-                io.rename_into_place(io.write_tmp(d, header + rec), path)
+                parts = [header]
+                at = len(header)
+                for b in keep + [body]:
+                    parts.append(frame_body(b, at, header))
+                    at += _FRAME + len(b)
+                data = b"".join(parts)
+                io.rename_into_place(io.write_tmp(d, data), path)
                 io.fsync_dir(d)
                 st = io.stat(path)
                 self._durable.add((path, (st.st_dev, st.st_ino), gen))
                 log = _Log(path, (st.st_dev, st.st_ino), group, gen, len(header), len(header), len(header),
                            [0], [header], [])
                 self._logs[path] = log
-            else:
-                if log.size > log.end:
-                    io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
-                    log.size = log.end
-                if (path, log.ident, log.gen) not in self._durable:
-                    # Found, not made here (this very file: a checkpoint
-                    # elsewhere may have replaced it and died before its
-                    # directory fsync): its name may not be durable (§9.3 rule 4).
-                    io.fsync_dir(d)
-                    self._durable.add((path, log.ident, log.gen))
+                self._extend(log, data[len(header):], len(data))
+                return log
+            if log.size > log.end:
+                io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
+                log.size = log.end
+                log.tail = b""
+            if (path, log.ident, log.gen) not in self._durable:
+                # Found, not made here (this very file: a checkpoint
+                # elsewhere may have replaced it and died before its
+                # directory fsync): its name may not be durable (§9.3 rule 4).
+                io.fsync_dir(d)
+                self._durable.add((path, log.ident, log.gen))
+            rec = frame_body(body, log.end, log.line)
+            try:
+                size = io.append(path, rec)
+            except OSError:
+                # A short write leaves a torn record: readers ignore it and
+                # the next writer cuts it. Try to cut it now all the same.
                 try:
-                    size = io.append(path, rec)
+                    io.truncate(path, log.end)
                 except OSError:
-                    # A short write leaves a torn record: readers ignore it and
-                    # the next writer cuts it. Try to cut it now all the same.
-                    try:
-                        io.truncate(path, log.end)
-                    except OSError:
-                        pass
-                    raise
-                if size != log.end + len(rec):
-                    raise CorruptSteps(f"step log {path} changed under its lock (size {size}, expected "
-                                       f"{log.end + len(rec)}); run fsck")
-            base = log.end
-            log.starts.append(base)
-            log.chunks.append(rec)
-            recs, end = scan(rec, 0, path)
-            self._add(log, [StepRecord(r.offset + base, r.end + base, r.tx,
-                                       tuple((o, a + base, n) for o, a, n in r.objects)) for r in recs])
-            log.end = log.size = base + end
+                    pass
+                raise
+            if size != log.end + len(rec):
+                raise CorruptSteps(f"step log {path} changed under its lock (size {size}, expected "
+                                   f"{log.end + len(rec)}); run fsck")
+            self._extend(log, rec, size)
             return log
 
     def start_generation(self, group: str, gen: int) -> None:

@@ -280,9 +280,12 @@ class LibraryMachine(RuleBasedStateMachine):
         if groups and tail:
             g = groups[0]
             # A step record cut short by a crash in its append (objects_spec.md §6.8)...
-            rec = encode_record(StepTx(time.time_ns(), "crashed", 0, None, "leave",
-                                       (TxUpdate("head", None, lost or b"\x07" * 32),)), [])
             if os.path.exists(store.refs.steps_path(g)):
+                # (a writer cuts an earlier tail before it appends: as it would)
+                log = store.refs.steps.load(g)
+                rec = encode_record(StepTx(time.time_ns(), "crashed", 0, None, "leave",
+                                           (TxUpdate("head", None, lost or b"\x07" * 32),)), [], log.end, log.line)
+                os.truncate(store.refs.steps_path(g), log.end)
                 with open(store.refs.steps_path(g), "ab") as f:
                     f.write(rec[: len(rec) // 2])
             # ... and, in a group a checkpoint has folded, its reflog appended, the ref file never renamed in.
@@ -293,7 +296,7 @@ class LibraryMachine(RuleBasedStateMachine):
         if groups and temp_ref:  # a new step log written to its temp name, never renamed
             d = os.path.dirname(store.refs.steps_path(groups[0]))
             with open(os.path.join(d, f"tmp_{secrets.token_hex(8)}"), "wb") as f:
-                f.write(b"kxen-steps 1 sessions/ses_0 0\n")
+                f.write(b"kxen-steps 2 sessions/ses_0 0\n")
         del store
         self.stores[s] = Store(self.paths[s], io=_NoSyncIO())
 

@@ -162,7 +162,7 @@ def test_corrupt_ref_file(state_dir, store, populated, damaged):
         with open(path, "rb") as f:
             data = f.read()
         with open(path, "wb") as f:
-            f.write(data.replace(b"kxen-steps 1 ", b"kxen-steps 2 ", 1))
+            f.write(data.replace(b"kxen-steps 2 ", b"kxen-steps 9 ", 1))
     code, rep = _fsck_json(state_dir)
     assert code == 1 and rep["problems"][0]["kind"] == "corrupt-ref"
 

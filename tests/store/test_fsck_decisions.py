@@ -295,7 +295,7 @@ def test_a_step_log_under_an_older_format_is_read_and_reported(blobs, version):
     assert fresh.refs.read(G).refs["head"] == x  # its records were committed: still applied
     rep = fsck(fresh)
     assert [(p.kind, p.where) for p in rep.problems] == [("corrupt-ref", store.refs.steps_path(G))]
-    assert "kxen-agent-state 3" in rep.problems[0].message
+    assert "kxen-agent-state 4" in rep.problems[0].message
     # A writer of this version upgrades FORMAT, and fsck is clean again.
     fresh.refs.transaction(G, [RefUpdate("head", x, None)], reason="two")
     assert fsck(_open(store.root)).clean

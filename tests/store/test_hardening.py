@@ -171,7 +171,7 @@ def test_a_new_state_dir_is_made_with_a_durable_skeleton_before_format(tmp_path)
         assert ("fsync_dir", os.path.dirname(d)) in ops[made:fmt], rel
     # Version 3's skeleton holds the step logs' directories (§10.3).
     assert {"steps", os.path.join("steps", "sessions")} <= set(skeleton_dirs(CLI_NAMESPACES))
-    assert (tmp_path / "state" / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (tmp_path / "state" / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
 
 
 def test_in_a_version_2_dir_an_object_write_syncs_only_its_fanout_dir(state_dir):
@@ -209,7 +209,7 @@ def test_upgrading_a_version_1_dir_syncs_directories_found_existing(state_dir):
     synced = [p for op, p in io.ops[:fmt] if op == "fsync_dir"]
     assert os.path.join(store.root, "objects") in synced and store.root in synced
     assert os.path.join(store.root, "steps") in synced  # steps/sessions, made by the upgrade
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
     assert store.get(obj.id) == obj.body
     for rel in skeleton_dirs(CLI_NAMESPACES):
         assert os.path.isdir(os.path.join(store.root, rel))
@@ -289,7 +289,7 @@ def test_upgrading_a_version_2_dir_makes_the_step_logs_dirs_durable_before_forma
         assert ("fsync_dir", os.path.dirname(os.path.join(store.root, d))) in io.ops[made:fmt], d
     synced = {p for op, p in io.ops[:fmt] if op == "fsync_dir"}
     assert {os.path.dirname(os.path.join(store.root, d)) for d in skeleton_dirs(CLI_NAMESPACES)} <= synced
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
     assert fsck(Store(store.root, namespaces=CLI_NAMESPACES)).clean
 
 
@@ -298,11 +298,11 @@ def test_a_first_write_that_died_before_format_leaves_a_usable_empty_dir(tmp_pat
     root.mkdir()
     for rel in skeleton_dirs(CLI_NAMESPACES)[:40]:
         (root / rel).mkdir()
-    (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 3\n")
+    (root / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 4\n")
     store = Store(str(root))
     assert not store.exists
     store.put("blob", b"hello")
-    assert (root / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (root / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
     assert os.path.isdir(root / "steps")  # the rest of the skeleton was made
     # Anything else in it is somebody else's directory.
     other = tmp_path / "other"

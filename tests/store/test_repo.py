@@ -20,9 +20,9 @@ def test_state_dir_is_created_by_the_first_write_only(state_dir):
     assert fsck(store).clean
     assert not state_dir.exists()
     store.put("blob", b"x")
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
     assert store.exists and Store(str(state_dir)).exists
-    assert Store(str(state_dir)).format_version == 3
+    assert Store(str(state_dir)).format_version == 4
 
 
 _CRASH_IN_INIT = r"""
@@ -56,8 +56,8 @@ def test_a_crash_during_the_first_write_does_not_brick_the_dir(state_dir):
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (3)"),
-        (b"kxen-agent-state 4\n", "has format version 4, newer than this kxen-agent understands (3)"),
+        (b"kxen-agent-state 99\n", "has format version 99, newer than this kxen-agent understands (4)"),
+        (b"kxen-agent-state 5\n", "has format version 5, newer than this kxen-agent understands (4)"),
         (b"kxen-agent-state 0\n", "unknown format version 0"),
         (b"kxen-agent-state 1", "is not a kxen-agent format file"),
         (b"", "is not a kxen-agent format file"),
@@ -147,11 +147,11 @@ def test_an_unfinished_first_write_with_other_namespaces_is_not_a_foreign_dir(st
     state_dir.mkdir()
     for rel in skeleton_dirs(("sessions", "agents")):
         (state_dir / rel).mkdir()
-    (state_dir / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 3\n")
+    (state_dir / "FORMAT.tmp_0123456789abcdef").write_bytes(b"kxen-agent-state 4\n")
     store = Store(str(state_dir))
     assert not store.exists
     store.put("blob", b"y")
-    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 3\n"
+    assert (state_dir / "FORMAT").read_bytes() == b"kxen-agent-state 4\n"
     # A file in a namespace directory is not a skeleton's, nor a directory one level deeper.
     for extra in ("refs/agents/g", "refs/agents/deeper/"):
         other = state_dir.parent / f"other-{extra.count('/')}"

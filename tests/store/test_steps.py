@@ -12,7 +12,8 @@ from kxen_agent.store import CorruptRef, RefUpdate, Store, fsck
 from kxen_agent.store.fold import fold_step_logs
 from kxen_agent.store.fsio import FileIO
 from kxen_agent.store.objects import encode_object
-from kxen_agent.store.steps import CorruptSteps, StepTx, TxUpdate, encode_header, encode_record, parse_header, scan
+from kxen_agent.store.steps import (CorruptSteps, StepTx, TxUpdate, encode_header, encode_record, frame_body, parse_header,
+                                    scan)
 
 from .helpers import CLI_NAMESPACES
 
@@ -90,7 +91,9 @@ def test_torn_tail_is_ignored_then_cut_by_the_next_writer(tmp_path):
     path = store.refs.steps_path(G)
     good = os.path.getsize(path)
     # A record cut short, as a power loss in the middle of an append leaves it.
-    rec = encode_record(StepTx(1, "torn", 0, None, "leave", (TxUpdate("head", head, head[::-1]),)), [])
+    have = open(path, "rb").read()
+    rec = encode_record(StepTx(1, "torn", 0, None, "leave", (TxUpdate("head", head, head[::-1]),)), [],
+                        len(have), have[:parse_header(have, path)[2]])
     with open(path, "ab") as f:
         f.write(rec[: len(rec) // 2])
     fresh = _open(store.root)
@@ -136,10 +139,14 @@ def test_scan_refuses_a_record_with_a_good_checksum_that_does_not_parse():
     import blake3
 
     body = (3).to_bytes(4, "big") + b"\xff\xff\xff"
+    line = encode_header(G, 0)
+    with pytest.raises(CorruptSteps, match=f"damaged at offset {len(line)}"):
+        scan(line + frame_body(body, len(line), line), len(line), "x")
+    # The same in a version-1 log.
+    line = encode_header(G, 0, version=1)
     head = b"STEP" + len(body).to_bytes(4, "big")
-    rec = head + body + blake3.blake3(head + body).digest()
-    with pytest.raises(CorruptSteps):
-        scan(encode_header(G, 0) + rec, len(encode_header(G, 0)), "x")
+    with pytest.raises(CorruptSteps, match=f"damaged at offset {len(line)}"):
+        scan(line + head + body + blake3.blake3(head + body).digest(), len(line), "x")
 
 
 def test_checkpoint_folds_the_log_and_nothing_is_lost(tmp_path):
@@ -194,7 +201,7 @@ def test_a_format_2_state_dir_upgrades_on_first_write(tmp_path):
     old = _open(root)
     assert old.format_version == 2 and old.refs.read(G).refs["head"] == head
     head2 = _step(old, 1, head)
-    assert open(os.path.join(root, "FORMAT")).read() == "kxen-agent-state 3\n"
+    assert open(os.path.join(root, "FORMAT")).read() == "kxen-agent-state 4\n"
     assert os.path.isdir(os.path.join(root, "steps", "sessions"))
     again = _open(root)
     assert again.refs.read(G).refs["head"] == head2
