@@ -37,10 +37,13 @@ are tool calls of the server's).
 from __future__ import annotations
 
 import json
+import json.scanner
+import re
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from kxen_agent.runtime.answer_check import AnswerLimits, BadArguments, clean_text, parse_arguments, refused_arguments
+from kxen_agent.runtime.answer_check import (MAX_DEPTH, AnswerLimits, BadArguments, clean_text, parse_arguments,
+                                              refused_arguments)
 
 from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
 from .http_base import HttpProvider, retry_after_s, should_retry
@@ -142,6 +145,137 @@ def _usage(raw: Any, output: Any = None) -> Usage | None:
     read = _int(getattr(raw, "cache_read_input_tokens", None))
     written = _int(getattr(raw, "cache_creation_input_tokens", None)) or 0
     return Usage(inp + (read or 0) + written, out, read)
+
+# How deep a whole answer is read: message (1), content (2), block (3), then a tool input of up to
+# MAX_DEPTH levels and one more, so that an input past the door's limit is seen to be past it.
+_KEEP_DEPTH = 3 + MAX_DEPTH + 1
+_WS = re.compile(r"[ \t\n\r]*")
+_CLOSE = {"{": "}", "[": "]"}
+
+
+class _TooDeep:
+    """What stands, in an answer read by :func:`_load_answer`, for a container nested past what is kept."""
+
+
+_TOO_DEEP = _TooDeep()
+
+
+def _load_answer(body: bytes) -> Any:
+    """The JSON value of a whole (unstreamed) answer's body, read by us rather than by the SDK.
+
+    ``json.loads`` first (the common case, at C speed); for a body nested past what it
+    takes (RecursionError: a tool input 1,500 deep), a loop without recursion that keeps
+    containers down to :data:`_KEEP_DEPTH` and puts :data:`_TOO_DEEP` in place of any
+    deeper one (whose text is still checked to be JSON). Strings are decoded as
+    ``json.loads`` decodes them (``surrogatepass``: a lone surrogate is left for the door
+    to refuse, in the one call holding it). :class:`ValueError` when the body is not JSON.
+    """
+    text = body.decode(json.detect_encoding(body), "surrogatepass")
+    del body
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return _load_bounded(text, _KEEP_DEPTH)
+
+
+def _load_bounded(text: str, keep: int) -> Any:
+    """``json.loads(text)`` with no recursion, containers deeper than ``keep`` replaced by :data:`_TOO_DEEP`."""
+    scan = json.scanner.make_scanner(json.JSONDecoder())  # for leaves only: it recurses into containers
+    scanstring = json.decoder.scanstring
+    frames: list[list[Any]] = []  # [container or None (past keep), its opening bracket, the pending key]
+
+    def key_at(pos: int) -> tuple[str, int]:
+        if text[pos:pos + 1] != '"':
+            raise ValueError(f"expected a key at character {pos}")
+        key, pos = scanstring(text, pos + 1)
+        pos = _WS.match(text, pos).end()
+        if text[pos:pos + 1] != ":":
+            raise ValueError(f"expected ':' at character {pos}")
+        return key, _WS.match(text, pos + 1).end()
+
+    pos = _WS.match(text, 0).end()
+    while True:
+        char = text[pos:pos + 1]
+        if char in _CLOSE:  # a container opens
+            kept = len(frames) < keep and (not frames or frames[-1][0] is not None)
+            frame = [({} if char == "{" else []) if kept else None, char, None]
+            frames.append(frame)
+            pos = _WS.match(text, pos + 1).end()
+            if text[pos:pos + 1] != _CLOSE[char]:
+                if char == "{":
+                    frame[2], pos = key_at(pos)
+                continue  # the first value in it
+            frames.pop()
+            value: Any = frame[0] if frame[0] is not None else _TOO_DEEP
+            pos += 1
+        else:
+            try:
+                value, pos = scan(text, pos)
+            except StopIteration:
+                raise ValueError(f"expected a value at character {pos}") from None
+        while True:  # ``value`` ends at ``pos``: into its container, then what follows
+            if not frames:
+                if _WS.match(text, pos).end() != len(text):
+                    raise ValueError(f"extra data at character {pos}")
+                return value
+            frame = frames[-1]
+            container = frame[0]
+            if isinstance(container, dict):
+                container[frame[2]] = value
+            elif container is not None:
+                container.append(value)
+            pos = _WS.match(text, pos).end()
+            char = text[pos:pos + 1]
+            if char == ",":
+                pos = _WS.match(text, pos + 1).end()
+                if frame[1] == "{":
+                    frame[2], pos = key_at(pos)
+                break  # the next value in it
+            if char != _CLOSE[frame[1]]:
+                raise ValueError(f"expected ',' or {_CLOSE[frame[1]]!r} at character {pos}")
+            frames.pop()
+            parent_kept = not frames or frames[-1][0] is not None
+            value = container if container is not None else (_TOO_DEEP if parent_kept else None)
+            pos += 1
+
+
+def _input_text(raw: Any, max_chars: int) -> str | None:
+    """A tool_use block's ``input`` as the JSON text of the call's arguments (None: not an object).
+
+    An input nested past :data:`~kxen_agent.runtime.answer_check.MAX_DEPTH` (or past what
+    was kept of it), or whose strings alone hold more than ``max_chars`` characters, is
+    the door's refusal at once: never written out as text (a copy as large as the answer).
+    """
+    if not isinstance(raw, dict):
+        return None
+    size = 0
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            size += len(value)
+        elif value is _TOO_DEEP or depth > MAX_DEPTH and isinstance(value, (dict, list)):
+            return refused_arguments(f"arguments nested more than {MAX_DEPTH} levels deep; send a flatter object")
+        elif isinstance(value, dict):
+            size += sum(len(k) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    if size > max_chars:
+        return refused_arguments(f"arguments of more than {size:,} characters, over the limit of {max_chars:,} "
+                                 "bytes ([policy] max_argument_bytes); send less at a time")
+    return json.dumps(raw, ensure_ascii=False)
+
+
+class _Whole:
+    """The body of a whole answer, handed over once (so that it is freed as soon as it is read)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def take(self) -> bytes:
+        body, self._body = self._body, None
+        return body if body is not None else b""
 
 
 class _Streamed:
@@ -260,7 +394,15 @@ class AnthropicProvider(HttpProvider):
         return request
 
     def _send(self, client: Any, request: dict[str, Any]) -> Awaitable[Any]:
-        return client.messages.create(**request)
+        if request.get("stream"):
+            return client.messages.create(**request)
+        return self._send_whole(client, request)
+
+    async def _send_whole(self, client: Any, request: dict[str, Any]) -> _Whole:
+        # The body as it came: the SDK would parse it itself (recursing once per level, so an
+        # answer 1,500 deep fails whole); _parse reads it within the door's limits instead.
+        raw = await client.messages.with_raw_response.create(**request)
+        return _Whole(await raw.read())
 
     def _new_stream(self) -> _Streamed:
         return _Streamed(self.limits.max_argument_bytes)
@@ -297,23 +439,31 @@ class AnthropicProvider(HttpProvider):
     # ------------------------------------------------------------ answers
 
     def _parse(self, response: Any, key: str) -> AssistantTurn:
+        try:
+            message = _load_answer(response.take())
+        except ValueError as e:
+            raise self._scrub(ProviderError(
+                f"model provider at {self.base_url} returned an answer that is not JSON ({one_line(str(e))}); "
+                "check the base URL", transient=False), key) from None
+        if not isinstance(message, dict):
+            raise ProviderError(f"model provider at {self.base_url} returned an answer that is not a JSON object; "
+                                "check the base URL", transient=False)
         text: list[str] = []
-        calls: list[tuple[Any, str, Any, str]] = []
-        for block in getattr(response, "content", None) or ():
-            btype = getattr(block, "type", None)
+        calls: list[tuple[Any, str, Any, str | None]] = []
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            btype = block.get("type") if isinstance(block, dict) else None
             if btype == "text":
-                text.append(getattr(block, "text", "") or "")
+                piece = block.get("text")
+                text.append(piece if isinstance(piece, str) else "")
             elif btype == "tool_use":
-                raw = getattr(block, "input", None)
-                try:
-                    args = json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else None
-                except (RecursionError, ValueError):  # nested past what the encoder takes: the door's refusal
-                    args = refused_arguments("arguments nested too deeply to read; send a flatter object")
-                calls.append((getattr(block, "id", None), "tool_use", getattr(block, "name", None), args))
+                calls.append((block.get("id"), "tool_use", block.get("name"), _input_text(block.get("input"),
+                                                                                self.limits.max_argument_bytes)))
             elif btype == "server_tool_use":
                 calls.append((None, "server_tool_use", None, ""))
-        return self._turn("".join(text) if text else None, calls, getattr(response, "stop_reason", None),
-                          _usage(getattr(response, "usage", None)), getattr(response, "model", None), key)
+        usage = message.get("usage")
+        return self._turn("".join(text) if text else None, calls, message.get("stop_reason"),
+                          _usage(_Fields(usage) if isinstance(usage, dict) else None), message.get("model"), key)
 
     def _turn(self, content: str | None, calls: list[tuple[Any, str, Any, Any]], stop_reason: Any,
               usage: Usage | None, model: Any, key: str) -> AssistantTurn:
@@ -332,6 +482,16 @@ class AnthropicProvider(HttpProvider):
         return AssistantTurn(content=content, tool_calls=tuple(usable),
                              model=model if isinstance(model, str) and model else self.model,
                              finish_reason=reason, usage=usage, dropped_calls=tuple(dropped))
+
+
+class _Fields:
+    """A JSON object read as attributes (what :func:`_usage` reads of the SDK's objects)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def __getattr__(self, name: str) -> Any:
+        return self._fields.get(name)
 
 
 def _sdk() -> Any:
