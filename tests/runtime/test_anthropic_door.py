@@ -158,3 +158,35 @@ def test_the_reader_keeps_what_is_shallow_and_marks_what_is_deeper_without_recur
         deepest = deepest[0]
     assert deepest is _TOO_DEEP
     assert _load_bounded("[[1], [[2]], 3]", 2) == [[1], [_TOO_DEEP], 3]
+
+
+# ==================================================================== memory
+
+def test_a_50_mb_argument_in_a_whole_answer_costs_no_more_than_the_sdk_took(state_dir: Path, workspace: Path,
+                                                                           tmp_path: Path) -> None:
+    from .test_answer_memory import MB, _peak_rss
+
+    cli = Cli(state_dir, env={KEY_ENV: "x"})
+    peaks = []
+    for size in (10, 50 * MB):
+        with FakeAnthropic() as server:
+            server.reply_tool_uses([("c1", "read_file", {"path": "README.md", "pad": "y" * size})])
+            server.reply_content("done")
+            agent = write_agent(tmp_path / f"agent{size}", None, provider="anthropic", model="claude-test",
+                                base_url=server.base_url, api_key_env=KEY_ENV, tools=["read_file"])
+            peak, out = _peak_rss(cli, workspace, agent)
+        peaks.append(peak)
+    extra = peaks[1] - peaks[0]
+    # Measured: 150 MB more when the SDK read the answer (3x), 112 MB now (2.2x: the body, its text, the parse).
+    assert extra < 2.6 * 50 * MB, f"a 50 MB argument cost {extra / MB:.0f} MB more than a small one"
+    [result] = [m["content"] for m in cli.log(json.loads(out)["session"]) if m["role"] == "tool"]
+    assert "over the limit of 1,048,576 bytes" in result
+
+
+def test_skipping_an_over_deep_part_is_bounded_in_time() -> None:
+    # 2,000 deep, then ~1.7 million small nested lists (3 steps of the skip each): past its budget of steps.
+    doc = ('{"content": [{"input": {"p": ' + "[" * 2000 + "[[1]]," * 1_700_000 + "1" + "]" * 2000 + "}}]}").encode()
+    with pytest.raises(RecursionError):  # the provider's "nested too deeply to read", nothing recorded
+        _load_answer(doc)
+    few = ('{"content": [{"input": {"p": ' + "[" * 2000 + '[[1], "]"],' * 1000 + "1" + "]" * 2000 + "}}]}").encode()
+    assert _load_answer(few)["content"][0]["input"]["p"] is not None

@@ -179,15 +179,19 @@ def _load_answer(body: bytes) -> Any:
 
 
 def _load_bounded(text: str, keep: int) -> Any:
-    """``json.loads(text)`` with no recursion, containers deeper than ``keep`` replaced by :data:`_TOO_DEEP`."""
+    """``json.loads(text)`` with no recursion, containers deeper than ``keep`` replaced by :data:`_TOO_DEEP`.
+
+    A replaced container is skipped by :func:`_skip_container`: its brackets matched and its
+    strings read, in memory that does not grow with its size beyond one byte per level.
+    """
     scan = json.scanner.make_scanner(json.JSONDecoder())  # for leaves only: it recurses into containers
-    scanstring = json.decoder.scanstring
-    frames: list[list[Any]] = []  # [container or None (past keep), its opening bracket, the pending key]
+    frames: list[list[Any]] = []  # [container, its opening bracket, the pending key]
+    budget = [_SKIP_STEPS]
 
     def key_at(pos: int) -> tuple[str, int]:
         if text[pos:pos + 1] != '"':
             raise ValueError(f"expected a key at character {pos}")
-        key, pos = scanstring(text, pos + 1)
+        key, pos = _scanstring(text, pos + 1)
         pos = _WS.match(text, pos).end()
         if text[pos:pos + 1] != ":":
             raise ValueError(f"expected ':' at character {pos}")
@@ -196,9 +200,11 @@ def _load_bounded(text: str, keep: int) -> Any:
     pos = _WS.match(text, 0).end()
     while True:
         char = text[pos:pos + 1]
-        if char in _CLOSE:  # a container opens
-            kept = len(frames) < keep and (not frames or frames[-1][0] is not None)
-            frame = [({} if char == "{" else []) if kept else None, char, None]
+        if char in _CLOSE and len(frames) >= keep:
+            value: Any = _TOO_DEEP
+            pos = _skip_container(text, pos, budget)
+        elif char in _CLOSE:  # a container opens
+            frame = [{} if char == "{" else [], char, None]
             frames.append(frame)
             pos = _WS.match(text, pos + 1).end()
             if text[pos:pos + 1] != _CLOSE[char]:
@@ -206,7 +212,7 @@ def _load_bounded(text: str, keep: int) -> Any:
                     frame[2], pos = key_at(pos)
                 continue  # the first value in it
             frames.pop()
-            value: Any = frame[0] if frame[0] is not None else _TOO_DEEP
+            value = frame[0]
             pos += 1
         else:
             try:
@@ -222,7 +228,7 @@ def _load_bounded(text: str, keep: int) -> Any:
             container = frame[0]
             if isinstance(container, dict):
                 container[frame[2]] = value
-            elif container is not None:
+            else:
                 container.append(value)
             pos = _WS.match(text, pos).end()
             char = text[pos:pos + 1]
@@ -234,9 +240,51 @@ def _load_bounded(text: str, keep: int) -> Any:
             if char != _CLOSE[frame[1]]:
                 raise ValueError(f"expected ',' or {_CLOSE[frame[1]]!r} at character {pos}")
             frames.pop()
-            parent_kept = not frames or frames[-1][0] is not None
-            value = container if container is not None else (_TOO_DEEP if parent_kept else None)
+            value = container
             pos += 1
+
+
+_scanstring = json.decoder.scanstring
+_OPENING = re.compile(r"[\[{]+")
+_CLOSING = re.compile(r"[\]}]+")
+# What leaves no bracket open: other characters, strings, flat containers (matched at C speed, no backtracking).
+_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_FLAT = r'(?:[^"\[\]{}]|' + _STRING + r')*+'
+_OTHER = re.compile(r'(?:[^"\[\]{}]++|' + _STRING + r'|\[' + _FLAT + r'\]|\{' + _FLAT + r'\})++')
+#: Steps (runs of brackets, flat stretches) that skipping the over-deep parts of one answer may take: about a
+#: second of CPU. An answer past it (millions of nested containers) is not read at all.
+_SKIP_STEPS = 2_000_000
+_TO_CLOSE = bytes.maketrans(b"[{", b"]}")
+
+
+def _skip_container(text: str, pos: int, budget: list[int]) -> int:
+    """Where the container opening at ``pos`` ends: brackets matched (runs of them at once), strings read
+    whole; what else it holds is not checked (it is refused as too deep, whatever it is). ValueError if unmatched."""
+    opened = bytearray()
+    while True:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise RecursionError("too many nested containers to skip")
+        char = text[pos:pos + 1]
+        if char == "[" or char == "{":
+            run = _OPENING.match(text, pos).group()
+            opened += run.encode()
+            pos += len(run)
+        elif char == "]" or char == "}":
+            run = _CLOSING.match(text, pos).group()[:len(opened)]
+            if bytes(opened[-len(run):][::-1].translate(_TO_CLOSE)) != run.encode():
+                raise ValueError(f"unmatched {run[0]!r} near character {pos}")
+            del opened[-len(run):]
+            pos += len(run)
+            if not opened:
+                return pos
+        elif char:
+            match = _OTHER.match(text, pos)
+            if match is None:  # a string left open
+                raise ValueError(f"unterminated string at character {pos}")
+            pos = match.end()
+        else:
+            raise ValueError(f"a container left open at the end (character {pos})")
 
 
 def _input_text(raw: Any, max_chars: int) -> str | None:
