@@ -1,7 +1,8 @@
 """The door on the Anthropic provider's whole (unstreamed) answers (issue 25, item 5): the answer's body
 is read by the provider, not the SDK, so a tool input nested 1,500 deep is refused as that one call's
 error result for the model while the run goes on, as on the OpenAI and streamed paths; and the reader
-itself, which must agree with ``json.loads`` on every document and never recurse."""
+itself, which must agree with ``json.loads`` on every document, never recurse, and skip what is too deep
+in bounded memory and time; and what a 50 MB argument in a whole answer costs."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ run's Chat Completions style history (:mod:`.base`) into Messages API form
 (the system prompt as ``system``, tool calls as ``tool_use`` blocks, tool
 results as ``tool_result`` blocks of a user turn, consecutive turns of one
 role merged), asking for an answer (streamed when someone watches it),
-putting a streamed answer back together from its events, and mapping every
+putting a streamed answer back together from its events, reading a whole
+answer's body itself (never through the SDK's parser, which recurses once
+per level: a tool input 1,500 deep must become that call's refusal by the
+door, not a failed run), and mapping every
 failure — HTTP errors, an ``error`` event in the stream (``overloaded_error``),
 a stream cut off — to a :class:`~.base.ProviderError` with a ``transient``
 verdict and the server's ``Retry-After``.
