@@ -169,7 +169,8 @@ def _load_answer(body: bytes) -> Any:
     ``json.loads`` first (the common case, at C speed); for a body nested past what it
     takes (RecursionError: a tool input 1,500 deep), a loop without recursion that keeps
     containers down to :data:`_KEEP_DEPTH` and puts :data:`_TOO_DEEP` in place of any
-    deeper one (whose text is still checked to be JSON). Strings are decoded as
+    deeper one (skipped with its brackets matched; past :data:`_SKIP_STEPS`, RecursionError,
+    which the provider reports as an answer too deep to read). Strings are decoded as
     ``json.loads`` decodes them (``surrogatepass``: a lone surrogate is left for the door
     to refuse, in the one call holding it). :class:`ValueError` when the body is not JSON.
     """
@@ -185,7 +186,7 @@ def _load_bounded(text: str, keep: int) -> Any:
     """``json.loads(text)`` with no recursion, containers deeper than ``keep`` replaced by :data:`_TOO_DEEP`.
 
     A replaced container is skipped by :func:`_skip_container`: its brackets matched and its
-    strings read, in memory that does not grow with its size beyond one byte per level.
+    strings delimited, in memory of one byte per level.
     """
     scan = json.scanner.make_scanner(json.JSONDecoder())  # for leaves only: it recurses into containers
     frames: list[list[Any]] = []  # [container, its opening bracket, the pending key]
@@ -261,8 +262,9 @@ _TO_CLOSE = bytes.maketrans(b"[{", b"]}")
 
 
 def _skip_container(text: str, pos: int, budget: list[int]) -> int:
-    """Where the container opening at ``pos`` ends: brackets matched (runs of them at once), strings read
-    whole; what else it holds is not checked (it is refused as too deep, whatever it is). ValueError if unmatched."""
+    """Where the container opening at ``pos`` ends: brackets matched (runs of them at once), strings jumped
+    over whole; what else it holds is not checked (it is refused as too deep, whatever it is). ValueError if
+    unmatched; RecursionError once the answer's ``budget`` of steps is spent."""
     opened = bytearray()
     while True:
         budget[0] -= 1
