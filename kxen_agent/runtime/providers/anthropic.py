@@ -5,7 +5,10 @@ run's Chat Completions style history (:mod:`.base`) into Messages API form
 (the system prompt as ``system``, tool calls as ``tool_use`` blocks, tool
 results as ``tool_result`` blocks of a user turn, consecutive turns of one
 role merged), asking for an answer (streamed when someone watches it),
-putting a streamed answer back together from its events, and mapping every
+putting a streamed answer back together from its events, reading a whole
+answer's body itself (never through the SDK's parser, which recurses once
+per level: a tool input 1,500 deep must become that call's refusal by the
+door, not a failed run), and mapping every
 failure — HTTP errors, an ``error`` event in the stream (``overloaded_error``),
 a stream cut off — to a :class:`~.base.ProviderError` with a ``transient``
 verdict and the server's ``Retry-After``.
@@ -37,10 +40,13 @@ are tool calls of the server's).
 from __future__ import annotations
 
 import json
+import json.scanner
+import re
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from kxen_agent.runtime.answer_check import AnswerLimits, BadArguments, clean_text, parse_arguments, refused_arguments
+from kxen_agent.runtime.answer_check import (MAX_DEPTH, AnswerLimits, BadArguments, clean_text, parse_arguments,
+                                              refused_arguments)
 
 from .base import AssistantTurn, ProviderError, ToolCall, Usage, one_line
 from .http_base import HttpProvider, retry_after_s, should_retry
@@ -142,6 +148,187 @@ def _usage(raw: Any, output: Any = None) -> Usage | None:
     read = _int(getattr(raw, "cache_read_input_tokens", None))
     written = _int(getattr(raw, "cache_creation_input_tokens", None)) or 0
     return Usage(inp + (read or 0) + written, out, read)
+
+# How deep a whole answer is read: message (1), content (2), block (3), then a tool input of up to
+# MAX_DEPTH levels and one more, so that an input past the door's limit is seen to be past it.
+_KEEP_DEPTH = 3 + MAX_DEPTH + 1
+_WS = re.compile(r"[ \t\n\r]*")
+_CLOSE = {"{": "}", "[": "]"}
+
+
+class _TooDeep:
+    """What stands, in an answer read by :func:`_load_answer`, for a container nested past what is kept."""
+
+
+_TOO_DEEP = _TooDeep()
+
+
+def _load_answer(body: bytes) -> Any:
+    """The JSON value of a whole (unstreamed) answer's body, read by us rather than by the SDK.
+
+    ``json.loads`` first (the common case, at C speed); for a body nested past what it
+    takes (RecursionError: a tool input 1,500 deep), a loop without recursion that keeps
+    containers down to :data:`_KEEP_DEPTH` and puts :data:`_TOO_DEEP` in place of any
+    deeper one (skipped with its brackets matched; past :data:`_SKIP_STEPS`, RecursionError,
+    which the provider reports as an answer too deep to read). Strings are decoded as
+    ``json.loads`` decodes them (``surrogatepass``: a lone surrogate is left for the door
+    to refuse, in the one call holding it). :class:`ValueError` when the body is not JSON.
+    """
+    text = body.decode(json.detect_encoding(body), "surrogatepass")
+    del body
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return _load_bounded(text, _KEEP_DEPTH)
+
+
+def _load_bounded(text: str, keep: int) -> Any:
+    """``json.loads(text)`` with no recursion, containers deeper than ``keep`` replaced by :data:`_TOO_DEEP`.
+
+    A replaced container is skipped by :func:`_skip_container`: its brackets matched and its
+    strings delimited, in memory of one byte per level.
+    """
+    scan = json.scanner.make_scanner(json.JSONDecoder())  # for leaves only: it recurses into containers
+    frames: list[list[Any]] = []  # [container, its opening bracket, the pending key]
+    budget = [_SKIP_STEPS]
+
+    def key_at(pos: int) -> tuple[str, int]:
+        if text[pos:pos + 1] != '"':
+            raise ValueError(f"expected a key at character {pos}")
+        key, pos = _scanstring(text, pos + 1)
+        pos = _WS.match(text, pos).end()
+        if text[pos:pos + 1] != ":":
+            raise ValueError(f"expected ':' at character {pos}")
+        return key, _WS.match(text, pos + 1).end()
+
+    pos = _WS.match(text, 0).end()
+    while True:
+        char = text[pos:pos + 1]
+        if char in _CLOSE and len(frames) >= keep:
+            value: Any = _TOO_DEEP
+            pos = _skip_container(text, pos, budget)
+        elif char in _CLOSE:  # a container opens
+            frame = [{} if char == "{" else [], char, None]
+            frames.append(frame)
+            pos = _WS.match(text, pos + 1).end()
+            if text[pos:pos + 1] != _CLOSE[char]:
+                if char == "{":
+                    frame[2], pos = key_at(pos)
+                continue  # the first value in it
+            frames.pop()
+            value = frame[0]
+            pos += 1
+        else:
+            try:
+                value, pos = scan(text, pos)
+            except StopIteration:
+                raise ValueError(f"expected a value at character {pos}") from None
+        while True:  # ``value`` ends at ``pos``: into its container, then what follows
+            if not frames:
+                if _WS.match(text, pos).end() != len(text):
+                    raise ValueError(f"extra data at character {pos}")
+                return value
+            frame = frames[-1]
+            container = frame[0]
+            if isinstance(container, dict):
+                container[frame[2]] = value
+            else:
+                container.append(value)
+            pos = _WS.match(text, pos).end()
+            char = text[pos:pos + 1]
+            if char == ",":
+                pos = _WS.match(text, pos + 1).end()
+                if frame[1] == "{":
+                    frame[2], pos = key_at(pos)
+                break  # the next value in it
+            if char != _CLOSE[frame[1]]:
+                raise ValueError(f"expected ',' or {_CLOSE[frame[1]]!r} at character {pos}")
+            frames.pop()
+            value = container
+            pos += 1
+
+
+_scanstring = json.decoder.scanstring
+_OPENING = re.compile(r"[\[{]+")
+_CLOSING = re.compile(r"[\]}]+")
+# What leaves no bracket open: other characters, strings, flat containers (matched at C speed, no backtracking).
+_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_FLAT = r'(?:[^"\[\]{}]|' + _STRING + r')*+'
+_OTHER = re.compile(r'(?:[^"\[\]{}]++|' + _STRING + r'|\[' + _FLAT + r'\]|\{' + _FLAT + r'\})++')
+#: Steps (runs of brackets, flat stretches) that skipping the over-deep parts of one answer may take: about a
+#: second of CPU. An answer past it (millions of nested containers) is not read at all.
+_SKIP_STEPS = 2_000_000
+_TO_CLOSE = bytes.maketrans(b"[{", b"]}")
+
+
+def _skip_container(text: str, pos: int, budget: list[int]) -> int:
+    """Where the container opening at ``pos`` ends: brackets matched (runs of them at once), strings jumped
+    over whole; what else it holds is not checked (it is refused as too deep, whatever it is). ValueError if
+    unmatched; RecursionError once the answer's ``budget`` of steps is spent."""
+    opened = bytearray()
+    while True:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise RecursionError("too many nested containers to skip")
+        char = text[pos:pos + 1]
+        if char == "[" or char == "{":
+            run = _OPENING.match(text, pos).group()
+            opened += run.encode()
+            pos += len(run)
+        elif char == "]" or char == "}":
+            run = _CLOSING.match(text, pos).group()[:len(opened)]
+            if bytes(opened[-len(run):][::-1].translate(_TO_CLOSE)) != run.encode():
+                raise ValueError(f"unmatched {run[0]!r} near character {pos}")
+            del opened[-len(run):]
+            pos += len(run)
+            if not opened:
+                return pos
+        elif char:
+            match = _OTHER.match(text, pos)
+            if match is None:  # a string left open
+                raise ValueError(f"unterminated string at character {pos}")
+            pos = match.end()
+        else:
+            raise ValueError(f"a container left open at the end (character {pos})")
+
+
+def _input_text(raw: Any, max_chars: int) -> str | None:
+    """A tool_use block's ``input`` as the JSON text of the call's arguments (None: not an object).
+
+    An input nested past :data:`~kxen_agent.runtime.answer_check.MAX_DEPTH` (or past what
+    was kept of it), or whose strings alone hold more than ``max_chars`` characters, is
+    the door's refusal at once: never written out as text (a copy as large as the answer).
+    """
+    if not isinstance(raw, dict):
+        return None
+    size = 0
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            size += len(value)
+        elif value is _TOO_DEEP or depth > MAX_DEPTH and isinstance(value, (dict, list)):
+            return refused_arguments(f"arguments nested more than {MAX_DEPTH} levels deep; send a flatter object")
+        elif isinstance(value, dict):
+            size += sum(len(k) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    if size > max_chars:
+        return refused_arguments(f"arguments of more than {size:,} characters, over the limit of {max_chars:,} "
+                                 "bytes ([policy] max_argument_bytes); send less at a time")
+    return json.dumps(raw, ensure_ascii=False)
+
+
+class _Whole:
+    """The body of a whole answer, handed over once (so that it is freed as soon as it is read)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def take(self) -> bytes:
+        body, self._body = self._body, None
+        return body if body is not None else b""
 
 
 class _Streamed:
@@ -260,7 +447,15 @@ class AnthropicProvider(HttpProvider):
         return request
 
     def _send(self, client: Any, request: dict[str, Any]) -> Awaitable[Any]:
-        return client.messages.create(**request)
+        if request.get("stream"):
+            return client.messages.create(**request)
+        return self._send_whole(client, request)
+
+    async def _send_whole(self, client: Any, request: dict[str, Any]) -> _Whole:
+        # The body as it came: the SDK would parse it itself (recursing once per level, so an
+        # answer 1,500 deep fails whole); _parse reads it within the door's limits instead.
+        raw = await client.messages.with_raw_response.create(**request)
+        return _Whole(await raw.read())
 
     def _new_stream(self) -> _Streamed:
         return _Streamed(self.limits.max_argument_bytes)
@@ -297,23 +492,31 @@ class AnthropicProvider(HttpProvider):
     # ------------------------------------------------------------ answers
 
     def _parse(self, response: Any, key: str) -> AssistantTurn:
+        try:
+            message = _load_answer(response.take())
+        except ValueError as e:
+            raise self._scrub(ProviderError(
+                f"model provider at {self.base_url} returned an answer that is not JSON ({one_line(str(e))}); "
+                "check the base URL", transient=False), key) from None
+        if not isinstance(message, dict):
+            raise ProviderError(f"model provider at {self.base_url} returned an answer that is not a JSON object; "
+                                "check the base URL", transient=False)
         text: list[str] = []
-        calls: list[tuple[Any, str, Any, str]] = []
-        for block in getattr(response, "content", None) or ():
-            btype = getattr(block, "type", None)
+        calls: list[tuple[Any, str, Any, str | None]] = []
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            btype = block.get("type") if isinstance(block, dict) else None
             if btype == "text":
-                text.append(getattr(block, "text", "") or "")
+                piece = block.get("text")
+                text.append(piece if isinstance(piece, str) else "")
             elif btype == "tool_use":
-                raw = getattr(block, "input", None)
-                try:
-                    args = json.dumps(raw, ensure_ascii=False) if isinstance(raw, dict) else None
-                except (RecursionError, ValueError):  # nested past what the encoder takes: the door's refusal
-                    args = refused_arguments("arguments nested too deeply to read; send a flatter object")
-                calls.append((getattr(block, "id", None), "tool_use", getattr(block, "name", None), args))
+                calls.append((block.get("id"), "tool_use", block.get("name"), _input_text(block.get("input"),
+                                                                                self.limits.max_argument_bytes)))
             elif btype == "server_tool_use":
                 calls.append((None, "server_tool_use", None, ""))
-        return self._turn("".join(text) if text else None, calls, getattr(response, "stop_reason", None),
-                          _usage(getattr(response, "usage", None)), getattr(response, "model", None), key)
+        usage = message.get("usage")
+        return self._turn("".join(text) if text else None, calls, message.get("stop_reason"),
+                          _usage(_Fields(usage) if isinstance(usage, dict) else None), message.get("model"), key)
 
     def _turn(self, content: str | None, calls: list[tuple[Any, str, Any, Any]], stop_reason: Any,
               usage: Usage | None, model: Any, key: str) -> AssistantTurn:
@@ -332,6 +535,16 @@ class AnthropicProvider(HttpProvider):
         return AssistantTurn(content=content, tool_calls=tuple(usable),
                              model=model if isinstance(model, str) and model else self.model,
                              finish_reason=reason, usage=usage, dropped_calls=tuple(dropped))
+
+
+class _Fields:
+    """A JSON object read as attributes (what :func:`_usage` reads of the SDK's objects)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def __getattr__(self, name: str) -> Any:
+        return self._fields.get(name)
 
 
 def _sdk() -> Any:
