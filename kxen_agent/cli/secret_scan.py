@@ -17,8 +17,11 @@ over each text:
   rules already know, are left out (they flagged ids and SHAs, or found
   nothing more).
 
-A library detector runs, through the library's own line scan with its
-default filters, only on the lines where one of its patterns matches: most
+A library detector runs, through the library's public one-line scan
+(``detect_secrets.core.scan.scan_line``: its default secret and context
+filters; not its allowlist comment, so a tool output cannot hide a token
+by saying ``pragma: allowlist secret``), only on the lines where one of
+its patterns matches: most
 texts hold none, and cost one regular-expression search per pattern. The
 library is imported when the first text is scanned (a command that scans
 nothing does not pay for it); without it installed the scan says so once
@@ -77,10 +80,6 @@ LIBRARY_ANCHORS: dict[str, tuple[str, ...]] = {
     "TwilioKeyDetector": ("AC", "SK"),
 }
 
-#: The file name the library is told it scans: plain text (no language-specific rules).
-_LIBRARY_FILENAME = "tool-output.txt"
-
-
 class _Library:
     """Some detect-secrets detectors, run on the lines their patterns match."""
 
@@ -100,23 +99,24 @@ class _Library:
         patterns = [rx for anchors, rx in self.patterns if any(a in text for a in anchors)]
         if not any(rx.search(text) for rx in patterns):
             return []
-        from detect_secrets.core.scan import _process_line_based_plugins
+        from detect_secrets.core.scan import scan_line
         from detect_secrets.settings import transient_settings
 
         lines = text.split("\n")
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
-        wanted = [(i + 1, line) for i, line in enumerate(lines) if any(rx.search(line) for rx in patterns)]
         hits = []
         with transient_settings({"plugins_used": [{"name": n} for n in self.names]}):
-            for s in _process_line_based_plugins(wanted, _LIBRARY_FILENAME):
-                line = lines[s.line_number - 1]
-                at = line.find(s.secret_value or "")
-                if at < 0:
-                    at = 0
-                hits.append(Hit(f"library:{self.kinds.get(s.type, s.type)}", f"a {s.type} (detect-secrets)",
-                                starts[s.line_number - 1] + at, len(s.secret_value or line)))
+            for number, line in enumerate(lines):
+                if not any(rx.search(line) for rx in patterns):
+                    continue
+                for s in scan_line(line.rstrip()):
+                    at = line.find(s.secret_value or "")
+                    if at < 0:
+                        at = 0
+                    hits.append(Hit(f"library:{self.kinds.get(s.type, s.type)}", f"a {s.type} (detect-secrets)",
+                                    starts[number] + at, len(s.secret_value or line)))
         return hits
 
 
