@@ -16,7 +16,25 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.helpers import Cli, git_workspace
+from tests.helpers import Cli, git_workspace, require_tools
+
+# pytester runs a small pytest session in-process (tests/test_standard_tools.py).
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml so that a pytest run loading
+    # this file as a plugin (tests/test_standard_tools.py) knows the marker too.
+    config.addinivalue_line(
+        "markers",
+        "tools(*names): the test runs these commands (zstd, b3sum); skipped when one is missing, "
+        "failed instead under KXEN_AGENT_REQUIRE_TOOLS=1",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("tools"):
+        require_tools(*mark.args)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,8 +29,10 @@ __all__ = [
     "agent_toml",
     "git",
     "git_workspace",
+    "REQUIRE_TOOLS_ENV",
     "object_bytes",
     "read_lines",
+    "require_tools",
     "tool_result_counts",
     "wait_for_file",
     "write_agent",
@@ -42,6 +45,35 @@ KXEN_AGENT = str(Path(sys.executable).with_name("kxen-agent"))
 CLI_TIMEOUT_S = 60
 
 _GIT_ID = ["-c", "user.name=kxen test", "-c", "user.email=test@kxen.invalid", "-c", "commit.gpgsign=false"]
+
+
+#: Set to 1 (as ``.ci/run`` does), a missing standard tool fails the test instead of skipping it.
+REQUIRE_TOOLS_ENV = "KXEN_AGENT_REQUIRE_TOOLS"
+
+
+def require_tools(*tools: str) -> None:
+    """Skip the calling test unless every command in ``tools`` is on PATH.
+
+    The tests that check objects with the standard tools (``zstd``, ``b3sum``)
+    trust no code of the store, so they need the real commands. A fresh machine
+    often lacks ``b3sum``: there the test is skipped and pytest's ``-rs``
+    summary says which tool is missing. CI must not lose the check silently:
+    with ``KXEN_AGENT_REQUIRE_TOOLS=1`` a missing tool fails the test.
+    Call it first in the test, before any work; the ``tools`` marker
+    (``@pytest.mark.tools("zstd", "b3sum")``) does the same at setup.
+    """
+    import pytest  # here, not at the top: the helpers are also imported by plain scripts (torture.py)
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    if not missing:
+        return
+    what = f"{' and '.join(missing)} not on PATH (objects are checked with the standard tools; " \
+           f"install {' '.join(missing)}, as .ci/run does)"
+    if os.environ.get(REQUIRE_TOOLS_ENV) == "1":
+        pytest.fail(f"{what}; {REQUIRE_TOOLS_ENV}=1 requires them", pytrace=False)
+    # Reported at the test's own line (as a skip marker is), so -rs lists each
+    # skipped test rather than one line for this helper.
+    raise pytest.skip.Exception(what, _use_item_location=True)
 
 
 def git(cwd: Path | str, *args: str) -> str:
@@ -240,8 +272,10 @@ def object_bytes(state_dir: Path) -> Iterable[tuple[Path, bytes]]:
     """Every file in the state dir with its content; loose objects decompressed.
 
     Uses the ``zstd`` command line, not the store's own reader, so the check
-    does not trust the code under test.
+    does not trust the code under test (without ``zstd`` the test is skipped,
+    see :func:`require_tools`).
     """
+    require_tools("zstd")
     for path in sorted(p for p in state_dir.rglob("*") if p.is_file()):
         raw = path.read_bytes()
         if path.parent.parent.name == "objects" and len(path.name) == 62:
