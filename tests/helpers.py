@@ -30,14 +30,17 @@ from typing import Any, Iterable, Mapping, Sequence
 __all__ = [
     "CLI_TIMEOUT_S",
     "KXEN_AGENT",
+    "LONG_ENV",
     "REQUIRE_TOOLS_ENV",
     "Cli",
     "Proc",
     "agent_toml",
     "cli_env",
+    "depth",
     "git",
     "git_workspace",
     "kxen_argv",
+    "long_mode",
     "object_bytes",
     "read_lines",
     "require_tools",
@@ -59,6 +62,21 @@ _GIT_ID = ["-c", "user.name=kxen test", "-c", "user.email=test@kxen.invalid", "-
 
 #: Set to 1 (as ``.ci/run`` does), a missing standard tool fails the test instead of skipping it.
 REQUIRE_TOOLS_ENV = "KXEN_AGENT_REQUIRE_TOOLS"
+
+
+#: Set to 1, the tests that sample (torture trials, race rounds, fault variants, examples)
+#: run at their full depth; unset, at a depth that keeps the whole suite within its budget.
+LONG_ENV = "KXEN_TEST_LONG"
+
+
+def long_mode() -> bool:
+    """True under ``KXEN_TEST_LONG=1`` (or the older ``KXEN_RELIABILITY_LONG=1``, which it implies)."""
+    return any(os.environ.get(k, "") not in ("", "0") for k in (LONG_ENV, "KXEN_RELIABILITY_LONG"))
+
+
+def depth(*, fast: int, long: int) -> int:
+    """How many trials, rounds or cases a sampling test runs: ``long`` in the long mode, else ``fast``."""
+    return long if long_mode() else fast
 
 
 def require_tools(*tools: str) -> None:
