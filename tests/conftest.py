@@ -17,7 +17,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.helpers import LONG_ENV, Cli, git_workspace, require_tools
+from tests.helpers import LONG_ENV, Cli, git_workspace, long_mode, require_tools
 
 # One switch for the long mode: KXEN_TEST_LONG=1 also turns on the crash
 # simulator's own (tests/reliability/crashsim.py reads KXEN_RELIABILITY_LONG).
@@ -39,9 +39,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+    config.addinivalue_line(
+        "markers",
+        "long(why): a test that repeats, at more cost, what a faster test covers (named in why); "
+        "runs only under KXEN_TEST_LONG=1",
+    )
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("tools"):
         require_tools(*mark.args)
+    for mark in item.iter_markers("long"):
+        if not long_mode():
+            raise pytest.skip.Exception(f"long mode only ({LONG_ENV}=1): {mark.args[0]}", _use_item_location=True)
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from kxen_agent.session.agent_def import MAX_DEFINITION_BYTES, MAX_STEPS_BYTES, AgentDefinitionError, parse_agent_definition
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
-from tests.helpers import KXEN_AGENT, Cli, Proc, git_workspace, write_agent
+from tests.helpers import Cli, Proc, git_workspace, spawn_kxen, write_agent
 
 STEPS = [{"content": "done"}]
 ESC = "\x1b"
@@ -217,8 +216,7 @@ def test_log_into_a_closed_pipe_exits_141_silently(cli: Cli, workspace: Path, ag
     task.write_text("".join(f"line {i}\n" for i in range(200_000)))  # far more than a pipe buffer
     res = cli("run", "--workspace", str(workspace), "--task-file", str(task), "--agent", str(agent), "--json",
               expect=0).json()
-    proc = subprocess.Popen([KXEN_AGENT, "session", "log", res["session"]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli.env)
+    proc = spawn_kxen(["session", "log", res["session"]], env=cli.env, text=False)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.read(100)  # the log started...
     proc.stdout.close()  # ...and the reader went away, as `| head` does

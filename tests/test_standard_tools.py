@@ -11,8 +11,6 @@ tools the case gives it, stand-in scripts, as on a fresh machine.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.helpers import REQUIRE_TOOLS_ENV

@@ -26,7 +26,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import blake3
@@ -38,6 +37,7 @@ from kxen_agent.store import codec
 from kxen_agent.store.codec import MAX_BODY_ITEMS
 from kxen_agent.store.objects import MAX_OBJECT_SIZE, RawObject, compress_loose
 from kxen_agent.store.refs import RefUpdate
+from tests.helpers import CLI_TIMEOUT_S, kxen_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_KB = 256 << 10
@@ -107,8 +107,8 @@ def measured(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str,
     hwm.unlink(missing_ok=True)
     env = dict(env, PYTHONPATH=f"{hook}{os.pathsep}{env.get('PYTHONPATH', ROOT)}", KXEN_TEST_HWM_FILE=str(hwm))
     with open(cwd / "out.txt", "wb") as out, open(cwd / "err.txt", "wb") as err:
-        code = subprocess.run([sys.executable, "-m", "kxen_agent", *args], env=env, cwd=cwd, stdout=out,
-                              stderr=err).returncode
+        code = subprocess.run(kxen_argv(*args), env=env, cwd=cwd, stdout=out, stderr=err,
+                              timeout=CLI_TIMEOUT_S * 5).returncode
     return (code, (cwd / "out.txt").read_text("utf-8", "replace"), (cwd / "err.txt").read_text("utf-8", "replace"),
             int(hwm.read_text()))
 

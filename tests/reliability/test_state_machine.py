@@ -18,7 +18,7 @@ dirs are reopened from disk and compared with the model, and fsck must be
 clean.
 
 ``KXEN_STATE_MACHINE_EXAMPLES`` / ``KXEN_STATE_MACHINE_STEPS`` raise the
-budget (defaults: 20 examples of up to 25 steps, about 15 s on the 2-core machine).
+budget (defaults: 10 examples of up to 25 steps, 20 under ``KXEN_TEST_LONG=1``).
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ from kxen_agent.store import BundleRefused, Store, fsck, gc
 from kxen_agent.store.fsio import FileIO
 from kxen_agent.store.refs import ReflogEntry, format_reflog_line
 from kxen_agent.store.steps import StepTx, TxUpdate, encode_record
+from tests.helpers import depth
 
-EXAMPLES = int(os.environ.get("KXEN_STATE_MACHINE_EXAMPLES", "20"))
+#: 10 examples by default (each a fresh pair of state dirs); KXEN_TEST_LONG=1: 20, as before.
+EXAMPLES = int(os.environ.get("KXEN_STATE_MACHINE_EXAMPLES") or depth(fast=10, long=20))
 STEPS_PER_EXAMPLE = int(os.environ.get("KXEN_STATE_MACHINE_STEPS", "25"))
 
 BIG = "x" * 1500  # a tool output past the 1 KiB blob threshold

@@ -81,7 +81,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:  # run as a script from elsewhere
     sys.path.insert(0, _ROOT)
 
-from tests.helpers import KXEN_AGENT, git_workspace, read_lines, tool_result_counts, write_agent  # noqa: E402
+from tests.helpers import cli_env, git_workspace, read_lines, spawn_kxen, tool_result_counts, write_agent  # noqa: E402
 
 __all__ = [
     "KillFigures",
@@ -258,10 +258,7 @@ class Launcher:
         # pid -> how many CLI processes got it: pids are reused, so a check
         # that names a process by pid judges only those started once.
         self.started: Counter = Counter()
-        base = {k: v for k, v in os.environ.items() if not k.startswith("KXEN_AGENT_")}
-        for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-            base.pop(k, None)
-        self.base_env = base
+        self.base_env = cli_env()
 
     def spawn(self, args: Sequence[str], env: Mapping[str, str], cwd: Path, *, exec_: bool = False) -> Child:
         self._n += 1
@@ -271,7 +268,7 @@ class Launcher:
         full.update(env)
         if exec_:
             with open(out, "wb") as o, open(err, "wb") as e:
-                p = subprocess.Popen([KXEN_AGENT, *args], env=full, cwd=cwd, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+                p = spawn_kxen(args, env=full, cwd=cwd, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
             self.started[p.pid] += 1
             return Child(p.pid, p, args, out, err)
         sys.stdout.flush()

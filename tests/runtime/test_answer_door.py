@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.agent_def import load_agent_definition
 from kxen_agent.session.sessions import SessionStore
 from kxen_agent.store import Store
-from tests.helpers import KXEN_AGENT, Cli, tool_result_counts, write_agent
+from tests.helpers import Cli, tool_result_counts, write_agent
 
 from .fake_anthropic import FakeAnthropic
 from .fake_openai import FakeOpenAI
@@ -325,8 +324,7 @@ def test_a_trickling_server_hits_the_model_call_deadline(okey: Cli, workspace: P
 def test_sigterm_ends_a_trickling_model_call_at_once(okey: Cli, workspace: Path, tmp_path: Path) -> None:
     with Trickle() as server:
         path = agent(tmp_path, server.base_url)  # the default deadline: 300 s
-        proc = subprocess.Popen([KXEN_AGENT, "run", "--workspace", str(workspace), "--task", "t", "--agent", str(path),
-                                 "--json"], env=okey.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = okey.spawn("run", "--workspace", str(workspace), "--task", "t", "--agent", str(path), "--json")
         try:
             assert server.asked.wait(30), "the request never came"
             t0 = time.monotonic()

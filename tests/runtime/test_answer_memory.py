@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from kxen_agent.runtime.providers.anthropic import _Streamed as AnthropicStreamed
 from kxen_agent.runtime.providers.openai_compat import _Streamed as OpenAIStreamed
-from tests.helpers import KXEN_AGENT, Cli, write_agent
+from tests.helpers import Cli, spawn_kxen, write_agent
 
 from .fake_openai import FakeOpenAI
 
@@ -23,8 +23,8 @@ MB = 1_000_000
 
 def _peak_rss(cli: Cli, workspace: Path, agent: Path) -> tuple[int, str]:
     """(the CLI process's own peak RSS in bytes, its stdout) for one run."""
-    proc = subprocess.Popen([KXEN_AGENT, "run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent),
-                             "--json"], env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = spawn_kxen(["run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent), "--json"],
+                      env=cli.env, stderr=subprocess.DEVNULL)
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -11,6 +11,10 @@ operation by looking at the real side effect. Afterwards:
 - the journal states are the seed's: Started -> OutcomeKnown -> Settled,
   Started -> OutcomeUnknown only where the outcome was not durable;
 - ``fsck`` is clean.
+
+One real crash per fault point (the matrix below); the other crash tests
+here repeat, through the CLI, what tests/runtime/test_runloop_memory.py
+checks in process, and run under ``KXEN_TEST_LONG=1`` only.
 """
 
 from __future__ import annotations
@@ -165,6 +169,7 @@ def test_crash_at_point_then_resume(point: str, cli: Cli, workspace: Path, tmp_p
     cli.fsck_clean()
 
 
+@pytest.mark.long("in process: test_runloop_memory.py::test_a_fault_at_the_nth_occurrence")
 def test_fault_at_the_nth_occurrence(cli: Cli, workspace: Path, tmp_path: Path) -> None:
     """``POINT@2``: the first call completes; the process dies after the second call's effect."""
     effects = tmp_path / "effects.log"
@@ -199,6 +204,7 @@ def test_fault_at_the_nth_occurrence(cli: Cli, workspace: Path, tmp_path: Path) 
     cli.fsck_clean()
 
 
+@pytest.mark.long("in process: test_runloop_memory.py::test_a_read_only_tool_interrupted_after_started_is_run_again")
 def test_read_only_tool_interrupted_after_started_is_rerun(cli: Cli, workspace: Path, tmp_path: Path) -> None:
     """A call to a tool without side effects is simply run again after a crash: no UNKNOWN."""
     (workspace / "data.txt").write_text("payload-42\n")
@@ -241,6 +247,8 @@ def test_a_bad_fault_spec_is_refused_before_anything_is_written(spec: str, cli: 
     assert not (tmp_path / "effects.log").exists()
 
 
+@pytest.mark.long("in process: test_runloop_memory.py::"
+                   "test_an_outcome_known_but_unsettled_is_written_once_even_after_a_second_crash")
 def test_large_outcome_recovered_from_the_journal_after_a_crash(cli: Cli, workspace: Path, tmp_path: Path) -> None:
     """An output too big to inline (kept in a blob the journal links) survives the crash whole, and the
     recovering process crashing again at the next point changes nothing."""

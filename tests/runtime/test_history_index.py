@@ -11,7 +11,6 @@ first turn reads only what the index lacks), fsck and gc.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,8 @@ from kxen_agent.runtime.runner import Runner
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import RefUpdate, Store, codec
 from kxen_agent.store.fsio import FaultyIO, FileIO
+
+from tests.helpers import Proc, cli_env, run_kxen
 
 from .test_history import Tooling, chat, full, session_with_history
 
@@ -231,10 +232,8 @@ def test_a_run_writes_the_index_and_the_next_process_starts_from_it(tmp_path: Pa
 # ------------------------------------------------------------------ fsck and gc
 
 
-def fsck(root: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, KXEN_AGENT_STATE_DIR=root)
-    return subprocess.run([sys.executable, "-m", "kxen_agent", "fsck"], env=env, capture_output=True, text=True,
-                          timeout=300)
+def fsck(root: str) -> Proc:
+    return run_kxen(["fsck"], env=cli_env(root), timeout=300)
 
 
 def test_fsck_checks_the_index_against_the_objects(tmp_path: Path) -> None:
@@ -243,8 +242,8 @@ def test_fsck_checks_the_index_against_the_objects(tmp_path: Path) -> None:
     head = ss.get(ses).head
     RunHistory(ss).finish(ses, head)
     r = fsck(store.root)
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert "stray" not in r.stdout
+    assert r.rc == 0, r.err + r.out
+    assert "stray" not in r.out
     path = hi.index_path(store.root, ses)
     # Checksums that hold over content that is not the messages': a problem, exit 1.
     entries = entries_of(ss, head)
@@ -252,15 +251,15 @@ def test_fsck_checks_the_index_against_the_objects(tmp_path: Path) -> None:
     entries[5] = (oid, dict(p, content="not what the message says"), t)
     hi.write_index(FileIO(), path, entries)
     r = fsck(store.root)
-    assert r.returncode == 1
-    assert "history-index" in r.stderr and "entry 5" in r.stderr, r.stderr
+    assert r.rc == 1
+    assert "history-index" in r.err and "entry 5" in r.err, r.err
     # A torn tail is a note, not a problem.
     hi.write_index(FileIO(), path, entries_of(ss, head))
     with open(path, "ab") as f:
         f.write(b"HSEG\x00\x00")
     r = fsck(store.root)
-    assert r.returncode == 0, r.stderr
-    assert "history index" in r.stdout and "torn" in r.stdout
+    assert r.rc == 0, r.err
+    assert "history index" in r.out and "torn" in r.out
 
 
 def test_gc_removes_a_pruned_sessions_index(tmp_path: Path) -> None:
@@ -278,7 +277,7 @@ def test_gc_removes_a_pruned_sessions_index(tmp_path: Path) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     open(path, "wb").write(hi.MAGIC)
     r = fsck(store.root)
-    assert "stray file" in r.stdout and ses in r.stdout, r.stdout
+    assert "stray file" in r.out and ses in r.out, r.out
 
 
 # ------------------------------------------------------------------ the spec's vector (§14.12)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import KXEN_AGENT, Cli, write_agent
+from tests.helpers import Cli, write_agent
 
 from .fake_openai import FakeOpenAI, Reply
 
@@ -41,9 +41,7 @@ class PtyRun:
     def __init__(self, cli: Cli, *args: str) -> None:
         master, slave = pty.openpty()
         self.master = master
-        self.proc = subprocess.Popen([KXEN_AGENT, *args], stdout=subprocess.PIPE, stderr=slave,
-                                     stdin=subprocess.DEVNULL, env=cli.env, text=True)
-        cli.spawned.append(self.proc)
+        self.proc = cli.spawn(*args, stderr=slave, stdin=subprocess.DEVNULL)
         os.close(slave)
         self.seen = b""
 

@@ -5,10 +5,9 @@ the run unharmed."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from tests.helpers import KXEN_AGENT, Cli, wait_for_file, write_agent
+from tests.helpers import Cli, spawn_kxen, wait_for_file, write_agent
 
 from .test_approvals import PROMPT, PtyRun, run_args
 
@@ -46,8 +45,7 @@ def test_session_delete_during_a_live_run_is_refused_and_the_run_goes_on(
         "command": "touch started; while [ ! -f go ]; do sleep 0.05; done; echo released"}}]},
              {"content": "finished"}]
     agent = write_agent(tmp_path / "agent", steps)
-    proc = subprocess.Popen([KXEN_AGENT, *run_args(workspace, agent)], env=cli.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = spawn_kxen(run_args(workspace, agent), env=cli.env)
     try:
         wait_for_file(workspace / "started", proc)
         [ses] = [s["id"] for s in cli.sessions()]

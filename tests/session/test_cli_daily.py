@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.cli.run_cmds import DEMO_AGENT
-from tests.helpers import CLI_TIMEOUT_S, KXEN_AGENT, Cli, Proc, write_agent
+from tests.helpers import Cli, Proc, write_agent
 
 BYTES_REPR = re.compile(r"(?<![\w'])b'")  # a path shown as Python bytes: b'/tmp/x'
 
@@ -88,18 +88,13 @@ def test_run_defaults_to_this_directory_and_reads_a_task_from_stdin(kx: Cli, tmp
     shown = kx.session_show(sub["session"])["workspace"]
     assert shown["root"] == os.path.realpath(ws / "pkg" / "sub") and shown["repoRoot"] == os.path.realpath(ws)
 
-    piped = subprocess.run([KXEN_AGENT, "run", "--json"], input="the task\nfrom a pipe\n", capture_output=True,
-                           text=True, env=kx.env, cwd=ws, timeout=CLI_TIMEOUT_S)
-    assert piped.returncode == 0, piped.stderr
-    ses = json.loads(piped.stdout)["session"]
+    piped = kx("run", "--json", input="the task\nfrom a pipe\n", cwd=ws, expect=0)
+    ses = piped.json()["session"]
     assert kx.log(ses)[0]["content"] == "the task\nfrom a pipe\n"
-    dash = subprocess.run([KXEN_AGENT, "run", "--task-file", "-", "--json"], input="dash task", capture_output=True,
-                          text=True, env=kx.env, cwd=ws, timeout=CLI_TIMEOUT_S)
-    assert dash.returncode == 0, dash.stderr
-    assert kx.log(json.loads(dash.stdout)["session"])[0]["content"] == "dash task"
-    empty = subprocess.run([KXEN_AGENT, "run"], input="  \n", capture_output=True, text=True, env=kx.env, cwd=ws,
-                           timeout=CLI_TIMEOUT_S)
-    assert empty.returncode == 2 and "the task on standard input is empty" in empty.stderr, empty.stderr
+    dash = kx("run", "--task-file", "-", "--json", input="dash task", cwd=ws, expect=0)
+    assert kx.log(dash.json()["session"])[0]["content"] == "dash task"
+    empty = kx("run", input="  \n", cwd=ws, expect=2)
+    assert "the task on standard input is empty" in empty.err, str(empty)
     assert len(kx.sessions()) == 4  # the refused one created nothing
 
 
@@ -107,12 +102,11 @@ def test_run_on_a_terminal_with_no_task_asks_for_one_instead_of_waiting(kx: Cli,
     ws = repo(kx, tmp_path / "ws")
     main_fd, tty = pty.openpty()
     try:
-        p = subprocess.run([KXEN_AGENT, "run"], stdin=tty, capture_output=True, text=True, env=kx.env, cwd=ws,
-                           timeout=CLI_TIMEOUT_S)
+        p = kx("run", stdin=tty, cwd=ws)
     finally:
         os.close(tty)
         os.close(main_fd)
-    assert p.returncode == 2 and "run needs a task: --task TEXT" in p.stderr, p.stderr
+    assert p.rc == 2 and "run needs a task: --task TEXT" in p.err, str(p)
     assert not kx.state_dir.exists()
 
 
