@@ -37,8 +37,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "tools(*names): the test runs these commands (zstd, b3sum); skipped when one is missing, "
         "failed instead under KXEN_AGENT_REQUIRE_TOOLS=1",
     )
-
-
     config.addinivalue_line(
         "markers",
         "long(why): a test that repeats, at more cost, what a faster test covers (named in why); "
