@@ -187,7 +187,7 @@ def list_cmd(
 def show_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object: ids, fork fields, workspace, agent, runs (README: JSON output)."),
+        False, "--json", help="Print one JSON object: ids, fork fields, workspace, agent, runs (docs/commands.md: JSON output)."),
 ) -> None:
     """Ids, fork fields, workspace binding, agent lock, runs and their statuses.
 
