@@ -3,6 +3,7 @@ yet, the installed CLI bound to it, and a fresh Git workspace."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,31 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.helpers import Cli, git_workspace
+from tests.helpers import LONG_ENV, Cli, git_workspace, require_tools
+
+# One switch for the long mode: KXEN_TEST_LONG=1 also turns on the crash
+# simulator's own (tests/reliability/crashsim.py reads KXEN_RELIABILITY_LONG).
+# Set at import, before any test module reads it; xdist workers import this too.
+if os.environ.get(LONG_ENV, "") not in ("", "0"):
+    os.environ.setdefault("KXEN_RELIABILITY_LONG", "1")
+
+# pytester runs a small pytest session in-process (tests/test_standard_tools.py).
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml so that a pytest run loading
+    # this file as a plugin (tests/test_standard_tools.py) knows the marker too.
+    config.addinivalue_line(
+        "markers",
+        "tools(*names): the test runs these commands (zstd, b3sum); skipped when one is missing, "
+        "failed instead under KXEN_AGENT_REQUIRE_TOOLS=1",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("tools"):
+        require_tools(*mark.args)
 
 
 @pytest.fixture

@@ -578,10 +578,13 @@ class KillTrial:
     """One kill-torture trial in ``root``; :meth:`run` returns its report (never raises for a violation)."""
 
     def __init__(self, launcher: Launcher, root: Path, seed: int, typical: Mapping[str, float], exec_fraction: float,
-                 *, forced: str | None = None) -> None:
+                 *, forced: str | None = None, early_kill: bool = False) -> None:
         """``forced``: a fault point for the first command (no SIGKILL), on a script that starts with a
-        shell call — ``tool:after-started`` and ``tool:after-effect`` give an UNKNOWN op for sure."""
+        shell call — ``tool:after-started`` and ``tool:after-effect`` give an UNKNOWN op for sure.
+        ``early_kill``: the first command is SIGKILLed within its first quarter (a short run of
+        trials still kills at a random moment)."""
         self.forced = forced
+        self.early_kill = early_kill
         self.launcher = launcher
         self.root = root
         self.seed = seed
@@ -646,6 +649,8 @@ class KillTrial:
             kill_after = rng.uniform(MIN_DELAY_S, self.typical) if chaos and rng.random() < p_kill else None
             if attempt == 0 and self.forced:
                 env, kill_after = {"KXEN_AGENT_FAULT": self.forced}, None
+            elif attempt == 0 and self.early_kill:
+                env, kill_after = {}, rng.uniform(MIN_DELAY_S, self.typical / 4)
             args = self._command()
             if args[0] == "--resume":
                 self.rep.resumes += 1
@@ -804,11 +809,17 @@ def _kill_worker(root: Path, seeds: list[tuple[int, str | None]], deadline: floa
     launcher.run(["--help"], {}, root, exec_=True)
     typical = {"fork": fork, "exec": fork + time.monotonic() - t0}
     print(json.dumps({"calibration": typical}), flush=True)
+    randoms = 0
     for seed, forced in seeds:
-        if time.time() > deadline and forced is None:
+        # Forced trials always run, and so does each worker's first random one (killed
+        # early for sure): on a loaded machine the budget may be gone before it, and
+        # forced trials alone never kill at a random moment.
+        if time.time() > deadline and forced is None and randoms > 0:
             break
         tdir = root / f"trial-{seed}"
-        rep = KillTrial(launcher, tdir, seed, typical, exec_fraction, forced=forced).run()
+        rep = KillTrial(launcher, tdir, seed, typical, exec_fraction, forced=forced,
+                        early_kill=forced is None and randoms == 0).run()
+        randoms += forced is None
         # Forced trials are few: kept, with the evidence their checks saw (final.json).
         if not rep.failures and not keep and forced is None:
             shutil.rmtree(tdir, ignore_errors=True)

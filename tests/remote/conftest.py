@@ -38,9 +38,9 @@ STEPS = [
 
 
 class Kx(TransferKx):
-    """``session import``'s test CLI (no traceback ever; one-line refusals), refusing with exit 1 by default."""
+    """The strict test CLI, refusing with exit 1 by default (``session push``/``pull`` refusals)."""
 
-    def refused(self, *args: str, code: int | None = 1, cwd: Path | None = None) -> str:
+    def refused(self, *args: str, code: int | None = 1, cwd: Path | None = None) -> str:  # type: ignore[override]
         return super().refused(*args, code=code, cwd=cwd)
 
 

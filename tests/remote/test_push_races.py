@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from kxen_agent.session import SessionStore
 from kxen_agent.session.remote import push_sessions
 from kxen_agent.session.remote_pull import pull_sessions
 from kxen_agent.store import Store
-from tests.helpers import KXEN_AGENT
+from tests.helpers import depth, run_kxen, spawn_kxen
 from tests.remote.conftest import Machine, Remote, both_went_on, make_machine
 from tests.remote.test_push_pull import _append, _long_session
 
@@ -97,7 +96,7 @@ def _kill_rounds(served: Remote, tmp_path: Path, rounds: int, seed: int) -> None
     env = dict(a.kx.env)
     # How long a whole push takes here, to spread the kill points over it.
     t0 = time.monotonic()
-    subprocess.run([KXEN_AGENT, "session", "push", ses], env=env, check=True, capture_output=True, cwd=a.ws)
+    run_kxen(["session", "push", ses], env=env, cwd=a.ws, expect=0)
     full = time.monotonic() - t0
     rng = random.Random(seed)
     seen_outcomes = set()
@@ -105,8 +104,7 @@ def _kill_rounds(served: Remote, tmp_path: Path, rounds: int, seed: int) -> None
         for src, dst in ((pristine / "state", a.state), (pristine / "remote", served.path)):
             shutil.rmtree(dst)
             shutil.copytree(src, dst, symlinks=True)
-        proc = subprocess.Popen([KXEN_AGENT, "session", "push", ses], env=env, cwd=a.ws, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = spawn_kxen(["session", "push", ses], env=env, cwd=a.ws, start_new_session=True)
         time.sleep(rng.uniform(0.05, 1.1) * full)  # the random kill point: this wait is the test's input
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -139,7 +137,9 @@ def test_a_push_killed_at_random_points_leaves_old_or_new(served: Remote, tmp_pa
 
 @pytest.mark.slow
 def test_a_push_killed_at_random_points_many_times(served: Remote, tmp_path: Path) -> None:
-    _kill_rounds(served, tmp_path, rounds=25, seed=1414)
+    # Each round copies the state dir and the remote back and kills one push; 6 rounds beside the
+    # 3 above spread the kill points over the push. KXEN_TEST_LONG=1: 25 rounds.
+    _kill_rounds(served, tmp_path, rounds=depth(fast=6, long=25), seed=1414)
 
 
 def test_a_killed_writers_git_lock_file_does_not_wedge_the_session(served: Remote, tmp_path: Path) -> None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-KXEN_AGENT = str(Path(sys.executable).with_name("kxen-agent"))
+from tests.helpers import CLI_TIMEOUT_S, Proc, cli_env, kxen_argv, run_kxen, spawn_kxen
+
 DEMO_AGENT = str(Path(__file__).resolve().parents[2] / "kxen_agent" / "examples" / "demo-agent" / "agent.toml")
-TIMEOUT_S = 60
+TIMEOUT_S = CLI_TIMEOUT_S
 REMOTE = "https://builder:s3cr3t-t0ken@example.com/org/repo.git"
 GIT_ID = ["-c", "user.name=Kxen Test", "-c", "user.email=kxen-test@example.invalid"]
 
@@ -34,49 +35,40 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class Kx:
-    """The CLI bound to one state dir, with an isolated Git configuration."""
+    """The CLI bound to one state dir, with an isolated Git configuration (over :func:`tests.helpers.run_kxen`)."""
 
     def __init__(self, tmp: Path) -> None:
         self.state = tmp / "state"
         gitconfig = tmp / "gitconfig"
         gitconfig.write_text("")
-        self.env = {
-            k: v for k, v in os.environ.items()
-            if not k.startswith(("GIT_", "KXEN_AGENT_"))
-        }
-        self.env.update({
-            "KXEN_AGENT_STATE_DIR": str(self.state),
+        self.env = cli_env(self.state, {
             "GIT_CONFIG_GLOBAL": str(gitconfig),
             "GIT_CONFIG_NOSYSTEM": "1",
             "LC_ALL": "C",
             # `run` without --agent: the default agent is configured to be the bundled demo one.
             "KXEN_AGENT_AGENT": DEMO_AGENT,
-        })
+        }, base={k: v for k, v in os.environ.items() if not k.startswith("GIT_")})
 
-    def run(self, *args: str, code: int | None = 0, env: dict | None = None) -> subprocess.CompletedProcess:
+    def run(self, *args: str, code: int | None = 0, env: dict | None = None) -> Proc:
         """Run ``kxen-agent ARGS``; ``code`` None means "any non-zero"."""
-        proc = subprocess.run(
-            [KXEN_AGENT, *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-            env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
-        )
-        where = f"kxen-agent {' '.join(args)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-        assert "Traceback" not in proc.stderr, where
+        proc = run_kxen(args, env={**self.env, **(env or {})}, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+        assert "Traceback" not in proc.err, str(proc)
         if code is None:
-            assert proc.returncode != 0, where
+            assert proc.rc != 0, str(proc)
         else:
-            assert proc.returncode == code, where
+            assert proc.rc == code, str(proc)
         return proc
 
     def fail(self, *args: str, code: int | None = None, env: dict | None = None) -> str:
         """Run a command that must be refused; return its one-line error."""
         proc = self.run(*args, code=code, env=env)
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1, proc.stderr
-        assert lines[0].startswith("kxen-agent: error: "), proc.stderr
+        lines = proc.err.strip().splitlines()
+        assert len(lines) == 1, proc.err
+        assert lines[0].startswith("kxen-agent: error: "), proc.err
         return lines[0]
 
     def json(self, *args: str, env: dict | None = None):
-        return json.loads(self.run(*args, "--json", env=env).stdout)
+        return json.loads(self.run(*args, "--json", env=env).out)
 
     def start(self, workspace: Path, task: str = "first task", *more: str, env: dict | None = None) -> dict:
         res = self.json("run", "--workspace", str(workspace), "--task", task, *more, env=env)
@@ -87,7 +79,7 @@ class Kx:
         return self.json("session", "show", ses)
 
     def log(self, ses: str) -> list[dict]:
-        out = self.run("session", "log", ses, "--json").stdout
+        out = self.run("session", "log", ses, "--json").out
         return [json.loads(line) for line in out.splitlines()]
 
     def ids(self) -> list[str]:
@@ -166,10 +158,10 @@ def test_identities_and_show_json(kx: Kx, repo: Path) -> None:
     assert show["head"] == log[-1]["id"] and show["messages"] == len(log)
     assert log[0]["role"] == "user" and log[0]["content"] == "first task" and log[0]["run"] == run
 
-    text = kx.run("session", "show", ses).stdout
+    text = kx.run("session", "show", ses).out
     for needle in (ses, run, show["agentLock"], "branchRootId", real, "completed"):
         assert needle in text
-    text = kx.run("session", "log", ses).stdout
+    text = kx.run("session", "log", ses).out
     assert text.startswith(log[0]["id"][:16] + "  #0 user")
     positions = [text.index(m["id"][:16]) for m in log]
     assert positions == sorted(positions)
@@ -181,7 +173,7 @@ def test_identities_and_show_json(kx: Kx, repo: Path) -> None:
     assert (fshow["parentId"], fshow["branchRootId"], fshow["forkPoint"], fshow["forkKind"]) == (
         ses, ses, log[0]["id"], "conversation")
     assert fshow["agentLock"] == show["agentLock"] and fshow["workspace"] == ws and fshow["runs"] == []
-    grand = kx.run("session", "fork", fork["id"]).stdout.splitlines()[0]
+    grand = kx.run("session", "fork", fork["id"]).out.splitlines()[0]
     gshow = kx.show(grand)
     assert (gshow["parentId"], gshow["branchRootId"], gshow["forkPoint"]) == (fork["id"], ses, log[0]["id"])
 
@@ -223,7 +215,7 @@ def test_agent_lock_is_immutable_and_holds_no_secret(kx: Kx, repo: Path, tmp_pat
     show = kx.show(ses)
     lock = show["agentLock"]
     assert show["agent"]["name"] == "locked" and show["agent"]["apiKeyEnv"] == "KXEN_TEST_API_KEY"
-    body = kx.run("cat-object", lock, "--json").stdout
+    body = kx.run("cat-object", lock, "--json").out
     assert '"KXEN_TEST_API_KEY"' in body and secret not in body
 
     # Edit the definition and its steps: the session keeps its revision.
@@ -251,7 +243,7 @@ def test_fork_points_and_refusals(kx: Kx, repo: Path) -> None:
     # The demo agent: user, assistant(2 calls), tool, tool, assistant(2 calls), ...
     assert [m["role"] for m in log[:4]] == ["user", "assistant", "tool", "tool"]
 
-    head_fork = kx.run("session", "fork", ses).stdout.splitlines()[0]
+    head_fork = kx.run("session", "fork", ses).out.splitlines()[0]
     assert kx.show(head_fork)["forkPoint"] == log[-1]["id"]
     assert kx.log(head_fork) == log
 
@@ -475,7 +467,7 @@ def test_rebind_to_a_clone_and_refusal_of_another_repository(kx: Kx, repo: Path,
 
 
 def test_list_tree_delete_and_fsck(kx: Kx, repo: Path) -> None:
-    assert "no sessions" in kx.run("session", "list").stdout
+    assert "no sessions" in kx.run("session", "list").out
     root = kx.start(repo)["session"]
     log = kx.log(root)
     a = kx.json("session", "fork", root)["id"]
@@ -490,7 +482,7 @@ def test_list_tree_delete_and_fsck(kx: Kx, repo: Path) -> None:
     assert rows[root]["status"] == "completed" and rows[root]["messages"] == len(log)
     assert rows[b]["parentId"] == root and rows[b]["messages"] == 4 and rows[b]["status"] is None
 
-    drawn = kx.run("session", "tree", a1).stdout.splitlines()
+    drawn = kx.run("session", "tree", a1).out.splitlines()
     assert drawn[0].startswith(root)
     assert drawn[1].startswith(f"├── {a} [conversation]")
     assert drawn[2].startswith(f"│   └── {a1} [conversation]") and drawn[2].endswith("<- this session")
@@ -500,18 +492,18 @@ def test_list_tree_delete_and_fsck(kx: Kx, repo: Path) -> None:
     assert [c["id"] for c in tree["children"]] == [a, b]
     assert [c["id"] for c in tree["children"][0]["children"]] == [a1]
 
-    out = kx.run("session", "delete", a).stdout
+    out = kx.run("session", "delete", a).out
     assert a in out
     assert kx.ids() == [root, b, a1]
     err = kx.fail("session", "show", a, code=1)
     assert f"session {a} is not in state dir {kx.state}" in err
     kx.fail("session", "delete", a, code=1)
-    drawn = kx.run("session", "tree", root).stdout.splitlines()
+    drawn = kx.run("session", "tree", root).out.splitlines()
     # The fork of a deleted fork stays in the tree, under it.
     assert drawn[1].startswith(f"├── {a} [conversation]") and "(deleted)" in drawn[1]
     assert drawn[2].startswith(f"│   └── {a1} [conversation]")
     assert kx.log(a1) == log
-    assert "clean" in kx.run("fsck").stdout
+    assert "clean" in kx.run("fsck").out
 
 
 def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
@@ -550,7 +542,7 @@ def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
         sys.stderr.write(p.stderr)
         print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     """)
-    proc = subprocess.run([sys.executable, "-c", measure, str(out_path), KXEN_AGENT, "session", "log", ses, "--json"],
+    proc = subprocess.run([sys.executable, "-c", measure, str(out_path), *kxen_argv("session", "log", ses, "--json")],
                           capture_output=True, text=True, env=kx.env, timeout=TIMEOUT_S)
     assert "Traceback" not in proc.stderr, proc.stderr
     rc, maxrss_kb = map(int, proc.stdout.split())
@@ -568,8 +560,7 @@ def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
     # `session log | head`: the reader goes away after one line. Like git: exit
     # 141 (128 + SIGPIPE), nothing on stderr — not a failure, not a traceback.
     for extra in ((), ("--json",)):
-        p = subprocess.Popen([KXEN_AGENT, "session", "log", ses, *extra], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=kx.env)
+        p = spawn_kxen(["session", "log", ses, *extra], env=kx.env, text=False)
         assert p.stdout is not None and p.stderr is not None
         first = p.stdout.readline()
         p.stdout.close()

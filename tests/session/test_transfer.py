@@ -15,13 +15,12 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kxen_agent.store import Store
 from kxen_agent.store.bundle import iter_bundle_objects
-from tests.helpers import Cli, Proc, git, git_workspace, write_agent
+from tests.helpers import Cli, git, git_workspace, write_agent
 
 FAKE_KEY = "sk-kxen-FAKE-1234567890abcdef"
 KEY_ENV = "KXEN_TEST_PROVIDER_KEY"
@@ -41,19 +40,10 @@ STEPS = [
 
 
 class Kx(Cli):
-    """The CLI that never shows a traceback, with a helper for refusals."""
+    """The CLI that never shows a traceback (:class:`tests.helpers.Cli`, strict)."""
 
-    def __call__(self, *args: str, **kw: Any) -> Proc:
-        p = super().__call__(*args, **kw)
-        assert "Traceback" not in p.err, str(p)
-        return p
-
-    def refused(self, *args: str, code: int | None = None, cwd: Path | None = None) -> str:
-        p = self(*args, cwd=cwd)
-        assert p.rc != 0 if code is None else p.rc == code, str(p)
-        lines = p.err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("kxen-agent: error: "), str(p)
-        return lines[0]
+    def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__(state_dir, env, strict=True)
 
 
 def clone(src: Path, dst: Path) -> Path:
