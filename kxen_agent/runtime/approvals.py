@@ -30,6 +30,7 @@ from typing import Any, Protocol
 # Who decided (§14.6 ``approver``): a person at the terminal (once, or "always" for the tool in this run),
 # the run's ``--yes``, or no terminal to ask at (refused).
 from kxen_agent.session.schema import APPROVERS
+from kxen_agent.session.status import Approval, ApproverName, OpSource, OpState
 
 from .trust import TRUST_APPROVER  # the approver of a decision `session trust` made (§14.6)
 
@@ -72,7 +73,7 @@ class Decision:
     @property
     def source(self) -> str:
         """The journal's ``source``: ``human`` when a person answered, ``policy`` when the flags decided."""
-        return "human" if self.approver in ("user", "user-always") else "policy"
+        return OpSource.HUMAN if ApproverName(self.approver).human else OpSource.POLICY
 
 
 class Approver(Protocol):
@@ -83,7 +84,7 @@ class Approver(Protocol):
 
 def refuse_without_terminal(request: ApprovalRequest, cancel: threading.Event) -> Decision:
     """The default: nobody can be asked, so the call is refused."""
-    return Decision("no", "no-terminal")
+    return Decision(Approval.NO, ApproverName.NO_TERMINAL)
 
 
 def needs_approval(agent: dict, tool: str, side_effects: bool) -> bool:
@@ -124,9 +125,9 @@ class TerminalApprover:
 
     def __call__(self, request: ApprovalRequest, cancel: threading.Event) -> Decision | None:
         if self.assume_yes:
-            return Decision("yes", "--yes")
+            return Decision(Approval.YES, ApproverName.YES_FLAG)
         if not os.isatty(self.fd):
-            return Decision("no", "no-terminal")
+            return Decision(Approval.NO, ApproverName.NO_TERMINAL)
         self.write(f"\nkxen-agent: run {request.run} wants to call {request.tool} ({request.op}) with:\n"
                    f"{_shown(request.arguments)}\n")
         while True:
@@ -137,11 +138,11 @@ class TerminalApprover:
                 return None
             answer = line.strip().lower()
             if answer in ("y", "yes"):
-                return Decision("yes", "user")
+                return Decision(Approval.YES, ApproverName.USER)
             if answer in ("a", "always"):
-                return Decision("yes", "user-always")
+                return Decision(Approval.YES, ApproverName.USER_ALWAYS)
             if answer in ("n", "no") or line == "":  # "" is end of input
-                return Decision("no", "user")
+                return Decision(Approval.NO, ApproverName.USER)
             self.write(f"please answer y, n or a (got {answer[:20]!r})\n")
 
     def _read_line(self, cancel: threading.Event) -> str | None:
@@ -176,11 +177,12 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
     """
     if decided is None:
         ops = ctx.r.ops(ctx.st)
-        always = [e for e in ops.values() if e.get("approver") == "user-always" and e["tool"] == base["tool"]]
+        always = [e for e in ops.values()
+                  if e.get("approver") == ApproverName.USER_ALWAYS and e["tool"] == base["tool"]]
         # "Always" said on another machine is that machine's decision, not this one's (§14.6).
         gate = getattr(ctx, "gate", None)
         if any(gate is None or gate.decided_here(e["op"]) for e in always):
-            decision: Decision | None = Decision("yes", "user-always")
+            decision: Decision | None = Decision(Approval.YES, ApproverName.USER_ALWAYS)
         else:
             request = ApprovalRequest(ctx.ses, ctx.run, base["op"], base["tool"], base["arguments"])
             decision = ctx.r.approver(request, ctx.r.cancel)
@@ -189,8 +191,8 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
         fields = {"approval": decision.approval, "approver": decision.approver}
         # Where the decision was made (§14.6 ``origin``: informative; the reflog is what a reader trusts).
         origin = {"origin": ctx.origin()} if hasattr(ctx, "origin") else {}
-        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields, **origin)],
-                          reason=f"run {ctx.run}: {base['op']} {'approved' if decision.approval == 'yes' else 'refused'}"
+        ctx.journal_write([dict(base, state=OpState.DECIDED, source=decision.source, **fields, **origin)],
+                          reason=f"run {ctx.run}: {base['op']} {'approved' if decision.approval == Approval.YES else 'refused'}"
                                  f" ({decision.approver})")
         if hasattr(ctx, "decided_here"):
             ctx.decided_here.add(base["op"])
@@ -198,8 +200,8 @@ def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
     else:
         fields = {k: decided[k] for k in ("approval", "approver", "origin") if k in decided}
     base.update(fields)
-    if fields["approval"] == "yes":
+    if fields["approval"] == Approval.YES:
         return True
-    ctx.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=True)], outputs=[REFUSED],
-                      reason=f"run {ctx.run}: {base['op']} refused, not run")
+    ctx.journal_write([dict(base, state=OpState.OUTCOME_KNOWN, source=OpSource.TOOL, isError=True)],
+                      outputs=[REFUSED], reason=f"run {ctx.run}: {base['op']} refused, not run")
     return False

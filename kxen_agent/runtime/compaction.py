@@ -30,6 +30,7 @@ from typing import Any
 
 from kxen_agent.errors import UsageError
 from kxen_agent.session.sessions import Message, msg_id
+from kxen_agent.session.status import RunStatus
 from kxen_agent.store import CorruptObject, RefUpdate
 
 from .events import Activity, ProviderRetry
@@ -167,11 +168,11 @@ def provider_history(ctx: Any, before: Sequence[dict] = ()) -> list[dict]:
         turn = _ask_summary(ctx.provider, system, view, specs, cancel=ctx.r.cancel, policy=ctx.r.retry_policy,
                             on_retry=on_retry, on_activity=on_activity)
     except ProviderCanceled:
-        ctx.end("canceled", error="canceled by the user while the model was summarizing the history (compaction); "
-                                  "nothing of it was recorded")
+        ctx.end(RunStatus.CANCELED, error="canceled by the user while the model was summarizing the history "
+                                          "(compaction); nothing of it was recorded")
     except ProviderGaveUp as e:
-        ctx.end("failed", error=ctx.stored(f"provider error while compacting the history: {e}; "
-                                           f"`kxen-agent --resume {ctx.ses} --retry` tries the task again"))
+        ctx.end(RunStatus.FAILED, error=ctx.stored(f"provider error while compacting the history: {e}; "
+                                                     f"`kxen-agent --resume {ctx.ses} --retry` tries the task again"))
     finally:
         ctx.r.activity = Activity("step")
     ctx.fault("compaction:after-response")
@@ -179,8 +180,8 @@ def provider_history(ctx: Any, before: Sequence[dict] = ()) -> list[dict]:
     counted = {} if usage is None else {"usage": sum_usage([ctx.st.get("usage"), usage])}
     problem = _summary_problem(turn)
     if problem is not None:
-        ctx.end("failed", error=f"{problem}; the history was not compacted; `kxen-agent --resume {ctx.ses} --retry` "
-                                "asks again", changes=counted)
+        ctx.end(RunStatus.FAILED, error=f"{problem}; the history was not compacted; "
+                                        f"`kxen-agent --resume {ctx.ses} --retry` asks again", changes=counted)
     through = ctx.info.head
     with ctx.store.writing():
         new_head = ctx.sessions.append_messages(through, [{"role": "compaction", "content": ctx.stored(turn.content),

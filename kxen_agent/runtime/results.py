@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from kxen_agent.errors import KxenError
+from kxen_agent.session.status import TERMINAL, RunStatus
 
 from .providers import Usage
 
 __all__ = ["CUT_SHORT", "NothingToRetry", "OUTPUT_BLOB_THRESHOLD", "RunError", "RunResult", "TERMINAL", "sum_usage"]
 
-TERMINAL = ("completed", "failed", "canceled")
 #: Tool output longer than this is kept in a blob object that the journal links.
 OUTPUT_BLOB_THRESHOLD = 1024
 #: Finish reasons that say the answer is not the model's whole answer (§14.5: such a turn fails the run).
@@ -75,7 +75,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        return {"completed": 0, "input_required": 3, "canceled": 130}.get(self.status, 1)
+        return {RunStatus.COMPLETED: 0, RunStatus.INPUT_REQUIRED: 3, RunStatus.CANCELED: 130}.get(self.status, 1)
 
     def to_json(self) -> dict:
         return {

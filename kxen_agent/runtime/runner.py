@@ -51,6 +51,7 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.schema import put, read, text_blob
 from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
+from kxen_agent.session.status import OpSource, OpState, RunStatus, plain
 from kxen_agent.session.trust import TrustStore
 from kxen_agent.store import CorruptObject, RefUpdate
 from kxen_agent.store.autopack import AutoPacker
@@ -63,8 +64,7 @@ from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, Te
                      TurnFinished, TurnStarted)
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
-from .recovery import (AskModel, FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
-                       SettleThenAsk, Stop, next_step)
+from .recovery import AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop, next_step
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
@@ -225,7 +225,7 @@ class Runner:
         return shown_status(self.store, ses, st, backend=self.leases)
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
-        unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
+        unknown = [op for op, e in self.ops(st).items() if e["state"] == OpState.OUTCOME_UNKNOWN]
         ep = self.endpoint_of(info, st)
         return RunResult(info.id, run, st["status"], st["turn"], st["model"], st.get("result"), st.get("error"),
                          unknown, st.get("settled", False), ep.model, ep.base_url, st.get("retryOf"), st.get("usage"))
@@ -360,7 +360,7 @@ class Runner:
                 raise RunError(
                     f"nothing to resume: run {run} of session {ses} is {st['status']}; "
                     f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
-                    f"{'' if st['status'] == 'completed' else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
+                    f"{'' if st['status'] == RunStatus.COMPLETED else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
                 )
             override = None
             if model is not None or base_url is not None:
@@ -375,9 +375,9 @@ class Runner:
                                  f"`kxen-agent --resume {ses} --task TEXT`")
         run, _, st = latest
         status = st["status"]
-        if status in ("failed", "canceled") and st.get("settled"):
+        if status in (RunStatus.FAILED, RunStatus.CANCELED) and st.get("settled"):
             return latest
-        if status == "completed" and st.get("settled"):
+        if status == RunStatus.COMPLETED and st.get("settled"):
             raise NothingToRetry(f"nothing to retry: run {run} of session {ses} completed; give the next task with "
                                  f"`kxen-agent --resume {ses} --task TEXT`")
         if status in TERMINAL:
@@ -387,7 +387,7 @@ class Runner:
         raise NothingToRetry(f"nothing to retry: run {run} of session {ses} is unfinished ({status}); continue it with "
                              f"`kxen-agent --resume {ses}`"
                              + (f" after `kxen-agent run resolve` of its UNKNOWN operation(s) (`kxen-agent run show "
-                                f"{ses} {run}` lists them)" if status == "input_required" else ""))
+                                f"{ses} {run}` lists them)" if status == RunStatus.INPUT_REQUIRED else ""))
 
     # ================================================================ a new run
 
@@ -422,7 +422,7 @@ class Runner:
             st = {
                 "id": run, "session": ses, "index": index, "task": stored_task,
                 "model": endpoint.model, "agent": info.agent_oid,
-                "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
+                "status": RunStatus.RUNNING, "turn": 0, "result": None, "error": None, "settled": False,
                 "startHead": head, "startedNs": now, "updatedNs": now,
                 "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
             }
@@ -430,7 +430,7 @@ class Runner:
                 st["retryOf"] = retry_of
             if key_env is not None:
                 st["apiKeyEnv"] = key_env
-            oid = put(self.store, "run", st)
+            oid = put(self.store, "run", plain(st))
             updates = [RefUpdate(f"runs/{run}", None, oid)]
             if head != info.head:
                 updates.insert(0, RefUpdate("head", info.head, head))
@@ -491,18 +491,18 @@ class Runner:
             if op not in ops:
                 raise RunError(f"operation {op} is not in run {run}; `kxen-agent run show {ses} {run}` lists them")
             e = ops[op]
-            if e["state"] != "OutcomeUnknown":
+            if e["state"] != OpState.OUTCOME_UNKNOWN:
                 raise RunError(
                     f"operation {op} is {e['state']}, not OutcomeUnknown: only an UNKNOWN operation can be resolved"
                 )
             secrets = self._secrets(self.sessions.agent(info))
             ctx = _RunCtx(self, ses, run, lease)
             ctx.journal_write(
-                [dict(e, state="OutcomeKnown", source="human", isError=bool(is_error))],
+                [dict(e, state=OpState.OUTCOME_KNOWN, source=OpSource.HUMAN, isError=bool(is_error))],
                 outputs=[_stored_text(output, secrets)],
                 reason=f"run {run}: {op} resolved by a human",
             )
-            return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
+            return {"session": ses, "run": run, "op": op, "state": OpState.OUTCOME_KNOWN, "source": OpSource.HUMAN,
                     "isError": bool(is_error)}
 
     # ================================================================ trust (§14.13)
@@ -626,8 +626,8 @@ class _RunCtx:
 
     def pause_for_trust(self, problem: str) -> None:
         """The run waits in ``input_required`` until this machine decides (written once, however often resumed)."""
-        if self.st["status"] != "input_required" or self.st.get("error") != problem:
-            self.update({"status": "input_required", "error": problem},
+        if self.st["status"] != RunStatus.INPUT_REQUIRED or self.st.get("error") != problem:
+            self.update({"status": RunStatus.INPUT_REQUIRED, "error": problem},
                         reason=f"run {self.run}: waits for this machine's decision")
         self.r.on_event(f"run {self.run} waits: {problem}")
         raise _Stop
@@ -639,6 +639,7 @@ class _RunCtx:
         st["updatedNs"] = time.time_ns()
         if journal is not None:
             st["journal"] = journal
+        st = plain(st)  # the words as exact strings: what the encoder takes and what a reader decodes
         return put(self.store, "run", st), st
 
     def update(self, changes: dict, *, reason: str, head: tuple[bytes | None, bytes] | None = None,
@@ -672,7 +673,7 @@ class _RunCtx:
                     if prev is not None:
                         e["previous"] = prev
                     e["timeNs"] = time.time_ns()
-                    prev = put(self.store, "journal", e)
+                    prev = put(self.store, "journal", plain(e))
             self.update(changes or {}, reason=reason, journal=prev)
 
     # ---------------------------------------------------------------- the loop
@@ -702,7 +703,7 @@ class _RunCtx:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
                 raise _Stop
             if isinstance(step, ResumeAfterResolution):
-                self.update({"status": "running", **({"error": None} if st.get("error") else {})},
+                self.update({"status": RunStatus.RUNNING, **({"error": None} if st.get("error") else {})},
                             reason=f"run {self.run}: resumed after resolution")
                 continue
             if isinstance(step, RunTools):
@@ -717,10 +718,10 @@ class _RunCtx:
 
     def provider_turn(self) -> None:
         if self.r.cancel.is_set():
-            self.end("canceled", error="canceled by the user before the next model call")
+            self.end(RunStatus.CANCELED, error="canceled by the user before the next model call")
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
-            self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
+            self.end(RunStatus.FAILED, error=f"max_turns ({max_turns}) reached without a final answer")
         self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
@@ -757,10 +758,10 @@ class _RunCtx:
         except ProviderCanceled:
             # Whatever the request was doing (sending, streaming, failing,
             # waiting to be retried): the user's Ctrl-C decides.
-            self.end("canceled", error=f"canceled by the user during the model call to {where}; the request was "
+            self.end(RunStatus.CANCELED, error=f"canceled by the user during the model call to {where}; the request was "
                                        "aborted and nothing of its answer was recorded")
         except ProviderGaveUp as e:
-            self.end("failed", error=self.stored(f"provider error: {e}; `kxen-agent --resume {self.ses} --retry` "
+            self.end(RunStatus.FAILED, error=self.stored(f"provider error: {e}; `kxen-agent --resume {self.ses} --retry` "
                                                  "tries the task again"))
         finally:
             self.r.activity = Activity("step")
@@ -773,11 +774,11 @@ class _RunCtx:
         if self.r.cancel.is_set() and not turn.tool_calls:
             # A final answer that arrives after Ctrl-C does not complete the
             # run (tool calls are recorded, and reported "not run", below).
-            self.end("canceled", error="canceled by the user while the model was answering; its answer was not recorded",
+            self.end(RunStatus.CANCELED, error="canceled by the user while the model was answering; its answer was not recorded",
                      changes=counted)
         unusable = self.unusable(turn, number)
         if unusable is not None:
-            self.end("failed", error=unusable, changes=counted)
+            self.end(RunStatus.FAILED, error=unusable, changes=counted)
         content = self.stored(turn.content) if turn.content is not None else None
         finished = TurnFinished(self.ses, self.run, number, turn.finish_reason, tuple(c.name for c in turn.tool_calls), usage)
         if turn.tool_calls:
@@ -808,7 +809,7 @@ class _RunCtx:
             self.r.emit(finished)
             return
         # Final answer, settled in two phases (result, message, settled).
-        self.update({"turn": number, "model": turn.model, "status": "completed",
+        self.update({"turn": number, "model": turn.model, "status": RunStatus.COMPLETED,
                      "result": content or "", "settled": False, **counted},
                     reason=f"run {self.run}: result saved")
         self.r.emit(finished)
@@ -842,7 +843,7 @@ class _RunCtx:
 
     def finish_settlement(self) -> None:
         """Write the final message (idempotently) if the run completed, then mark settled."""
-        if self.st["status"] == "completed":
+        if self.st["status"] == RunStatus.COMPLETED:
             content = self.st.get("result") or ""
             head = self.info.head
             # Idempotent: the message is a pure function of (parent, content),
@@ -879,11 +880,11 @@ class _RunCtx:
                 self.execute(assistant, call, allowed, policy)
                 continue
             state = e["state"]
-            if state == "Decided":  # the answer is durable: never asked again
+            if state == OpState.DECIDED:  # the answer is durable: never asked again
                 if not self.r.cancel.is_set():
                     self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
                 continue
-            if state == "Started":
+            if state == OpState.STARTED:
                 tool = TOOLS.get(e["tool"])
                 if _refusal(call, allowed) is not None:
                     # Refused before it could run: nothing can have happened.
@@ -894,15 +895,15 @@ class _RunCtx:
                     self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
                     self.execute(assistant, call, allowed, policy, op=e["op"])
                     continue
-                self.journal_write([dict(e, state="OutcomeUnknown", source="recovery")],
+                self.journal_write([dict(e, state=OpState.OUTCOME_UNKNOWN, source=OpSource.RECOVERY)],
                                    reason=f"run {self.run}: {e['op']} outcome unknown after a crash",
-                                   changes={"status": "input_required"})
+                                   changes={"status": RunStatus.INPUT_REQUIRED})
                 self.r.on_event(f"{e['op']} ({e['tool']}) was started but its outcome is unknown; "
                                 f"check it and use `kxen-agent run resolve {self.ses} {self.run} {e['op']} --output ...`")
                 raise _Stop
-            if state == "OutcomeUnknown":
-                if self.st["status"] != "input_required":
-                    self.update({"status": "input_required"}, reason=f"run {self.run}: waits for resolution")
+            if state == OpState.OUTCOME_UNKNOWN:
+                if self.st["status"] != RunStatus.INPUT_REQUIRED:
+                    self.update({"status": RunStatus.INPUT_REQUIRED}, reason=f"run {self.run}: waits for resolution")
                 raise _Stop
         # Every call has a known outcome (or was never started because of a
         # cancellation): write the turn's tool messages, then settle.
@@ -911,7 +912,7 @@ class _RunCtx:
         msgs = []
         for call in assistant.tool_calls:
             e = by_call.get(call["id"])
-            if e is None or e["state"] == "Decided":
+            if e is None or e["state"] == OpState.DECIDED:
                 out = "[not run: the run was canceled before this call started]"
             else:
                 out = self.r.entry_output(e) or ""
@@ -926,14 +927,14 @@ class _RunCtx:
         self.settle_turn(ops)
 
     def settle_turn(self, ops: dict[str, dict]) -> None:
-        pending = [e for e in ops.values() if e["state"] == "OutcomeKnown"]
+        pending = [e for e in ops.values() if e["state"] == OpState.OUTCOME_KNOWN]
         canceled = self.r.cancel.is_set()
         if pending:
-            self.journal_write([dict(e, state="Settled") for e in pending],
+            self.journal_write([dict(e, state=OpState.SETTLED) for e in pending],
                                outputs=[self.r.entry_output(e) for e in pending],
                                reason=f"run {self.run}: {len(pending)} op(s) settled")
         if canceled:
-            self.end("canceled", error="canceled by the user")
+            self.end(RunStatus.CANCELED, error="canceled by the user")
 
     def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
                 decided: dict | None = None) -> None:
@@ -948,7 +949,7 @@ class _RunCtx:
                 and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
                 and not approve_call(self, base, decided)):
             return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
-        self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
+        self.journal_write([dict(base, state=OpState.STARTED, source=OpSource.TOOL)], reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
         self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))
         refused = _refusal(call, allowed)
@@ -979,12 +980,12 @@ class _RunCtx:
                 self.fault("tool:after-effect")
                 note = self.stored(ex.message)
                 self.journal_write(
-                    [dict(base, state="OutcomeUnknown", source="cancel", note=note)],
+                    [dict(base, state=OpState.OUTCOME_UNKNOWN, source=OpSource.CANCEL, note=note)],
                     outputs=[self.stored(ex.output) if ex.output else None],
                     reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
-                    changes={"status": "input_required"},
+                    changes={"status": RunStatus.INPUT_REQUIRED},
                 )
-                self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeUnknown", None,
+                self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_UNKNOWN, None,
                                          _summary(note), 0))
                 self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
                 raise _Stop
@@ -992,8 +993,8 @@ class _RunCtx:
                 self.r.activity = Activity("step")
         self.fault("tool:after-effect")
         output = self.stored(outcome.output)
-        self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
+        self.journal_write([dict(base, state=OpState.OUTCOME_KNOWN, source=OpSource.TOOL, isError=outcome.is_error)],
                            outputs=[output], reason=f"run {self.run}: {op} outcome known")
-        self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeKnown", outcome.is_error,
+        self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_KNOWN, outcome.is_error,
                                  _summary(output), len(output.splitlines())))
         self.fault("tool:after-outcome")
