@@ -161,7 +161,7 @@ class TrustGate:
         last = c.sessions.read_message(c.info.head)
         if not (last.role == "assistant" and last.tool_calls and last.run == c.run):
             return []
-        by_call = {e["callId"]: e for e in c.r.ops(c.st).values() if e.get("message") == last.oid}
+        by_call = c.r.journal_view(c.st).by_message.get(last.oid, {})
         out = []
         for call in last.tool_calls:
             e = by_call.get(call["id"])
