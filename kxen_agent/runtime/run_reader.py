@@ -23,11 +23,12 @@ from typing import Iterator
 
 from kxen_agent.errors import KxenError
 from kxen_agent.session.schema import read
+from kxen_agent.session.sessions import SessionStore
 from kxen_agent.session.status import IllegalTransition, OpState, check_op_move, check_run_move
 from kxen_agent.store import CorruptObject
 from kxen_agent.store.protocols import ObjectStore
 
-__all__ = ["JournalView", "RunStateDamage", "check_states", "check_tip"]
+__all__ = ["JournalView", "RunStateDamage", "check_states", "check_tip", "verify_run_states"]
 
 
 class RunStateDamage(KxenError):
@@ -141,3 +142,13 @@ def check_states(store: ObjectStore, oid: bytes) -> Iterator[tuple[str, str]]:
             yield e.where, e.problem
         except KxenError:
             pass
+
+
+def verify_run_states(sessions: SessionStore) -> list[tuple[str, str]]:
+    """``fsck`` kind ``run-state``: every illegal move in the runs of every session (deleted ones too), as
+    (object id hex, what is wrong). Sessions and objects that do not read are fsck's other kinds' business."""
+    out: list[tuple[str, str]] = []
+    for info in sessions.list(include_deleted=True, on_damaged=lambda group, e: None):
+        for run in sorted(info.runs):
+            out.extend(check_states(sessions.store, info.runs[run]))
+    return out
