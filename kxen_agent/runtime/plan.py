@@ -57,6 +57,7 @@ class StepPlan:
     current: tuple[bytes, Mapping[str, Any]] | None = None
     changes: Mapping[str, Any] | None = None
     entries: tuple[JournalWrite, ...] = field(default=())
+    meta: tuple[bytes, Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

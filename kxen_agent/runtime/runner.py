@@ -236,6 +236,8 @@ class Runner:
                     # The run's ref first, then head (the order of the steps' records since they exist).
                     updates.insert(0, RefUpdate(f"runs/{plan.run}", cur_oid, oid := put(self.store, "run", st)))
                 state = (oid, st)
+            if plan.meta is not None:
+                updates.append(RefUpdate("meta", plan.meta[0], put(self.store, "session", dict(plan.meta[1]))))
             self.store.refs.transaction(plan.group, updates, reason=plan.reason, fence=plan.fence)
         if view is not None:
             for oid, e, text in written:
@@ -742,6 +744,9 @@ class _RunCtx(ToolTurn):
 
         try:
             turn = call_with_retries(attempt, policy=self.r.retry_policy, cancel=self.r.cancel, on_retry=on_retry)
+            # Nobody holds the request any more (a provider does not keep it past the call): the history
+            # may extend it for the next turn instead of copying it.
+            self.r.history.give_back(messages)
         except ProviderCanceled:
             # Whatever the request was doing (sending, streaming, failing,
             # waiting to be retried): the user's Ctrl-C decides.

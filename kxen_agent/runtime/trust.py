@@ -18,15 +18,15 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from kxen_agent.errors import UsageError
-from kxen_agent.session.schema import put, read
+from kxen_agent.session.schema import read
 from kxen_agent.session.sessions import SessionInfo, new_id
 from kxen_agent.session.status import ApproverName, OpSource, OpState
 from kxen_agent.session.trust import (LocalRecords, TrustRecord, TrustStore, lock_pair, lock_problem, normal_url,
                                       official_pair)
-from kxen_agent.store import RefUpdate
 from kxen_agent.store.objects import encode_object
 from kxen_agent.store.protocols import Repository
 
+from .plan import StepPlan
 from .providers import ModelEndpoint
 from .tools import TOOLS
 
@@ -113,10 +113,8 @@ def rebind_agent(runner: Any, info: SessionInfo, lock: dict, lease: Lease) -> Se
     if oid == info.agent_oid:
         return info
     meta = dict(info.meta, agent=oid, reason="agent", previous=info.meta_oid, revisedNs=time.time_ns())
-    with runner.store.writing():
-        new = put(runner.store, "session", meta)
-        runner.store.refs.transaction(info.group, [RefUpdate("meta", info.meta_oid, new)],
-                                      reason=f"session: agent {lock.get('name')}", fence=lease.fence)
+    runner.commit(StepPlan(info.group, f"session: agent {lock.get('name')}", lease.fence, info.head,
+                           meta=(info.meta_oid, meta)))
     runner.on_event(f"session {info.id} now uses agent {lock.get('name')}")
     return runner.sessions.get(info.id)
 
