@@ -28,7 +28,7 @@ from kxen_agent.session.status import IllegalTransition, OpState, check_op_move,
 from kxen_agent.store import CorruptObject
 from kxen_agent.store.protocols import ObjectStore
 
-__all__ = ["JournalView", "RunStateDamage", "check_states", "check_tip", "verify_run_states"]
+__all__ = ["JournalView", "RunStateDamage", "check_states", "check_tip", "turn_usage", "verify_run_states"]
 
 
 class RunStateDamage(KxenError):
@@ -152,3 +152,17 @@ def verify_run_states(sessions: SessionStore) -> list[tuple[str, str]]:
         for run in sorted(info.runs):
             out.extend(check_states(sessions.store, info.runs[run]))
     return out
+
+
+def turn_usage(store: ObjectStore, st: dict) -> list[dict]:
+    """The usage of each turn of the run whose state is ``st``, oldest first, from its chain of states
+    (§14.5 ``turnUsage``)."""
+    seen: dict[int, dict] = {}
+    cur: dict | None = st
+    while cur is not None:
+        tu = cur.get("turnUsage")
+        if tu is not None and tu["turn"] not in seen:
+            seen[tu["turn"]] = tu
+        prev = cur.get("previous")
+        cur = read(store, prev, "run") if prev is not None else None
+    return [seen[t] for t in sorted(seen)]

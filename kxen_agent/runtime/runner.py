@@ -2,14 +2,21 @@
 
 Every state change of a run is a new immutable ``run`` object (and, for tool
 calls, a ``journal`` entry) named by the session's ``runs/<run_id>`` ref,
-moved by compare-and-swap with the run lease's fence. The order of durable
-steps is the seed's:
+moved by compare-and-swap with the run lease's fence. Each durable step is a
+:class:`~.plan.StepPlan` value (the messages it appends, the journal entries
+and the run state it writes) that :meth:`Runner.commit` makes durable, the one
+place a run opens ``Store.writing()`` and moves refs; it checks the §14.5 and
+§14.6 transition tables (:mod:`kxen_agent.session.status`) first. The journal
+is held per run (:class:`~.run_reader.JournalView`) and extended by what
+commit writes, so a step costs O(new entries). The order of durable steps is
+the seed's:
 
 1. the assistant message that asks for tool calls is in the Session before
    any of them starts (a crash never calls the provider twice for a turn);
-2. per call: a decision (``Decided``, :mod:`.approvals`) when the lock's
-   ``approve`` lists the tool, then ``Started`` is durable before the side
-   effect; when the tool returns, ``OutcomeKnown`` (with the outcome) is durable;
+2. per call (:mod:`.tool_call`): a decision (``Decided``, :mod:`.approvals`)
+   when the lock's ``approve`` lists the tool, then ``Started`` is durable
+   before the side effect; when the tool returns, ``OutcomeKnown`` (with the
+   outcome) is durable;
 3. then the turn's tool messages are written into the Session, then every
    op of the turn is ``Settled``;
 4. the final answer: the terminal result is saved in the run, then the
@@ -46,7 +53,7 @@ import time
 from typing import Callable, Sequence
 
 from kxen_agent.errors import UsageError
-from kxen_agent.session.schema import put, read, text_blob
+from kxen_agent.session.schema import put, text_blob
 from kxen_agent.session.sessions import SessionInfo, SessionStore, msg_id, new_id
 from kxen_agent.session.status import OpSource, OpState, RunStatus, check_op_move, check_run_move, plain
 from kxen_agent.session.trust import TrustStore
@@ -67,7 +74,7 @@ from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled
 from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
 from .plan import KEEP_OUTPUT, Committed, JournalWrite, StepPlan
-from .run_reader import JournalView, check_tip
+from .run_reader import JournalView, check_tip, turn_usage
 from .run_status import read_run, shown_status
 from .tool_call import StopRun as _Stop, ToolTurn
 from .tools import TOOLS, tool_specs
@@ -265,15 +272,7 @@ class Runner:
 
     def turn_usage(self, st: dict) -> list[dict]:
         """The usage of each turn of the run, oldest first, from its chain of states (§14.5 ``turnUsage``)."""
-        seen: dict[int, dict] = {}
-        cur: dict | None = st
-        while cur is not None:
-            tu = cur.get("turnUsage")
-            if tu is not None and tu["turn"] not in seen:
-                seen[tu["turn"]] = tu
-            prev = cur.get("previous")
-            cur = read(self.store, prev, "run") if prev is not None else None
-        return [seen[t] for t in sorted(seen)]
+        return turn_usage(self.store, st)
 
     # ================================================================ entry points
 

@@ -131,7 +131,9 @@ _R = RunStatus
 RUN_MOVES: dict[RunStatus | None, frozenset[RunStatus]] = {
     None: frozenset({_R.RUNNING}),
     _R.RUNNING: frozenset({_R.RUNNING, _R.INPUT_REQUIRED, _R.COMPLETED, _R.FAILED, _R.CANCELED}),
-    _R.INPUT_REQUIRED: frozenset({_R.INPUT_REQUIRED, _R.RUNNING, _R.FAILED, _R.CANCELED}),
+    # Waiting: for run resolve (then running again), or for this machine's decision (§14.13), whose reason
+    # may change while it waits.
+    _R.INPUT_REQUIRED: frozenset({_R.INPUT_REQUIRED, _R.RUNNING}),
     _R.COMPLETED: frozenset({_R.COMPLETED}),
     _R.FAILED: frozenset({_R.FAILED}),
     _R.CANCELED: frozenset({_R.CANCELED}),

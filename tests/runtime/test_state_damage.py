@@ -36,6 +36,8 @@ def test_the_tables_say_what_the_spec_says() -> None:
     # §14.5: a run starts running; input_required goes back to running; a terminal status never changes.
     check_run_move(None, RunStatus.RUNNING)
     check_run_move(RunStatus.INPUT_REQUIRED, RunStatus.RUNNING)
+    with pytest.raises(IllegalTransition):  # a waiting run goes on first; nothing ends it from there
+        check_run_move(RunStatus.INPUT_REQUIRED, RunStatus.CANCELED)
     for done in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED):
         assert RUN_MOVES[done] == {done}
         with pytest.raises(IllegalTransition):
