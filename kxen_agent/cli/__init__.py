@@ -1,12 +1,26 @@
 """The ``kxen-agent`` command line: parse, call the library, render.
 
-Top layer of kxen-agent: Typer commands (:mod:`.main` with the root, ``fsck``
-and ``cat-object``; :mod:`.run_cmds`, :mod:`.session_cmds`,
-:mod:`.store_cmds`, :mod:`.demo`) over :mod:`kxen_agent.runtime`,
+Top layer of kxen-agent, over :mod:`kxen_agent.runtime`,
 :mod:`kxen_agent.session` and :mod:`kxen_agent.store`. No command decides
-anything about state; each renders the library's answer as text or ``--json``
-and maps every :class:`~kxen_agent.errors.KxenError` to one line on stderr
-and its exit code. :func:`entry` is the console script.
+anything about state; each renders the library's answer as text or
+``--json`` and maps every :class:`~kxen_agent.errors.KxenError` to one line
+on stderr and its exit code. :func:`entry` is the console script.
+
+Modules, one line each:
+
+- :mod:`.main` — the root command, the command groups (loaded on first
+  use), each error mapped to one line and its exit code, :func:`entry`;
+- :mod:`.run_cmds` — ``kxen-agent run``, ``--resume`` and ``run show/resolve``;
+- :mod:`.session_cmds` — ``session list, show, log, compact, tree, fork,
+  delete, undelete, export, import``;
+- :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
+- :mod:`.store_cmds` — ``fsck``, ``gc``, ``cat-object`` and ``bundle verify``;
+- :mod:`.demo` — ``kxen-agent demo``, the README's main job, offline;
+- :mod:`.secret_scan` — the look for credentials in what leaves the machine;
+- :mod:`._args` — option parsers the command modules share (``--workspace``);
+- :mod:`._ids` — ids as users type them (full ids or unique prefixes);
+- :mod:`._live` — what a run shows while it works (live output, ``--events``);
+- :mod:`._render` — JSON, one-line errors, terminal-safe text, progress.
 """
 
 from __future__ import annotations

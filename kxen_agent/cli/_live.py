@@ -33,6 +33,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.runtime.events import (Activity, ProviderRetry, RunEvent, TextDelta, ToolFinished, ToolStarted,
                                        TurnFinished)
 from kxen_agent.runtime.runner import RunResult
+from kxen_agent.session.status import OpState
 
 from ._render import _UNSAFE, _escape, dumps_json, term_text as t
 
@@ -145,7 +146,7 @@ class _Live(_Notes):
         elif isinstance(event, ToolStarted):
             self._line(f"  -> {t(event.tool, quote=False)} {t(_short(event.arguments), quote=False)}")
         elif isinstance(event, ToolFinished):
-            if event.state == "OutcomeUnknown":
+            if event.state == OpState.OUTCOME_UNKNOWN:
                 head = "UNKNOWN"
             else:
                 head = "error" if event.is_error else "ok"

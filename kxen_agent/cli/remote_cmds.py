@@ -22,6 +22,7 @@ import typer
 from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 
+from ._args import workspaces
 from ._render import emit_json, out, term_text as t
 
 __all__ = ["register"]
@@ -91,13 +92,11 @@ def push_cmd(
 
 def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
     """``--workspace`` values as ``session import`` reads them, the current directory being the default DIR."""
-    from .session_cmds import _workspaces as import_workspaces
-
     from kxen_agent.session.sessions import is_id_or_prefix
 
     if all(v.partition("=")[1] and is_id_or_prefix("ses", v.partition("=")[0]) for v in values):
         values = [*values, os.getcwd()]
-    return import_workspaces(values)
+    return workspaces(values)
 
 
 def pull_cmd(

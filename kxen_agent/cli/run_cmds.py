@@ -26,6 +26,7 @@ from kxen_agent.runtime.remote_lease import RemoteLeaseScope, remote_lease_scope
 from kxen_agent.runtime.runner import Runner, RunResult
 from kxen_agent.session.agent_def import load_agent_definition
 from kxen_agent.session.sessions import NS
+from kxen_agent.session.status import ApproverName, OpSource, OpState, RunStatus
 from kxen_agent.store import Store
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
@@ -217,7 +218,7 @@ def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> No
             out_text("result", res.result)
         if res.error:
             # A run that waits for this machine's decision (§14.13) says what, and the next command.
-            out_text("waits" if res.status == "input_required" else "error", res.error)
+            out_text("waits" if res.status == RunStatus.INPUT_REQUIRED else "error", res.error)
         for op in map(t, res.unknown_ops):
             out(
                 f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
@@ -360,7 +361,8 @@ def show_cmd(
             "op": op, "tool": e["tool"], "arguments": e["arguments"], "state": e["state"],
             "source": e.get("source"), "turn": e.get("turn"), "callId": e.get("callId"),
             "sideEffects": e.get("sideEffects"),
-            "outcome": None if e["state"] in ("Started", "OutcomeUnknown") and e.get("source") != "human"
+            "outcome": None if (e["state"] in (OpState.STARTED, OpState.OUTCOME_UNKNOWN)
+                                and e.get("source") != OpSource.HUMAN)
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
             "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
@@ -399,15 +401,16 @@ def show_cmd(
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
-        elif j["state"] == "OutcomeUnknown":
+        elif j["state"] == OpState.OUTCOME_UNKNOWN:
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
 
 
 def approval_line(approval: dict) -> str:
     """``approved by the user`` ... for a §14.6 approval (who decided a call that needed a yes)."""
-    by = {"user": "by the user", "user-always": "by the user (always, for this run)", "--yes": "by --yes",
-          "no-terminal": "without asking: no terminal to ask at (give --yes to approve)",
-          "trust": "on this machine with `session trust` (the call came from another state dir)"}.get(approval["by"],
+    by = {ApproverName.USER: "by the user", ApproverName.USER_ALWAYS: "by the user (always, for this run)",
+          ApproverName.YES_FLAG: "by --yes",
+          ApproverName.NO_TERMINAL: "without asking: no terminal to ask at (give --yes to approve)",
+          ApproverName.TRUST: "on this machine with `session trust` (the call came from another state dir)"}.get(approval["by"],
                                                                                         t(approval["by"]))
     return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
 

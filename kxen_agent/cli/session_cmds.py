@@ -17,6 +17,7 @@ import typer
 
 from kxen_agent.errors import KxenError, UsageError
 
+from ._args import workspaces
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t, usage_line
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def list_cmd(
 def show_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object: ids, fork fields, workspace, agent, runs (README: JSON output)."),
+        False, "--json", help="Print one JSON object: ids, fork fields, workspace, agent, runs (docs/commands.md: JSON output)."),
 ) -> None:
     """Ids, fork fields, workspace binding, agent lock, runs and their statuses.
 
@@ -530,7 +531,7 @@ def import_cmd(
     from ._render import Progress
 
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
-    default, per_session = _workspaces(workspace)
+    default, per_session = workspaces(workspace)
     store = _store()
     prog = Progress("import", enabled=not json_out)
     res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
@@ -544,28 +545,6 @@ def import_cmd(
     out(f"imported {t(bundle)}: {res.result.new_objects} new objects")
     for ses in sorted(res.sessions):
         out(f"resume with `kxen-agent --resume {t(ses)} --workspace {t(res.bindings[ses].root)}`")
-
-
-def _workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
-    """``--workspace`` values: one DIR (the default binding), and SES=DIR for sessions bound elsewhere."""
-    from kxen_agent.session.sessions import is_id_or_prefix
-
-    default: list[str] = []
-    per_session: dict[str, str] = {}
-    for v in values:
-        ses, eq, d = v.partition("=")
-        if eq and is_id_or_prefix("ses", ses):  # an id or a unique prefix of one of the bundle's sessions
-            if not d:
-                raise UsageError(f"--workspace {t(ses, quote=False)}= names no directory; give SES=DIR")
-            if ses in per_session:
-                raise UsageError(f"--workspace {t(ses, quote=False)}=DIR is given twice; give each session once")
-            per_session[ses] = d
-        else:
-            default.append(v)
-    if len(default) != 1:
-        raise UsageError(f"give exactly one --workspace DIR (the default binding), got {len(default)}; "
-                         "bind single sessions elsewhere with --workspace SES=DIR")
-    return default[0], per_session
 
 
 # push, pull, ls-remote: sessions through the workspace repository's Git remote.

@@ -65,6 +65,7 @@ def fsck_cmd(
     from kxen_agent.store import fsck as run_fsck
 
     from kxen_agent.runtime.history_index import verify_indexes
+    from kxen_agent.runtime.run_reader import verify_run_states
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Problem
 
@@ -74,6 +75,8 @@ def fsck_cmd(
     # The history indexes (objects_spec.md §14.12): derived files a resume trusts, checked against the objects.
     wrong, notes = verify_indexes(SessionStore(store))
     rep.problems.extend(Problem("history-index", path, text) for path, text in wrong)
+    # A run whose states or journal break the §14.5/§14.6 state machines (a resume refuses it).
+    rep.problems.extend(Problem("run-state", oid, text) for oid, text in verify_run_states(SessionStore(store)))
     prog.done()
     if json_out:
         emit_json(rep.to_json())

@@ -2,23 +2,34 @@
 
 Third layer of kxen-agent, above :mod:`kxen_agent.session` and
 :mod:`kxen_agent.store`, below :mod:`kxen_agent.cli`; it imports only
-downwards. What an embedding program needs is re-exported here:
+downwards. What an embedding program needs is re-exported here (the names
+below); every module, one line each:
 
-- :mod:`.runner`: :class:`Runner` runs a task in a Session to a terminal
-  state, with the durable tool journal and recovery; :class:`RunResult`.
-- :mod:`.lease`: :class:`Lease`, at most one active run per Session.
-- :mod:`.providers`: the :class:`Provider` seam to a language model
-  (cancellable, streamed on request), and the model and endpoint of a run.
-- :mod:`.retry`: the one retry policy of model calls.
-- :mod:`.events`: what a run reports while it works (live output,
-  ``--events``) and what it is waiting for.
-- :mod:`.tools`: the tools a run calls (:data:`TOOLS`) and their contract.
-- :mod:`.redact`: what is taken out of every text a run persists
-  (:func:`redact`), the scan for what was not (:func:`find_secrets`), and
-  the tools' environment without credentials.
-- :mod:`.cancel`: :func:`cancel_on_signals`, SIGINT/SIGTERM as the event
-  the runner cancels on.
-- :mod:`.faults`: crash points for tests (``KXEN_AGENT_FAULT``).
+- :mod:`.runner` — :class:`Runner`: a task in a Session run to a terminal
+  state, the durable tool journal, recovery and resolution; :class:`RunResult`;
+- :mod:`.plan` — step plans the runner commits;
+- :mod:`.tool_call` — one tool call from refusal check to settled;
+- :mod:`.run_reader` — reading a run's state back;
+- :mod:`.recovery` — run and operation states as types, recovery as a pure function;
+- :mod:`.results` — a run's result record, its errors, the states that end it, usage sums;
+- :mod:`.run_status` — what a reader is shown of a stored run;
+- :mod:`.history` — a run's history in memory: the provider's message list;
+- :mod:`.history_bound` — how much of a history a run holds in memory;
+- :mod:`.history_index` — a session's history in one file, so a resume reads no message objects;
+- :mod:`.compaction` — the model's view of a long history kept under a budget;
+- :mod:`.approvals` — a person says yes or no to a tool call before it runs;
+- :mod:`.answer_check` — the door a model's answer passes before anything is recorded;
+- :mod:`.trust` — the gate a run passes (``objects_spec.md`` §14.13);
+- :mod:`.redaction` — what is taken out of every text a run persists
+  (:func:`redact`), the scan for what was not (:func:`find_secrets`);
+- :mod:`.lease` — :class:`Lease`, at most one active run per Session;
+- :mod:`.remote_lease` — the cross-machine run lease held on a Git remote;
+- :mod:`.cancel` — :func:`cancel_on_signals`: SIGINT/SIGTERM as the event the runner cancels on;
+- :mod:`.retry` — the one retry policy of model calls;
+- :mod:`.events` — what a run reports while it works (live output, ``--events``);
+- :mod:`.faults` — crash points for tests (``KXEN_AGENT_FAULT``);
+- :mod:`.providers` — the :class:`Provider` seam to a language model (package);
+- :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package).
 
 Nothing here renders text for a terminal or exits the process; that is the
 CLI's. Each module's docstring says what it owns and its limitations.

@@ -5,14 +5,15 @@ which calls need one (:func:`needs_approval`: a tool the lock lists, which
 has side effects, called as the agent may call it), who decides
 (:class:`Approver`: :class:`TerminalApprover` asks on the terminal; without
 one, or with ``--yes``, the policy decides), and the durable step that
-records it (:func:`approve_call`): a ``Decided`` journal entry (§14.6)
+records it (:func:`plan_approval`, an :class:`ApprovalPlan` the runner
+commits): a ``Decided`` journal entry (§14.6)
 written *before* ``Started``, so a crash after the answer never asks twice
 and a crash before it asks again. A refusal becomes the call's error
 outcome (``refused by the user``) and the run goes on; "always" holds for
 the rest of the run, read back from the journal (a resumed run remembers).
 
-It never runs a tool and never writes anything but through the run
-context it is handed.
+It never runs a tool and never writes anything: it returns the steps, the
+runner commits them.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import re
 import select
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 # Who decided (§14.6 ``approver``): a person at the terminal (once, or "always" for the tool in this run),
 # the run's ``--yes``, or no terminal to ask at (refused).
 from kxen_agent.session.schema import APPROVERS
+from kxen_agent.session.status import Approval, ApproverName, OpSource, OpState
 
 from .trust import TRUST_APPROVER  # the approver of a decision `session trust` made (§14.6)
 
@@ -40,8 +42,9 @@ __all__ = [
     "ApprovalRequest",
     "Approver",
     "Decision",
+    "ApprovalPlan",
     "TerminalApprover",
-    "approve_call",
+    "plan_approval",
     "needs_approval",
     "refuse_without_terminal",
 ]
@@ -72,7 +75,7 @@ class Decision:
     @property
     def source(self) -> str:
         """The journal's ``source``: ``human`` when a person answered, ``policy`` when the flags decided."""
-        return "human" if self.approver in ("user", "user-always") else "policy"
+        return OpSource.HUMAN if ApproverName(self.approver).human else OpSource.POLICY
 
 
 class Approver(Protocol):
@@ -83,7 +86,7 @@ class Approver(Protocol):
 
 def refuse_without_terminal(request: ApprovalRequest, cancel: threading.Event) -> Decision:
     """The default: nobody can be asked, so the call is refused."""
-    return Decision("no", "no-terminal")
+    return Decision(Approval.NO, ApproverName.NO_TERMINAL)
 
 
 def needs_approval(agent: dict, tool: str, side_effects: bool) -> bool:
@@ -124,9 +127,9 @@ class TerminalApprover:
 
     def __call__(self, request: ApprovalRequest, cancel: threading.Event) -> Decision | None:
         if self.assume_yes:
-            return Decision("yes", "--yes")
+            return Decision(Approval.YES, ApproverName.YES_FLAG)
         if not os.isatty(self.fd):
-            return Decision("no", "no-terminal")
+            return Decision(Approval.NO, ApproverName.NO_TERMINAL)
         self.write(f"\nkxen-agent: run {request.run} wants to call {request.tool} ({request.op}) with:\n"
                    f"{_shown(request.arguments)}\n")
         while True:
@@ -137,11 +140,11 @@ class TerminalApprover:
                 return None
             answer = line.strip().lower()
             if answer in ("y", "yes"):
-                return Decision("yes", "user")
+                return Decision(Approval.YES, ApproverName.USER)
             if answer in ("a", "always"):
-                return Decision("yes", "user-always")
+                return Decision(Approval.YES, ApproverName.USER_ALWAYS)
             if answer in ("n", "no") or line == "":  # "" is end of input
-                return Decision("no", "user")
+                return Decision(Approval.NO, ApproverName.USER)
             self.write(f"please answer y, n or a (got {answer[:20]!r})\n")
 
     def _read_line(self, cancel: threading.Event) -> str | None:
@@ -165,41 +168,59 @@ class TerminalApprover:
         return buf.decode("utf-8", "replace")
 
 
-def approve_call(ctx: Any, base: dict, decided: dict | None) -> bool | None:
-    """The approval step of one call, before its ``Started`` (§14.6); ``ctx`` is the run's context.
+@dataclass(frozen=True)
+class ApprovalPlan:
+    """The approval steps of one call (§14.6), for the runner to commit in order.
 
-    ``base`` is the operation's journal fields; ``decided`` its ``Decided``
-    entry when a resume finds one (the answer is not asked again). Returns
-    True when the call may run (``base`` now carries ``approval`` and
-    ``approver``), False when it was refused (its error outcome is
-    journaled), None when Ctrl-C came while asking (nothing is written).
+    ``fields`` (``approval``, ``approver``, and ``origin`` when read from a durable ``Decided``) go into the
+    call's later entries. ``decided``: the
+    ``Decided`` entry to journal first (None: a resume found it durable already); ``refused``: the error
+    outcome (``OutcomeKnown``, output :data:`REFUSED`) of a call refused, journaled next (None: it may run).
     """
+
+    fields: Mapping[str, str]
+    decided: dict | None = None
+    decided_reason: str = ""
+    refused: dict | None = None
+    refused_reason: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return self.refused is None
+
+
+def plan_approval(base: Mapping[str, Any], decided: Mapping[str, Any] | None, *, latest: Mapping[str, dict],
+                  decided_here: Callable[[str], bool], ask: Callable[[ApprovalRequest], Decision | None],
+                  session: str, origin: Callable[[], str]) -> ApprovalPlan | None:
+    """The approval step of the call whose journal fields are ``base``, before its ``Started`` (§14.6).
+
+    ``decided`` is its ``Decided`` entry when a resume finds one (the answer is not asked again). Else
+    "always" is read back from ``latest`` (the newest entry of each op of the run), when that decision
+    was made here (``decided_here``); else ``ask`` decides. None when Ctrl-C came while asking (nothing
+    is to be written). Reads and writes nothing itself.
+    """
+    run, op = base["run"], base["op"]
+    step: dict[str, Any] = {}
     if decided is None:
-        ops = ctx.r.ops(ctx.st)
-        always = [e for e in ops.values() if e.get("approver") == "user-always" and e["tool"] == base["tool"]]
         # "Always" said on another machine is that machine's decision, not this one's (§14.6).
-        gate = getattr(ctx, "gate", None)
-        if any(gate is None or gate.decided_here(e["op"]) for e in always):
-            decision: Decision | None = Decision("yes", "user-always")
+        if any(e.get("approver") == ApproverName.USER_ALWAYS and e["tool"] == base["tool"] and decided_here(e["op"])
+               for e in latest.values()):
+            decision: Decision | None = Decision(Approval.YES, ApproverName.USER_ALWAYS)
         else:
-            request = ApprovalRequest(ctx.ses, ctx.run, base["op"], base["tool"], base["arguments"])
-            decision = ctx.r.approver(request, ctx.r.cancel)
+            decision = ask(ApprovalRequest(session, run, op, base["tool"], base["arguments"]))
             if decision is None:
                 return None
         fields = {"approval": decision.approval, "approver": decision.approver}
         # Where the decision was made (§14.6 ``origin``: informative; the reflog is what a reader trusts).
-        origin = {"origin": ctx.origin()} if hasattr(ctx, "origin") else {}
-        ctx.journal_write([dict(base, state="Decided", source=decision.source, **fields, **origin)],
-                          reason=f"run {ctx.run}: {base['op']} {'approved' if decision.approval == 'yes' else 'refused'}"
-                                 f" ({decision.approver})")
-        if hasattr(ctx, "decided_here"):
-            ctx.decided_here.add(base["op"])
-        ctx.fault("approval:after-decided")
+        # Only the Decided entry carries it when the decision is made in this pass (the entries after it
+        # have always been written so; a resume from Decided copies it on).
+        step = {"decided": dict(base, state=OpState.DECIDED, source=decision.source, **fields, origin=origin()),
+                "decided_reason": f"run {run}: {op} {'approved' if decision.approval == Approval.YES else 'refused'}"
+                                  f" ({decision.approver})"}
     else:
         fields = {k: decided[k] for k in ("approval", "approver", "origin") if k in decided}
-    base.update(fields)
-    if fields["approval"] == "yes":
-        return True
-    ctx.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=True)], outputs=[REFUSED],
-                      reason=f"run {ctx.run}: {base['op']} refused, not run")
-    return False
+    if fields["approval"] == Approval.YES:
+        return ApprovalPlan(fields, **step)
+    return ApprovalPlan(fields, **step, refused=dict(base, **fields, state=OpState.OUTCOME_KNOWN, source=OpSource.TOOL,
+                                                     isError=True),
+                        refused_reason=f"run {run}: {op} refused, not run")

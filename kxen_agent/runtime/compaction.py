@@ -8,10 +8,12 @@ messages after the last one it summarizes (``through``). Its *size*
 (:data:`CHARS_PER_TOKEN` characters a token) and, when the provider reported
 it, the previous answer's input plus output tokens (that request was a prefix
 of this one). And the *compaction step*: when the view is over the lock's
-``policy.context_tokens`` before a model call, the run asks the model for a
-summary (a provider call under the one retry policy, like any turn) and
-writes the ``compaction`` message and its run state in one durable step
-(:func:`provider_history`); ``session compact`` does the same on demand
+``policy.context_tokens`` before a model call, (:func:`over_budget`) the run asks the
+model for a summary (a provider call under the one retry policy, like any
+turn), and :func:`plan_compaction` makes the :class:`CompactionPlan` the
+runner commits: the ``compaction`` message and its run state in one durable
+step, or the end of the run (this module never writes a run's state);
+``session compact`` does the same on demand
 (:func:`compact_session`).
 
 The full history always stays in the session: ``session log``, ``fork --at``
@@ -25,24 +27,31 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from kxen_agent.errors import UsageError
 from kxen_agent.session.sessions import Message, msg_id
-from kxen_agent.store import CorruptObject, RefUpdate
+from kxen_agent.session.status import RunStatus
+from kxen_agent.store import CorruptObject
 
-from .events import Activity, ProviderRetry
+from .events import Activity
 from .history import RunHistory
 from .lease import Lease
-from .providers import AssistantTurn, Provider, ProviderCanceled, model_endpoint, require_sdk
+from .plan import StepPlan
+from .providers import AssistantTurn, Provider, model_endpoint, require_sdk
 from .redaction import redact
 from .results import CUT_SHORT, TERMINAL, RunError, _usage_json, sum_usage
-from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
+from .retry import RetryNote, RetryPolicy, call_with_retries
 from .tools import tool_specs
 
-__all__ = ["CHARS_PER_TOKEN", "SUMMARY_PREFIX", "SUMMARY_REQUEST", "compact_session", "held_view", "provider_history",
-           "provider_view", "view_tokens"]
+if TYPE_CHECKING:
+    from .runner import Runner
+
+__all__ = ["CHARS_PER_TOKEN", "CompactionPlan", "Overflow", "SUMMARY_PREFIX", "SUMMARY_REQUEST", "ask_summary",
+           "compact_session", "held_view", "over_budget", "plan_compaction", "provider_view", "summary_interrupted",
+           "view_tokens"]
 
 #: The text-length estimate's rate (a common rule of thumb for English text and code).
 CHARS_PER_TOKEN = 4
@@ -130,71 +139,79 @@ def _summary_problem(turn: AssistantTurn) -> str | None:
 
 # ---------------------------------------------------------------- in a run
 
-def provider_history(ctx: Any, before: Sequence[dict] = ()) -> list[dict]:
-    """``before`` (the system message), then the provider view for the run's next model call, compacting
-    first when it is over the budget.
+@dataclass(frozen=True)
+class Overflow:
+    """A run's provider view over its lock's ``context_tokens``: what to summarize, and the figures."""
 
-    ``ctx`` is the run's context (:class:`~.runner._RunCtx`); a compaction
-    that fails or is canceled ends the run as a failed or canceled model call does.
-    """
-    held = ctx.r.history
-    request = held_view(held, ctx.info.head, before)
-    budget = ctx.agent.get("policy", {}).get("context_tokens")
+    view: list[dict]
+    system: str
+    specs: list[dict]
+    size: int
+    budget: int
+
+
+def over_budget(held: RunHistory, head: bytes | None, before: Sequence[dict], agent: Mapping[str, Any],
+                st: Mapping[str, Any]) -> tuple[list[dict], Overflow | None]:
+    """``before`` (the system message), then the provider view of the run's history at ``head``; and, when
+    that view is over the lock's budget, what to summarize (None: send the request as it is)."""
+    request = held_view(held, head, before)
+    budget = agent.get("policy", {}).get("context_tokens")
     if budget is None or not len(held) or held.last_role() == "compaction":
-        return request  # no budget, or nothing new since the last compaction: compacting again would not help
+        return request, None  # no budget, or nothing new since the last compaction: compacting again would not help
     view = request[len(before):]  # a copy as long as the view, which compaction keeps within the budget
-    system = ctx.agent.get("system", "")
-    specs = tool_specs(ctx.agent.get("tools", []))
-    tu = ctx.st.get("turnUsage")
+    system = agent.get("system", "")
+    specs = tool_specs(agent.get("tools", []))
+    tu = st.get("turnUsage")
     reported = (tu["inputTokens"] + tu["outputTokens"]
-                if tu is not None and tu["turn"] > ctx.st.get("compactedTurn", -1) else None)
+                if tu is not None and tu["turn"] > st.get("compactedTurn", -1) else None)
     size = view_tokens(system, view, specs, reported)
-    if size <= budget:
-        return request
-    ctx.r.on_event(f"run {ctx.run}: the model's view is about {size} tokens, over context_tokens ({budget}); "
-                   "asking the model to summarize it")
-    number = ctx.st["turn"] + 1
+    return request, (None if size <= budget else Overflow(view, system, specs, size, budget))
 
-    def on_retry(note: RetryNote) -> None:
-        ctx.r.activity = Activity("retry-wait", endpoint=ctx.endpoint.base_url)
-        ctx.r.emit(ProviderRetry(ctx.ses, ctx.run, number, note.attempt, note.max_attempts, round(note.wait_s, 3),
-                                 ctx.stored(str(note.error))))
 
-    def on_activity(a: Activity) -> None:
-        ctx.r.activity = a
+def ask_summary(provider: Provider, over: Overflow, **kw: Any) -> AssistantTurn:
+    """The model's summary of ``over`` (``kw``: :func:`_ask_summary`'s; raises as a turn's call does)."""
+    return _ask_summary(provider, over.system, over.view, over.specs, **kw)
 
-    try:
-        turn = _ask_summary(ctx.provider, system, view, specs, cancel=ctx.r.cancel, policy=ctx.r.retry_policy,
-                            on_retry=on_retry, on_activity=on_activity)
-    except ProviderCanceled:
-        ctx.end("canceled", error="canceled by the user while the model was summarizing the history (compaction); "
-                                  "nothing of it was recorded")
-    except ProviderGaveUp as e:
-        ctx.end("failed", error=ctx.stored(f"provider error while compacting the history: {e}; "
-                                           f"`kxen-agent --resume {ctx.ses} --retry` tries the task again"))
-    finally:
-        ctx.r.activity = Activity("step")
-    ctx.fault("compaction:after-response")
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """What a run commits after asking for a summary: the ``compaction`` message appended to head with the
+    run-state ``changes`` (``compactedTurn``, ``usage``), in one step; or, with ``end`` (status, error),
+    the end of the run (``changes``: the usage the answer cost, counted all the same)."""
+
+    changes: Mapping[str, Any]
+    reason: str = ""
+    message: Mapping[str, Any] | None = None
+    end: tuple[RunStatus, str] | None = None
+
+
+def summary_interrupted(ses: str, canceled: bool, error: BaseException, stored: Callable[[str], str]) -> CompactionPlan:
+    """The end of a run whose summary request was canceled (``canceled``) or given up on."""
+    if canceled:
+        return CompactionPlan({}, end=(RunStatus.CANCELED, "canceled by the user while the model was summarizing "
+                                       "the history (compaction); nothing of it was recorded"))
+    return CompactionPlan({}, end=(RunStatus.FAILED, stored(f"provider error while compacting the history: {error}; "
+                                                            f"`kxen-agent --resume {ses} --retry` tries the task again")))
+
+
+def plan_compaction(turn: AssistantTurn, *, st: Mapping[str, Any], through: bytes, run: str, ses: str,
+                    stored: Callable[[str], str]) -> CompactionPlan:
+    """The step that records the summary ``turn`` of the history through ``through`` (the session's head),
+    or the end of the run if the answer is no summary."""
     usage = _usage_json(turn.usage) if turn.usage is not None else None
-    counted = {} if usage is None else {"usage": sum_usage([ctx.st.get("usage"), usage])}
+    counted = {} if usage is None else {"usage": sum_usage([st.get("usage"), usage])}
     problem = _summary_problem(turn)
     if problem is not None:
-        ctx.end("failed", error=f"{problem}; the history was not compacted; `kxen-agent --resume {ctx.ses} --retry` "
-                                "asks again", changes=counted)
-    through = ctx.info.head
-    with ctx.store.writing():
-        new_head = ctx.sessions.append_messages(through, [{"role": "compaction", "content": ctx.stored(turn.content),
-                                                           "through": through, "run": ctx.run}])
-        ctx.update({"compactedTurn": ctx.st["turn"], **counted},
-                   reason=f"run {ctx.run}: compacted the history through {msg_id(through)}", head=(through, new_head))
-    ctx.r.on_event(f"run {ctx.run}: history compacted ({len(held)} messages summarized in {msg_id(new_head)})")
-    ctx.fault("compaction:after-message")
-    return held_view(held, ctx.info.head, before)
+        return CompactionPlan(counted, end=(RunStatus.FAILED, f"{problem}; the history was not compacted; "
+                                            f"`kxen-agent --resume {ses} --retry` asks again"))
+    return CompactionPlan({"compactedTurn": st["turn"], **counted},
+                          f"run {run}: compacted the history through {msg_id(through)}",
+                          {"role": "compaction", "content": stored(turn.content), "through": through, "run": run})
 
 
 # ---------------------------------------------------------------- on demand
 
-def compact_session(runner: Any, ses: str, at: str | None = None) -> dict:
+def compact_session(runner: Runner, ses: str, at: str | None = None) -> dict:
     """``session compact SES [--at MSG]``: summarize the history through MSG (default: all of it).
 
     Takes the session's lease; refuses while its latest run is unfinished
@@ -238,11 +255,9 @@ def compact_session(runner: Any, ses: str, at: str | None = None) -> dict:
         if problem is not None:
             raise RunError(f"{problem}; session {ses} was not compacted; try again")
         secrets = runner._secrets(lock)
-        with runner.store.writing():
-            new_head = runner.sessions.append_messages(
-                info.head, [{"role": "compaction", "content": redact(turn.content or "", secrets), "through": through}])
-            runner.store.refs.transaction(info.group, [RefUpdate("head", info.head, new_head)],
-                                          reason=f"session: compact through {msg_id(through)}", fence=lease.fence)
+        new_head = runner.commit(StepPlan(
+            info.group, f"session: compact through {msg_id(through)}", lease.fence, info.head,
+            ({"role": "compaction", "content": redact(turn.content or "", secrets), "through": through},))).head
     usage = _usage_json(turn.usage) if turn.usage is not None else None
     return {"session": ses, "message": msg_id(new_head), "through": msg_id(through), "summarized": n + 1,
             "usage": usage}

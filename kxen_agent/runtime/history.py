@@ -31,11 +31,17 @@ whatever of it is not the head's history. :meth:`RunHistory.save_index`,
 after a run, appends what the index lacks. The dicts it hands out
 are shared from turn to turn: a provider treats the messages it is given as
 read-only (the :class:`~kxen_agent.runtime.providers.Provider` inputs).
+
+The list :meth:`RunHistory.messages` returns is *lent*: its borrower (the run
+loop, for one model call and its retries) hands it back with
+:meth:`RunHistory.give_back` when nobody holds it any more, and only a list
+given back is extended in place by the next call; one never given back is
+never changed again (the next call builds a new list). Ownership is said, not
+guessed: nothing here looks at reference counts.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
 from kxen_agent.errors import KxenError
@@ -62,8 +68,10 @@ class RunHistory:
         self._compactions: list[tuple[int, bytes]] = []  # (position, the message it summarizes through), oldest first
         #: Messages read from the store by :meth:`messages` so far (what tests and the benchmark count).
         self.reads = 0
-        # The list the last call handed out, and its length and prefix length then (see messages()).
-        self._handed: list[dict[str, Any]] | None = None
+        # The list the last call lent, the one given back (None: not given back, or not reusable), and
+        # the lent list's length and prefix length when lent (see messages()).
+        self._lent: list[dict[str, Any]] | None = None
+        self._returned: list[dict[str, Any]] | None = None
         self._handed_len = self._handed_before = 0
         # The index file last loaded or written, its entries and bytes, and the count of leading
         # positions unchanged since (a rewind lowers it): what save_index may append to.
@@ -83,20 +91,26 @@ class RunHistory:
         """``before`` (the system message), then the history ending at ``head`` in provider form,
         oldest first, as a list of shared dicts that the caller must not modify.
 
-        A caller may keep the list: it never changes after this call returns. A copy of 100,000
-        pointers costs ~3.5 ms, the one cost of a turn that would grow with the history, so the
-        list the last call handed out is extended in place instead when nobody else holds it any
-        more (CPython's reference count says so) and nothing was taken from the history.
+        The list is lent (see the module doc): it does not change until the caller hands it back
+        with :meth:`give_back`. A copy of 100,000 pointers costs ~3.5 ms, the one cost of a turn that
+        would grow with the history, so a list given back is extended in place by the next call when
+        nothing was taken from the history; a list kept is never touched again.
         """
         added = self._sync(head)
-        out = self._handed
-        if (out is not None and added is not None and _only_ours(out) and len(out) == self._handed_len
+        out, self._returned = self._returned, None
+        if (out is not None and added is not None and len(out) == self._handed_len
                 and len(before) == self._handed_before and out[:len(before)] == list(before)):
             out.extend(added)
         else:
             out = [*before, *self._messages]
-        self._handed, self._handed_len, self._handed_before = out, len(out), len(before)
+        self._lent, self._handed_len, self._handed_before = out, len(out), len(before)
         return out
+
+    def give_back(self, lent: list[dict[str, Any]]) -> None:
+        """The borrower of the list :meth:`messages` last lent is done with it, and nobody else holds it:
+        the next call may extend it in place. Any other list is ignored (a view built from it, a copy)."""
+        if lent is self._lent:
+            self._returned, self._lent = lent, None
 
     def _sync(self, head: bytes | None) -> list[dict[str, Any]] | None:
         """Hold the history of ``head``; the provider dicts appended, or None if any held one was dropped."""
@@ -195,7 +209,7 @@ class RunHistory:
                     self._compactions.append((len(self._oids), through))
                 self._oids.append(oid)
                 self._messages.append(safe_provider_message(msg))
-            self._handed = None
+            self._lent = self._returned = None
             n = len(self._oids)
             # Appending is for a file whose every byte is the prefix held: a torn tail is rewritten.
             self._index = (path, n, parsed.good_bytes) if parsed.stopped is None else None
@@ -208,9 +222,9 @@ class RunHistory:
         prefix of it, else write it anew. Whether anything was written (not below
         :data:`~.history_index.INDEX_MIN_MESSAGES` messages). Raises OSError."""
         if self._sync(head) != []:
-            # What is held changed behind the list messages() last handed out: it must be built anew
+            # What is held changed behind the list messages() last lent: it must be built anew
             # next time, not extended by what that call's own sync adds.
-            self._handed = None
+            self._lent = self._returned = None
         n = len(self._oids)
         if n < INDEX_MIN_MESSAGES or self._cut:
             return False
@@ -243,10 +257,3 @@ class RunHistory:
             if self._oids[i] == through:
                 return at, i
         return at, None
-
-
-def _only_ours(handed: list) -> bool:
-    """Whether nothing but :class:`RunHistory` (its attribute, and the caller's one local name) refers to ``handed``."""
-    getrefcount = getattr(sys, "getrefcount", None)  # CPython; elsewhere, always copy
-    # The references: RunHistory._handed, messages()'s ``out``, this function's argument and getrefcount's.
-    return getrefcount is not None and getrefcount(handed) <= 4

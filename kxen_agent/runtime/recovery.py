@@ -2,7 +2,8 @@
 
 A run's state object says ``status`` in words (``objects_spec.md`` §14.5)
 and each journal entry an op's ``state`` (§14.6); :class:`RunStatus` and
-:class:`OpState` are those words as enums. :func:`next_step` is the run
+:class:`OpState` are those words as enums (defined in
+:mod:`kxen_agent.session.status`, re-exported here). :func:`next_step` is the run
 loop's decision: from what is durable — the run's status and settlement,
 the Session's newest message, the states of the run's operations — to the
 next step, as a value (:data:`Step`). It reads nothing, writes nothing and
@@ -19,8 +20,9 @@ run it again, call it UNKNOWN) is still made inside the runner's tool turn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Iterable, Union
+
+from kxen_agent.session.status import OpState, RunStatus
 
 __all__ = [
     "AskModel",
@@ -35,30 +37,6 @@ __all__ = [
     "Stop",
     "next_step",
 ]
-
-
-class RunStatus(str, Enum):
-    """A run's ``status`` (§14.5)."""
-
-    RUNNING = "running"
-    INPUT_REQUIRED = "input_required"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELED = "canceled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
-
-
-class OpState(str, Enum):
-    """An operation's journal ``state`` (§14.6)."""
-
-    DECIDED = "Decided"  # approved or refused by the user (§14.6), not started yet: its tool turn goes on
-    STARTED = "Started"
-    OUTCOME_UNKNOWN = "OutcomeUnknown"
-    OUTCOME_KNOWN = "OutcomeKnown"
-    SETTLED = "Settled"
 
 
 @dataclass(frozen=True)

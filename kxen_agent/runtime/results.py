@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from kxen_agent.errors import KxenError
+from kxen_agent.session.status import TERMINAL, RunStatus
 
 from .providers import Usage
 
-__all__ = ["CUT_SHORT", "NothingToRetry", "OUTPUT_BLOB_THRESHOLD", "RunError", "RunResult", "TERMINAL", "sum_usage"]
+__all__ = ["CUT_SHORT", "NothingToRetry", "OUTPUT_BLOB_THRESHOLD", "RunError", "RunResult", "TERMINAL", "retryable",
+           "sum_usage"]
 
-TERMINAL = ("completed", "failed", "canceled")
 #: Tool output longer than this is kept in a blob object that the journal links.
 OUTPUT_BLOB_THRESHOLD = 1024
 #: Finish reasons that say the answer is not the model's whole answer (§14.5: such a turn fails the run).
@@ -75,7 +76,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        return {"completed": 0, "input_required": 3, "canceled": 130}.get(self.status, 1)
+        return {RunStatus.COMPLETED: 0, RunStatus.INPUT_REQUIRED: 3, RunStatus.CANCELED: 130}.get(self.status, 1)
 
     def to_json(self) -> dict:
         return {
@@ -93,3 +94,25 @@ class RunResult:
             "retryOf": self.retry_of,
             "usage": self.usage,
         }
+
+
+def retryable(ses: str, latest: tuple[str, bytes, dict] | None) -> tuple[str, bytes, dict]:
+    """The latest run if ``--retry`` may re-attempt it; :class:`NothingToRetry` saying what to do if not."""
+    if latest is None:
+        raise NothingToRetry(f"nothing to retry: session {ses} has no run; give a task with "
+                             f"`kxen-agent --resume {ses} --task TEXT`")
+    run, _, st = latest
+    status = st["status"]
+    if status in (RunStatus.FAILED, RunStatus.CANCELED) and st.get("settled"):
+        return latest
+    if status == RunStatus.COMPLETED and st.get("settled"):
+        raise NothingToRetry(f"nothing to retry: run {run} of session {ses} completed; give the next task with "
+                             f"`kxen-agent --resume {ses} --task TEXT`")
+    if status in TERMINAL:
+        raise NothingToRetry(f"nothing to retry yet: run {run} of session {ses} is {status} but its settlement "
+                             f"was interrupted; finish it with `kxen-agent --resume {ses}` (no model or tool is "
+                             "called)")
+    raise NothingToRetry(f"nothing to retry: run {run} of session {ses} is unfinished ({status}); continue it with "
+                         f"`kxen-agent --resume {ses}`"
+                         + (f" after `kxen-agent run resolve` of its UNKNOWN operation(s) (`kxen-agent run show "
+                            f"{ses} {run}` lists them)" if status == RunStatus.INPUT_REQUIRED else ""))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kxen_agent.session.schema import misplaced, read
 from kxen_agent.session.sessions import SessionInfo
+from kxen_agent.session.status import INTERRUPTED, RunStatus
 from kxen_agent.store import CorruptObject
 from kxen_agent.store.protocols import Repository
 
@@ -39,7 +40,7 @@ def shown_status(store: Repository, ses: str, st: dict, *, backend: LeaseBackend
 
     ``backend`` is where the lease lives (default: :func:`~.lease.lease_backend` of ``store``).
     """
-    if (not st.get("settled") and st["status"] != "input_required"
+    if (not st.get("settled") and st["status"] != RunStatus.INPUT_REQUIRED
             and not Lease.held(store, ses, backend=backend)):
-        return "interrupted"
+        return INTERRUPTED
     return st["status"]

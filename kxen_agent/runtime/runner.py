@@ -2,14 +2,21 @@
 
 Every state change of a run is a new immutable ``run`` object (and, for tool
 calls, a ``journal`` entry) named by the session's ``runs/<run_id>`` ref,
-moved by compare-and-swap with the run lease's fence. The order of durable
-steps is the seed's:
+moved by compare-and-swap with the run lease's fence. Each durable step is a
+:class:`~.plan.StepPlan` value (the messages it appends, the journal entries
+and the run state it writes) that :meth:`Runner.commit` makes durable, the one
+place a run opens ``Store.writing()`` and moves refs; it checks the §14.5 and
+§14.6 transition tables (:mod:`kxen_agent.session.status`) first. The journal
+is held per run (:class:`~.run_reader.JournalView`) and extended by what
+commit writes, so a step costs O(new entries). The order of durable steps is
+the seed's:
 
 1. the assistant message that asks for tool calls is in the Session before
    any of them starts (a crash never calls the provider twice for a turn);
-2. per call: a decision (``Decided``, :mod:`.approvals`) when the lock's
-   ``approve`` lists the tool, then ``Started`` is durable before the side
-   effect; when the tool returns, ``OutcomeKnown`` (with the outcome) is durable;
+2. per call (:mod:`.tool_call`): a decision (``Decided``, :mod:`.approvals`)
+   when the lock's ``approve`` lists the tool, then ``Started`` is durable
+   before the side effect; when the tool returns, ``OutcomeKnown`` (with the
+   outcome) is durable;
 3. then the turn's tool messages are written into the Session, then every
    op of the turn is ``Settled``;
 4. the final answer: the terminal result is saved in the run, then the
@@ -40,39 +47,38 @@ formats, URL user-info, private keys), in this one place.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
-from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.session.agent_def import env_keep_of
-from kxen_agent.session.schema import put, read, text_blob
-from kxen_agent.session.sessions import Message, SessionInfo, SessionStore, new_id
+from kxen_agent.errors import UsageError
+from kxen_agent.session.schema import put, text_blob
+from kxen_agent.session.sessions import SessionInfo, SessionStore, msg_id, new_id
+from kxen_agent.session.status import OpSource, OpState, RunStatus, check_op_move, check_run_move, plain
 from kxen_agent.session.trust import TrustStore
-from kxen_agent.store import CorruptObject, RefUpdate
+from kxen_agent.store import RefUpdate
 from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import Repository
 
-from .answer_check import parse_arguments
-from .approvals import Approver, approve_call, needs_approval, refuse_without_terminal
-from .compaction import provider_history
-from .events import (Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, ToolFinished, ToolStarted,
-                     TurnFinished, TurnStarted)
+from .approvals import Approver, refuse_without_terminal
+from .compaction import ask_summary, held_view, over_budget, plan_compaction, summary_interrupted
+from .events import Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, TurnFinished, TurnStarted
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
-from .recovery import (AskModel, FinishSettlement, LastMessage, OpState, ResumeAfterResolution, RunStatus, RunTools,
-                       SettleThenAsk, Stop, next_step)
+from .recovery import (AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop,
+                       next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
 from .retry import ProviderGaveUp, RetryNote, RetryPolicy, call_with_retries
+from .plan import KEEP_OUTPUT, Committed, JournalWrite, StepPlan
+from .run_reader import JournalView, check_tip, turn_usage
 from .run_status import read_run, shown_status
-from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown, tool_specs
-from .tools.files import DEFAULT_MAX_FILE_BYTES, GitInternalsWatch
+from .tool_call import StopRun as _Stop, ToolTurn
+from .tools import TOOLS, tool_specs
+from .tools.files import GitInternalsWatch
 from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
 
 __all__ = [
@@ -85,7 +91,7 @@ __all__ = [
 ]
 
 from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry, RunError, RunResult, _usage_json,
-                      sum_usage)
+                      retryable, sum_usage)
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
@@ -96,19 +102,6 @@ _KEEP = object()
 def _stored_text(text: str, secrets: list[str]) -> str:
     """A text as a run stores (and reports) it: redacted (§14.11, :mod:`.redaction`)."""
     return redact(text, secrets)
-
-
-@dataclass
-class _Op:
-    """The latest journal entry of one operation."""
-
-    op: str
-    entry: dict
-    oid: bytes
-
-
-class _Stop(Exception):
-    """Internal: the loop ends here (the run state already says why)."""
 
 
 class Runner:
@@ -152,7 +145,8 @@ class Runner:
         self.activity = Activity("step")
         #: Decides calls that ``[policy] approve`` lists (the CLI sets a terminal's; default: refuse them).
         self.approver: Approver = refuse_without_terminal
-        self._journal_cache: tuple[bytes | None, list[dict]] = (None, [])
+        #: The journal of each run this runner read or wrote, held and extended (:class:`.run_reader.JournalView`).
+        self._journals: dict[str, JournalView] = {}
         #: The history the model is sent, held in memory and extended turn by turn (read once per process).
         self.history = RunHistory(self.sessions)
         #: Packs loose objects between turns and after a run when there are too many (None: never).
@@ -187,33 +181,75 @@ class Runner:
                 best = (run, oid, st)
         return best
 
+    def journal_view(self, state: dict) -> JournalView:
+        """The journal of run state ``state``, held from the last call and extended by the entries that are new
+        since: a step costs O(new entries), not O(journal) (:class:`.run_reader.JournalView`)."""
+        view = self._journals.get(state["id"])
+        if view is None:
+            view = self._journals[state["id"]] = JournalView(state["id"])
+        view.sync(self.store, state.get("journal"))
+        return view
+
     def journal(self, state: dict) -> list[dict]:
         """Every journal entry of a run, oldest first (callers must not mutate the entries)."""
-        head = state.get("journal")
-        # Entries are immutable objects chained by id, so the list read last
-        # time is a valid prefix once the walk back reaches its head: each
-        # step of the loop reads only the new entries, not the whole journal
-        # again (which made a long run quadratic).
-        cached_head, cached = self._journal_cache
-        newer = []
-        cur = head
-        while cur is not None and cur != cached_head:
-            e = read(self.store, cur, "journal")
-            if e["run"] != state["id"]:
-                raise CorruptObject(cur.hex(), f"journal entry of run {e['run']} in the journal of run {state['id']}; "
-                                    "`kxen-agent fsck` lists every damaged object")
-            newer.append(e)
-            cur = e.get("previous")
-        out = (cached if cur is not None else []) + newer[::-1]
-        self._journal_cache = (head, out)
-        return list(out)
+        return list(self.journal_view(state).entries)
 
     def ops(self, state: dict) -> dict[str, dict]:
         """The latest entry of each op, in order of first appearance."""
-        latest: dict[str, dict] = {}
-        for e in self.journal(state):
-            latest[e["op"]] = e
-        return latest
+        return dict(self.journal_view(state).latest)
+
+    def commit(self, plan: StepPlan) -> Committed:
+        """Make ``plan`` durable: its messages, journal entries and run state written, then its refs moved in one
+        transaction under its fence (§14.6) — the one place a run writes. A move the §14.5/§14.6 tables forbid
+        raises :class:`~kxen_agent.session.status.IllegalTransition` (a bug) before anything is written."""
+        cur_oid, cur = plan.current if plan.current is not None else (None, None)
+        view = None
+        if plan.entries:
+            assert cur is not None, "journal entries need the run's state"
+            view = self.journal_view(cur)
+            moved: dict[str, str] = {}
+            for w in plan.entries:
+                op = w.entry["op"]
+                old = moved.get(op) or (view.latest[op]["state"] if op in view.latest else None)
+                moved[op] = check_op_move(old, w.entry["state"])
+        if plan.changes is not None:
+            check_run_move(None if cur is None else cur["status"], plan.changes.get("status", (cur or {}).get("status")))
+        written: list[tuple[bytes, dict, str | None]] = []
+        with self.store.writing():
+            head = plan.head
+            if plan.messages:
+                head = self.sessions.append_messages(plan.head, [dict(m) for m in plan.messages])
+            journal = None if cur is None else cur.get("journal")
+            if plan.entries:
+                with self.store.batch():
+                    for w in plan.entries:
+                        e, text = _journal_entry(self.store, w, journal)
+                        journal = put(self.store, "journal", e)
+                        written.append((journal, e, text))
+            updates = [RefUpdate("head", plan.head, head)] if head != plan.head else []
+            state = None
+            if plan.changes is not None:
+                if cur is None:  # a run's first state: its startHead is the head this step makes
+                    st = plain(dict(plan.changes, startHead=head))
+                    updates.append(RefUpdate(f"runs/{plan.run}", None, oid := put(self.store, "run", st)))
+                else:
+                    st = dict(cur)
+                    st.update(plan.changes)
+                    st["previous"] = cur_oid
+                    st["updatedNs"] = time.time_ns()
+                    if written:
+                        st["journal"] = journal
+                    st = plain(st)  # the words as exact strings: what the encoder takes and a reader decodes
+                    # The run's ref first, then head (the order of the steps' records since they exist).
+                    updates.insert(0, RefUpdate(f"runs/{plan.run}", cur_oid, oid := put(self.store, "run", st)))
+                state = (oid, st)
+            if plan.meta is not None:
+                updates.append(RefUpdate("meta", plan.meta[0], put(self.store, "session", dict(plan.meta[1]))))
+            self.store.refs.transaction(plan.group, updates, reason=plan.reason, fence=plan.fence)
+        if view is not None:
+            for oid, e, text in written:
+                view.add(oid, e, output=text)
+        return Committed(head, state)
 
     def entry_output(self, e: dict) -> str | None:
         if "outputBlob" in e:
@@ -225,7 +261,7 @@ class Runner:
         return shown_status(self.store, ses, st, backend=self.leases)
 
     def result_of(self, info: SessionInfo, run: str, oid: bytes, st: dict) -> RunResult:
-        unknown = [op for op, e in self.ops(st).items() if e["state"] == "OutcomeUnknown"]
+        unknown = [op for op, e in self.ops(st).items() if e["state"] == OpState.OUTCOME_UNKNOWN]
         ep = self.endpoint_of(info, st)
         return RunResult(info.id, run, st["status"], st["turn"], st["model"], st.get("result"), st.get("error"),
                          unknown, st.get("settled", False), ep.model, ep.base_url, st.get("retryOf"), st.get("usage"))
@@ -236,15 +272,7 @@ class Runner:
 
     def turn_usage(self, st: dict) -> list[dict]:
         """The usage of each turn of the run, oldest first, from its chain of states (§14.5 ``turnUsage``)."""
-        seen: dict[int, dict] = {}
-        cur: dict | None = st
-        while cur is not None:
-            tu = cur.get("turnUsage")
-            if tu is not None and tu["turn"] not in seen:
-                seen[tu["turn"]] = tu
-            prev = cur.get("previous")
-            cur = read(self.store, prev, "run") if prev is not None else None
-        return [seen[t] for t in sorted(seen)]
+        return turn_usage(self.store, st)
 
     # ================================================================ entry points
 
@@ -333,7 +361,7 @@ class Runner:
                          rebound=agent_lock is not None)
             if retry:
                 assert new_run is not None
-                retried = self._retryable(ses, latest)
+                retried = retryable(ses, latest)
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
                 return self._new_run(ses, new_run, retried[2]["task"], lease, endpoint, retry_of=retried[0],
                                      key_env=api_key_env)
@@ -360,34 +388,13 @@ class Runner:
                 raise RunError(
                     f"nothing to resume: run {run} of session {ses} is {st['status']}; "
                     f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
-                    f"{'' if st['status'] == 'completed' else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
+                    f"{'' if st['status'] == RunStatus.COMPLETED else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
                 )
             override = None
             if model is not None or base_url is not None:
                 override = model_endpoint(lock, model=model, base_url=base_url, recorded=st)
             key = api_key_env if api_key_env is not None else (None if agent_lock is not None else _KEEP)
             return self._loop(ses, run, lease, override=override, key_env=key)
-
-    def _retryable(self, ses: str, latest: tuple[str, bytes, dict] | None) -> tuple[str, bytes, dict]:
-        """The latest run if ``--retry`` may re-attempt it; :class:`NothingToRetry` saying what to do if not."""
-        if latest is None:
-            raise NothingToRetry(f"nothing to retry: session {ses} has no run; give a task with "
-                                 f"`kxen-agent --resume {ses} --task TEXT`")
-        run, _, st = latest
-        status = st["status"]
-        if status in ("failed", "canceled") and st.get("settled"):
-            return latest
-        if status == "completed" and st.get("settled"):
-            raise NothingToRetry(f"nothing to retry: run {run} of session {ses} completed; give the next task with "
-                                 f"`kxen-agent --resume {ses} --task TEXT`")
-        if status in TERMINAL:
-            raise NothingToRetry(f"nothing to retry yet: run {run} of session {ses} is {status} but its settlement "
-                                 f"was interrupted; finish it with `kxen-agent --resume {ses}` (no model or tool is "
-                                 "called)")
-        raise NothingToRetry(f"nothing to retry: run {run} of session {ses} is unfinished ({status}); continue it with "
-                             f"`kxen-agent --resume {ses}`"
-                             + (f" after `kxen-agent run resolve` of its UNKNOWN operation(s) (`kxen-agent run show "
-                                f"{ses} {run}` lists them)" if status == "input_required" else ""))
 
     # ================================================================ a new run
 
@@ -413,28 +420,21 @@ class Runner:
             self.sessions.read_message(info.head)
         now = time.time_ns()
         stored_task = task if retry_of is not None else _stored_text(task, secrets)
-        with self.store.writing():
-            if retry_of is None:
-                head = self.sessions.append_messages(info.head, [{"role": "user", "content": stored_task, "run": run}])
-            else:
-                assert info.head is not None  # the retried run's task message at least
-                head = info.head
-            st = {
-                "id": run, "session": ses, "index": index, "task": stored_task,
-                "model": endpoint.model, "agent": info.agent_oid,
-                "status": "running", "turn": 0, "result": None, "error": None, "settled": False,
-                "startHead": head, "startedNs": now, "updatedNs": now,
-                "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
-            }
-            if retry_of is not None:
-                st["retryOf"] = retry_of
-            if key_env is not None:
-                st["apiKeyEnv"] = key_env
-            oid = put(self.store, "run", st)
-            updates = [RefUpdate(f"runs/{run}", None, oid)]
-            if head != info.head:
-                updates.insert(0, RefUpdate("head", info.head, head))
-            self.store.refs.transaction(info.group, updates, reason=f"run {run}: start", fence=lease.fence)
+        st = {
+            "id": run, "session": ses, "index": index, "task": stored_task,
+            "model": endpoint.model, "agent": info.agent_oid,
+            "status": RunStatus.RUNNING, "turn": 0, "result": None, "error": None, "settled": False,
+            "startedNs": now, "updatedNs": now,
+            "requestedModel": endpoint.model, "baseUrl": endpoint.base_url,
+        }
+        if retry_of is not None:
+            st["retryOf"] = retry_of
+        if key_env is not None:
+            st["apiKeyEnv"] = key_env
+        # The task message (none for a retry: the retried run's is in the history) and the first state.
+        assert retry_of is None or info.head is not None  # the retried run's task message at least
+        task_msg = () if retry_of is not None else ({"role": "user", "content": stored_task, "run": run},)
+        self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None, st))
         self.on_event(f"run {run} started in session {ses}" + (f", retrying run {retry_of}" if retry_of else ""))
         return self._loop(ses, run, lease, new=True)
 
@@ -491,18 +491,18 @@ class Runner:
             if op not in ops:
                 raise RunError(f"operation {op} is not in run {run}; `kxen-agent run show {ses} {run}` lists them")
             e = ops[op]
-            if e["state"] != "OutcomeUnknown":
+            if e["state"] != OpState.OUTCOME_UNKNOWN:
                 raise RunError(
                     f"operation {op} is {e['state']}, not OutcomeUnknown: only an UNKNOWN operation can be resolved"
                 )
             secrets = self._secrets(self.sessions.agent(info))
             ctx = _RunCtx(self, ses, run, lease)
             ctx.journal_write(
-                [dict(e, state="OutcomeKnown", source="human", isError=bool(is_error))],
+                [dict(e, state=OpState.OUTCOME_KNOWN, source=OpSource.HUMAN, isError=bool(is_error))],
                 outputs=[_stored_text(output, secrets)],
                 reason=f"run {run}: {op} resolved by a human",
             )
-            return {"session": ses, "run": run, "op": op, "state": "OutcomeKnown", "source": "human",
+            return {"session": ses, "run": run, "op": op, "state": OpState.OUTCOME_KNOWN, "source": OpSource.HUMAN,
                     "isError": bool(is_error)}
 
     # ================================================================ trust (§14.13)
@@ -544,27 +544,30 @@ class Runner:
         return ([val] if val else []) + credential_env_values(os.environ)
 
 
-def _summary(text: str, limit: int = 160) -> str:
-    """The first non-blank line of a tool's output, cut to ``limit`` characters (for live output)."""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+def _journal_entry(store: Repository, w: JournalWrite, previous: bytes | None) -> tuple[dict, str | None]:
+    """The journal entry ``w`` stands for, linked after ``previous``, with its output inline or in a blob by
+    size (§14.6); and the output's text (None: none, or kept as the entry carries it)."""
+    e = dict(w.entry)
+    e.pop("previous", None)
+    text = None
+    if w.output is not KEEP_OUTPUT:
+        e.pop("output", None)
+        e.pop("outputBlob", None)
+        text = w.output
+        if text is not None:
+            raw = text.encode("utf-8")
+            if len(raw) > OUTPUT_BLOB_THRESHOLD:
+                e["outputBlob"] = store.put("blob", raw)
+            else:
+                e["output"] = text
+    if previous is not None:
+        e["previous"] = previous
+    e["timeNs"] = time.time_ns()
+    return plain(e), text
 
 
-def _refusal(call: dict, allowed: set[str]) -> ToolOutcome | None:
-    """The error outcome of a call that is refused before it runs (a tool the
-    agent may not use, arguments that are not a JSON object), or None."""
-    name = call["name"]
-    if name not in TOOLS or name not in allowed:
-        return ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
-    try:
-        parse_arguments(call["arguments"] or "{}")  # never recurses or yields non-Unicode (answer_check)
-    except ValueError as ex:
-        return ToolOutcome(f"invalid arguments for {name}: {ex}", True)
-    return None
-
-
-class _RunCtx:
-    """One pass of the loop for one run under one lease."""
+class _RunCtx(ToolTurn):
+    """One pass of the loop for one run under one lease (its tool turn: :class:`.tool_call.ToolTurn`)."""
 
     def __init__(self, runner: Runner, ses: str, run: str, lease: Lease) -> None:
         self.r = runner
@@ -575,6 +578,7 @@ class _RunCtx:
         self.lease = lease
         self.info = self.sessions.get(ses)
         self.oid, self.st = runner.run_state(self.info, run)
+        check_tip(self.store, self.oid, self.st)  # a state that breaks §14.5 is damage, not a run to go on with
         self.agent = self.sessions.agent(self.info)
         if self.st.get("apiKeyEnv") is not None:  # the run's --api-key-env (§14.5) instead of the lock's
             self.agent = dict(self.agent, api_key_env=self.st["apiKeyEnv"])
@@ -626,54 +630,37 @@ class _RunCtx:
 
     def pause_for_trust(self, problem: str) -> None:
         """The run waits in ``input_required`` until this machine decides (written once, however often resumed)."""
-        if self.st["status"] != "input_required" or self.st.get("error") != problem:
-            self.update({"status": "input_required", "error": problem},
+        if self.st["status"] != RunStatus.INPUT_REQUIRED or self.st.get("error") != problem:
+            self.update({"status": RunStatus.INPUT_REQUIRED, "error": problem},
                         reason=f"run {self.run}: waits for this machine's decision")
         self.r.on_event(f"run {self.run} waits: {problem}")
         raise _Stop
 
-    def _put_state(self, changes: dict, journal: bytes | None = None) -> tuple[bytes, dict]:
-        st = dict(self.st)
-        st.update(changes)
-        st["previous"] = self.oid
-        st["updatedNs"] = time.time_ns()
-        if journal is not None:
-            st["journal"] = journal
-        return put(self.store, "run", st), st
+    def step(self, reason: str, changes: dict | None = None, *, messages: Sequence[dict] = (),
+             entries: Sequence[JournalWrite] = ()) -> StepPlan:
+        """The plan of this run's next durable step (:class:`.plan.StepPlan`), from where the run is now."""
+        return StepPlan(self.info.group, reason, self.lease.fence, self.info.head, tuple(messages), self.run,
+                        (self.oid, self.st), changes, tuple(entries))
 
-    def update(self, changes: dict, *, reason: str, head: tuple[bytes | None, bytes] | None = None,
-               journal: bytes | None = None) -> None:
-        """One durable step: a new run state (and optionally a head move), atomically."""
-        with self.store.writing():
-            oid, st = self._put_state(changes, journal)
-            updates = [RefUpdate(f"runs/{self.run}", self.oid, oid)]
-            if head is not None:
-                updates.append(RefUpdate("head", head[0], head[1]))
-            self.store.refs.transaction(self.info.group, updates, reason=reason, fence=self.lease.fence)
-        self.oid, self.st = oid, st
-        if head is not None:
+    def commit(self, plan: StepPlan) -> Committed:
+        """:meth:`Runner.commit` ``plan``, then hold what it made durable."""
+        done = self.r.commit(plan)
+        if done.state is not None:
+            self.oid, self.st = done.state
+        if plan.messages:
             self.info = self.sessions.get(self.ses)
+        return done
 
-    def journal_write(self, entries: list[dict], *, reason: str, outputs: list[str | None] | None = None,
+    def update(self, changes: dict, *, reason: str, messages: Sequence[dict] = ()) -> Committed:
+        """One durable step: a new run state (and the messages appended to head), atomically."""
+        return self.commit(self.step(reason, changes, messages=messages))
+
+    def journal_write(self, entries: list[dict], *, reason: str, outputs: list | None = None,
                       changes: dict | None = None) -> None:
-        """Append journal entries (one durable step) and a new run state."""
-        prev = self.st.get("journal")
-        with self.store.writing():
-            with self.store.batch():
-                for i, e in enumerate(entries):
-                    e = {k: v for k, v in e.items() if k not in ("previous", "output", "outputBlob")}
-                    out = outputs[i] if outputs else None
-                    if out is not None:
-                        raw = out.encode("utf-8")
-                        if len(raw) > OUTPUT_BLOB_THRESHOLD:
-                            e["outputBlob"] = self.store.put("blob", raw)
-                        else:
-                            e["output"] = out
-                    if prev is not None:
-                        e["previous"] = prev
-                    e["timeNs"] = time.time_ns()
-                    prev = put(self.store, "journal", e)
-            self.update(changes or {}, reason=reason, journal=prev)
+        """Append journal entries with their outputs (None, text, or :data:`.plan.KEEP_OUTPUT`) and a new run
+        state (one durable step)."""
+        writes = [JournalWrite(e, outputs[i] if outputs else None) for i, e in enumerate(entries)]
+        self.commit(self.step(reason, changes or {}, entries=writes))
 
     # ---------------------------------------------------------------- the loop
 
@@ -683,13 +670,13 @@ class _RunCtx:
         while True:
             st = self.st
             status = RunStatus(st["status"])
-            ops = {} if status.terminal else self.r.ops(st)
+            view = None if status.terminal else self.r.journal_view(st)
             last = None
             if not status.terminal and status is not RunStatus.INPUT_REQUIRED and self.info.head is not None:
                 last = self.sessions.read_message(self.info.head)
             step = next_step(self.run, status, bool(st.get("settled")),
                              None if last is None else LastMessage(last.role, last.run, bool(last.tool_calls)),
-                             [OpState(e["state"]) for e in ops.values()])
+                             () if view is None else view.unsettled_states())
             if isinstance(step, (ResumeAfterResolution, RunTools, SettleThenAsk, AskModel)):
                 problem = self.gate.problem()
                 if problem is not None:
@@ -702,29 +689,31 @@ class _RunCtx:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
                 raise _Stop
             if isinstance(step, ResumeAfterResolution):
-                self.update({"status": "running", **({"error": None} if st.get("error") else {})},
+                self.update({"status": RunStatus.RUNNING, **({"error": None} if st.get("error") else {})},
                             reason=f"run {self.run}: resumed after resolution")
                 continue
             if isinstance(step, RunTools):
                 assert last is not None
-                self.tool_turn(last, ops)
+                assert view is not None
+                self.tool_turn(last, view)
                 continue
             if isinstance(step, SettleThenAsk):
-                self.settle_turn(ops)
+                assert view is not None
+                self.settle_turn(view)
             self.provider_turn()
 
     # ---------------------------------------------------------------- provider
 
     def provider_turn(self) -> None:
         if self.r.cancel.is_set():
-            self.end("canceled", error="canceled by the user before the next model call")
+            self.end(RunStatus.CANCELED, error="canceled by the user before the next model call")
         max_turns = self.agent.get("policy", {}).get("max_turns", 20)
         if self.st["turn"] >= max_turns:
-            self.end("failed", error=f"max_turns ({max_turns}) reached without a final answer")
+            self.end(RunStatus.FAILED, error=f"max_turns ({max_turns}) reached without a final answer")
         self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
-        messages = provider_history(self, [{"role": "system", "content": self.agent.get("system", "")}])
+        messages = self.provider_history([{"role": "system", "content": self.agent.get("system", "")}])
         specs = tool_specs(self.agent.get("tools", []))
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"
@@ -754,13 +743,16 @@ class _RunCtx:
 
         try:
             turn = call_with_retries(attempt, policy=self.r.retry_policy, cancel=self.r.cancel, on_retry=on_retry)
+            # Nobody holds the request any more (a provider does not keep it past the call): the history
+            # may extend it for the next turn instead of copying it.
+            self.r.history.give_back(messages)
         except ProviderCanceled:
             # Whatever the request was doing (sending, streaming, failing,
             # waiting to be retried): the user's Ctrl-C decides.
-            self.end("canceled", error=f"canceled by the user during the model call to {where}; the request was "
+            self.end(RunStatus.CANCELED, error=f"canceled by the user during the model call to {where}; the request was "
                                        "aborted and nothing of its answer was recorded")
         except ProviderGaveUp as e:
-            self.end("failed", error=self.stored(f"provider error: {e}; `kxen-agent --resume {self.ses} --retry` "
+            self.end(RunStatus.FAILED, error=self.stored(f"provider error: {e}; `kxen-agent --resume {self.ses} --retry` "
                                                  "tries the task again"))
         finally:
             self.r.activity = Activity("step")
@@ -773,11 +765,11 @@ class _RunCtx:
         if self.r.cancel.is_set() and not turn.tool_calls:
             # A final answer that arrives after Ctrl-C does not complete the
             # run (tool calls are recorded, and reported "not run", below).
-            self.end("canceled", error="canceled by the user while the model was answering; its answer was not recorded",
+            self.end(RunStatus.CANCELED, error="canceled by the user while the model was answering; its answer was not recorded",
                      changes=counted)
         unusable = self.unusable(turn, number)
         if unusable is not None:
-            self.end("failed", error=unusable, changes=counted)
+            self.end(RunStatus.FAILED, error=unusable, changes=counted)
         content = self.stored(turn.content) if turn.content is not None else None
         finished = TurnFinished(self.ses, self.run, number, turn.finish_reason, tuple(c.name for c in turn.tool_calls), usage)
         if turn.tool_calls:
@@ -794,27 +786,59 @@ class _RunCtx:
                         cid += "_"
                 seen.add(cid)
                 calls.append({"id": cid, "name": c.name, "arguments": self.stored(c.arguments)})
-            # Messages and the ref that names them inside one writing()
-            # block: gc cannot prune the new objects before the head moves.
-            with self.store.writing():
-                new_head = self.sessions.append_messages(
-                    self.info.head, [{"role": "assistant", "content": content, "tool_calls": calls, "run": self.run}]
-                )
-                self.update({"turn": number, "model": turn.model, **counted},
-                            reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
-                            head=(self.info.head, new_head))
+            # The message and the state that counts its turn in one step (gc cannot prune the new objects
+            # before the head moves: Runner.commit writes them inside one writing() block).
+            new_head = self.update({"turn": number, "model": turn.model, **counted},
+                                   reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
+                                   messages=[{"role": "assistant", "content": content, "tool_calls": calls,
+                                              "run": self.run}]).head
             assert new_head is not None
             self.asked_here.add(new_head)
             self.r.emit(finished)
             return
         # Final answer, settled in two phases (result, message, settled).
-        self.update({"turn": number, "model": turn.model, "status": "completed",
+        self.update({"turn": number, "model": turn.model, "status": RunStatus.COMPLETED,
                      "result": content or "", "settled": False, **counted},
                     reason=f"run {self.run}: result saved")
         self.r.emit(finished)
         self.fault("run:after-result")
         self.finish_settlement()
         raise _Stop
+
+    def provider_history(self, before: list[dict]) -> list[dict]:
+        """``before``, then the provider view for the next model call, compacting first when it is over the
+        budget (:mod:`.compaction` plans the step; a summary that fails or is canceled ends the run)."""
+        request, over = over_budget(self.r.history, self.info.head, before, self.agent, self.st)
+        if over is None:
+            return request
+        self.r.on_event(f"run {self.run}: the model's view is about {over.size} tokens, over context_tokens "
+                        f"({over.budget}); asking the model to summarize it")
+        number = self.st["turn"] + 1
+
+        def on_retry(note: RetryNote) -> None:
+            self.r.activity = Activity("retry-wait", endpoint=self.endpoint.base_url)
+            self.r.emit(ProviderRetry(self.ses, self.run, number, note.attempt, note.max_attempts,
+                                      round(note.wait_s, 3), self.stored(str(note.error))))
+
+        try:
+            turn = ask_summary(self.provider, over, cancel=self.r.cancel, policy=self.r.retry_policy,
+                               on_retry=on_retry, on_activity=lambda a: setattr(self.r, "activity", a))
+        except (ProviderCanceled, ProviderGaveUp) as e:
+            turn, plan = None, summary_interrupted(self.ses, isinstance(e, ProviderCanceled), e, self.stored)
+        finally:
+            self.r.activity = Activity("step")
+        if turn is not None:
+            self.fault("compaction:after-response")
+            plan = plan_compaction(turn, st=self.st, through=self.info.head, run=self.run, ses=self.ses,
+                                   stored=self.stored)
+        if plan.end is not None:
+            self.end(*plan.end, changes=dict(plan.changes))
+        assert plan.message is not None
+        held = len(self.r.history)
+        self.update(dict(plan.changes), reason=plan.reason, messages=[plan.message])
+        self.r.on_event(f"run {self.run}: history compacted ({held} messages summarized in {msg_id(self.info.head)})")
+        self.fault("compaction:after-message")
+        return held_view(self.r.history, self.info.head, before)
 
     def unusable(self, turn: AssistantTurn, number: int) -> str | None:
         """Why ``turn`` can neither complete the run nor go on with it, or None.
@@ -842,7 +866,7 @@ class _RunCtx:
 
     def finish_settlement(self) -> None:
         """Write the final message (idempotently) if the run completed, then mark settled."""
-        if self.st["status"] == "completed":
+        if self.st["status"] == RunStatus.COMPLETED:
             content = self.st.get("result") or ""
             head = self.info.head
             # Idempotent: the message is a pure function of (parent, content),
@@ -850,11 +874,8 @@ class _RunCtx:
             last = self.sessions.read_message(head) if head is not None else None
             if not (last is not None and last.run == self.run and last.role == "assistant"
                     and not last.tool_calls and last.content == content):
-                with self.store.writing():
-                    final = self.sessions.append_messages(head, [{"role": "assistant", "content": content, "run": self.run}])
-                    self.store.refs.transaction(self.info.group, [RefUpdate("head", head, final)],
-                                                reason=f"run {self.run}: final message", fence=self.lease.fence)
-                self.info = self.sessions.get(self.ses)
+                self.commit(self.step(f"run {self.run}: final message",
+                                      messages=[{"role": "assistant", "content": content, "run": self.run}]))
             self.fault("run:after-final-message")
         self.update({"settled": True}, reason=f"run {self.run}: settled")
         self.r.on_event(f"run {self.run} {self.st['status']}")
@@ -864,136 +885,3 @@ class _RunCtx:
                     reason=f"run {self.run}: {status}")
         self.r.on_event(f"run {self.run} {status}" + (f": {error}" if error else ""))
         raise _Stop
-
-    # ---------------------------------------------------------------- tools
-
-    def tool_turn(self, assistant: Message, ops: dict[str, dict]) -> None:
-        by_call = {e["callId"]: e for e in ops.values() if e.get("message") == assistant.oid}
-        policy = self.agent.get("policy", {})
-        allowed = set(self.agent.get("tools", []))
-        for call in assistant.tool_calls:
-            e = by_call.get(call["id"])
-            if e is None:
-                if self.r.cancel.is_set():
-                    continue  # not started: reported as "not run" below
-                self.execute(assistant, call, allowed, policy)
-                continue
-            state = e["state"]
-            if state == "Decided":  # the answer is durable: never asked again
-                if not self.r.cancel.is_set():
-                    self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
-                continue
-            if state == "Started":
-                tool = TOOLS.get(e["tool"])
-                if _refusal(call, allowed) is not None:
-                    # Refused before it could run: nothing can have happened.
-                    self.r.on_event(f"{e['op']}: {e['tool']} was refused, not run; refusing it again after the crash")
-                    self.execute(assistant, call, allowed, policy, op=e["op"])
-                    continue
-                if tool is not None and not tool.side_effects:
-                    self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
-                    self.execute(assistant, call, allowed, policy, op=e["op"])
-                    continue
-                self.journal_write([dict(e, state="OutcomeUnknown", source="recovery")],
-                                   reason=f"run {self.run}: {e['op']} outcome unknown after a crash",
-                                   changes={"status": "input_required"})
-                self.r.on_event(f"{e['op']} ({e['tool']}) was started but its outcome is unknown; "
-                                f"check it and use `kxen-agent run resolve {self.ses} {self.run} {e['op']} --output ...`")
-                raise _Stop
-            if state == "OutcomeUnknown":
-                if self.st["status"] != "input_required":
-                    self.update({"status": "input_required"}, reason=f"run {self.run}: waits for resolution")
-                raise _Stop
-        # Every call has a known outcome (or was never started because of a
-        # cancellation): write the turn's tool messages, then settle.
-        ops = self.r.ops(self.st)
-        by_call = {e["callId"]: e for e in ops.values() if e.get("message") == assistant.oid}
-        msgs = []
-        for call in assistant.tool_calls:
-            e = by_call.get(call["id"])
-            if e is None or e["state"] == "Decided":
-                out = "[not run: the run was canceled before this call started]"
-            else:
-                out = self.r.entry_output(e) or ""
-            msgs.append({"role": "tool", "content": out, "tool_call_id": call["id"], "run": self.run})
-        with self.store.writing():
-            new_head = self.sessions.append_messages(self.info.head, msgs)
-            self.store.refs.transaction(self.info.group, [RefUpdate("head", self.info.head, new_head)],
-                                        reason=f"run {self.run}: tool results of turn {self.st['turn']}",
-                                        fence=self.lease.fence)
-        self.info = self.sessions.get(self.ses)
-        self.fault("tool:after-turn")
-        self.settle_turn(ops)
-
-    def settle_turn(self, ops: dict[str, dict]) -> None:
-        pending = [e for e in ops.values() if e["state"] == "OutcomeKnown"]
-        canceled = self.r.cancel.is_set()
-        if pending:
-            self.journal_write([dict(e, state="Settled") for e in pending],
-                               outputs=[self.r.entry_output(e) for e in pending],
-                               reason=f"run {self.run}: {len(pending)} op(s) settled")
-        if canceled:
-            self.end("canceled", error="canceled by the user")
-
-    def execute(self, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
-                decided: dict | None = None) -> None:
-        name = call["name"]
-        tool = TOOLS.get(name)
-        op = op or new_id("op")
-        base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
-                "arguments": call["arguments"], "message": assistant.oid,
-                "sideEffects": bool(tool.side_effects) if tool else False}
-        # A call decided before (an approval, or this machine's `session trust`) goes by that decision.
-        if (_refusal(call, allowed) is None
-                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
-                and not approve_call(self, base, decided)):
-            return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
-        self.journal_write([dict(base, state="Started", source="tool")], reason=f"run {self.run}: {op} started")
-        self.fault("tool:after-started")
-        self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))
-        refused = _refusal(call, allowed)
-        if refused is not None:
-            outcome = refused
-        else:
-            assert tool is not None
-            args = json.loads(call["arguments"] or "{}")
-            ctx = ToolContext(
-                max_file_bytes=policy.get("max_file_bytes", DEFAULT_MAX_FILE_BYTES),
-                workspace=self.info.workspace.root,
-                timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
-                cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
-                cancel=self.r.cancel,
-                secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
-                env_keep=env_keep_of(self.agent),
-            )
-            # A holder paused past its expiry between Started and here must not
-            # run the effect: the new holder may already have called it UNKNOWN
-            # and a human resolved it as not run.
-            if tool.side_effects:
-                self.lease.check()
-            self.r.activity = Activity("tool", tool=name, op=op, window_s=ctx.cancel_window_s)
-            try:
-                outcome = tool.run(args, ctx)
-            except ToolOutcomeUnknown as ex:
-                self.r.activity = Activity("step")
-                self.fault("tool:after-effect")
-                note = self.stored(ex.message)
-                self.journal_write(
-                    [dict(base, state="OutcomeUnknown", source="cancel", note=note)],
-                    outputs=[self.stored(ex.output) if ex.output else None],
-                    reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
-                    changes={"status": "input_required"},
-                )
-                self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeUnknown", None,
-                                         _summary(note), 0))
-                self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
-                raise _Stop
-            finally:
-                self.r.activity = Activity("step")
-        self.fault("tool:after-effect")
-        output = self.stored(outcome.output)
-        self.journal_write([dict(base, state="OutcomeKnown", source="tool", isError=outcome.is_error)],
-                           outputs=[output], reason=f"run {self.run}: {op} outcome known")
-        self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, "OutcomeKnown", outcome.is_error,
-                                 _summary(output), len(output.splitlines())))
-        self.fault("tool:after-outcome")

@@ -18,14 +18,15 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from kxen_agent.errors import UsageError
-from kxen_agent.session.schema import put, read
+from kxen_agent.session.schema import read
 from kxen_agent.session.sessions import SessionInfo, new_id
+from kxen_agent.session.status import ApproverName, OpSource, OpState
 from kxen_agent.session.trust import (LocalRecords, TrustRecord, TrustStore, lock_pair, lock_problem, normal_url,
                                       official_pair)
-from kxen_agent.store import RefUpdate
 from kxen_agent.store.objects import encode_object
 from kxen_agent.store.protocols import Repository
 
+from .plan import StepPlan
 from .providers import ModelEndpoint
 from .tools import TOOLS
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["TRUST_APPROVER", "TrustGate", "check_key_env", "lock_doc", "lock_verdict", "rebind_agent", "register", "trust_doc"]
 
 #: §14.6 ``approver`` of a decision ``session trust`` made on a call another state dir asked for or decided.
-TRUST_APPROVER = "trust"
+TRUST_APPROVER = ApproverName.TRUST
 
 
 def check_key_env(lock: dict, key_env: str | None) -> None:
@@ -112,10 +113,8 @@ def rebind_agent(runner: Any, info: SessionInfo, lock: dict, lease: Lease) -> Se
     if oid == info.agent_oid:
         return info
     meta = dict(info.meta, agent=oid, reason="agent", previous=info.meta_oid, revisedNs=time.time_ns())
-    with runner.store.writing():
-        new = put(runner.store, "session", meta)
-        runner.store.refs.transaction(info.group, [RefUpdate("meta", info.meta_oid, new)],
-                                      reason=f"session: agent {lock.get('name')}", fence=lease.fence)
+    runner.commit(StepPlan(info.group, f"session: agent {lock.get('name')}", lease.fence, info.head,
+                           meta=(info.meta_oid, meta)))
     runner.on_event(f"session {info.id} now uses agent {lock.get('name')}")
     return runner.sessions.get(info.id)
 
@@ -160,14 +159,14 @@ class TrustGate:
         last = c.sessions.read_message(c.info.head)
         if not (last.role == "assistant" and last.tool_calls and last.run == c.run):
             return []
-        by_call = {e["callId"]: e for e in c.r.ops(c.st).values() if e.get("message") == last.oid}
+        by_call = c.r.journal_view(c.st).by_message.get(last.oid, {})
         out = []
         for call in last.tool_calls:
             e = by_call.get(call["id"])
             if e is None:
                 if last.oid not in c.asked_here and last.oid not in self.local().heads:
                     out.append((call, None))
-            elif e["state"] == "Decided" and e.get("approval") == "yes" and e["op"] not in c.decided_here:
+            elif e["state"] == OpState.DECIDED and e.get("approval") == "yes" and e["op"] not in c.decided_here:
                 if not self.local().committed_journal(c.store, c.run, self._entry_oid(e["op"]), f"run {c.run}: {e['op']} "):
                     out.append((call, e))
         return out
@@ -176,7 +175,7 @@ class TrustGate:
         """Whether this state dir made the decision (``Decided`` entry) of operation ``op`` of the run."""
         c = self.ctx
         return op in c.decided_here or self.local().committed_journal(
-            c.store, c.run, self._entry_oid(op, "Decided"), f"run {c.run}: {op} ")
+            c.store, c.run, self._entry_oid(op, OpState.DECIDED), f"run {c.run}: {op} ")
 
     def _entry_oid(self, op: str, state: str | None = None) -> bytes | None:
         """The id of the newest journal entry of ``op`` (in ``state``, if given), walking back from the run state."""
@@ -217,7 +216,7 @@ class TrustGate:
             base = {"op": new_id("op"), "run": c.run, "turn": c.st["turn"], "callId": call["id"],
                     "tool": call["name"], "arguments": call["arguments"], "message": c.info.head,
                     "sideEffects": bool(tool.side_effects) if tool else False}
-        entry = dict(base, state="Decided", source="human", approval="yes" if yes else "no",
+        entry = dict(base, state=OpState.DECIDED, source=OpSource.HUMAN, approval="yes" if yes else "no",
                      approver=TRUST_APPROVER, origin=c.origin())
         c.journal_write([entry], reason=f"run {c.run}: {base['op']} {'accepted' if yes else 'refused'} here "
                                         "(session trust)")

@@ -1,19 +1,37 @@
 """The session layer: durable conversations over the object store.
 
 A Session is a ref group of the store (``sessions/<ses_id>``) naming its
-metadata, its newest message and its runs' states (:mod:`.sessions`); the
-shapes of its objects are checked where they come in (:mod:`.schema`, the
-hook the store's fsck and bundle reader call); it is bound to a workspace
-identity, not a path (:mod:`.workspace`), runs with a DCPAgent lock
-captured from an agent definition (:mod:`.agent_def`), and moves between
-runners as a bundle (:mod:`.transfer`).
+metadata, its newest message and its runs' states; the shapes of its
+objects are checked where they come in (the hook the store's fsck and
+bundle reader call); it is bound to a workspace identity, not a path, runs
+with a DCPAgent lock captured from an agent definition, and moves between
+runners as a bundle or through a Git remote.
+
+Modules, one line each:
+
+- :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
+- :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
+- :mod:`.status` — every status word of runs and operations;
+- :mod:`.records` — frozen RunState and JournalEntry records;
+- :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
+- :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
+- :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
+- :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
+- :mod:`.remote` — ``session push`` and the readers push and pull share;
+- :mod:`.remote_pull` — ``session pull`` and ``ls-remote``;
+- :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
+- :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 
 It works over any :class:`~kxen_agent.store.protocols.Repository` (the disk
-store, or a :class:`~kxen_agent.store.memory.MemoryStore`); it never touches
-the state dir's files itself, and it knows nothing of runs beyond the
-objects it reads (the run loop is the runtime's). The names below are its
-public surface; everything else is reached through its module, and a name
-beginning with ``_`` is nobody's business outside this package.
+store, or a :class:`~kxen_agent.store.memory.MemoryStore`) and never
+touches the object store's files itself. The one set of files of the state
+dir it owns is the Git mirror ``<state dir>/git`` (:mod:`.gitio`: a cache
+of sessions' Git images plus what each remote was last seen to hold). It
+knows nothing of runs beyond the objects it reads (the run loop is the
+runtime's). The names below are its public surface; everything else is
+reached through its module, and a name beginning with ``_`` is nobody's
+business outside this package.
 """
 
 from typing import TYPE_CHECKING

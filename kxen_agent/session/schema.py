@@ -27,6 +27,8 @@ from kxen_agent.errors import KxenError
 from kxen_agent.store.objects import CorruptObject, ObjectId, SchemaViolation
 from kxen_agent.store.protocols import ObjectStore
 
+from .status import Approval, ApproverName, OpSource, OpState, RunStatus, words
+
 __all__ = ["RUN_RE", "SESSION_SCHEMA", "SES_RE", "SessionSchema", "check", "misplaced", "put", "read", "ref_kind", "text_blob"]
 
 #: Ids as accepted on input (§14.1).
@@ -36,11 +38,12 @@ _run_id = RUN_RE.fullmatch
 
 _SECTION = {"agent": "14.2", "session": "14.3", "message": "14.4", "run": "14.5", "journal": "14.6"}
 
-RUN_STATUSES = ("running", "input_required", "completed", "failed", "canceled")
-OP_STATES = ("Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown")
-OP_SOURCES = ("tool", "recovery", "cancel", "human", "policy")
-APPROVALS = ("yes", "no")
-APPROVERS = ("user", "user-always", "--yes", "no-terminal", "trust")
+# The words of §14.5 and §14.6, from the one module that spells them (:mod:`.status`).
+RUN_STATUSES = words(RunStatus)
+OP_STATES = words(OpState)
+OP_SOURCES = words(OpSource)
+APPROVALS = words(Approval)
+APPROVERS = words(ApproverName)
 ROLES = ("user", "assistant", "tool", "compaction")
 FORK_KINDS = (None, "conversation", "worktree")
 
@@ -346,10 +349,10 @@ def _journal(v: Any) -> Links:
         raise SchemaViolation("both 'output' and 'outputBlob' are present")
     f.text("output", optional=True)
     f.link("outputBlob", "blob", optional=True)
-    f.bool("isError", optional=state in ("Decided", "Started", "OutcomeUnknown"))
+    f.bool("isError", optional=state in (OpState.DECIDED, OpState.STARTED, OpState.OUTCOME_UNKNOWN))
     # §14.6: the approval of a call that needed one, from its Decided entry on.
-    f.text("approval", one_of=APPROVALS, optional=state != "Decided")
-    f.text("approver", one_of=APPROVERS, optional=state != "Decided")
+    f.text("approval", one_of=APPROVALS, optional=state != OpState.DECIDED)
+    f.text("approver", one_of=APPROVERS, optional=state != OpState.DECIDED)
     f.text("note", optional=True)
     f.text("origin", optional=True)  # §14.6: the state dir that made the decision (informative)
     f.link("previous", "journal", optional=True)

@@ -1,16 +1,35 @@
 """The content-addressed object store, modeled on Git's internals.
 
-Bottom layer of kxen-agent: strict deterministic CBOR (:mod:`.codec`), object
-bytes and ids (:mod:`.objects`), loose files (:mod:`.loose`), refs with
-transactions and reflogs (:mod:`.refs`), locks (:mod:`.locks`), the one I/O
-seam (:mod:`.fsio`), the state dir (:mod:`.repo`), the storage protocols (:mod:`.protocols`)
-with an in-memory implementation (:mod:`.memory`), :mod:`.fsck`, packs
-(:mod:`.pack`), :mod:`.gc` and bundles (:mod:`.bundle`). Nothing
-here knows what a session, an agent or a run is (the namespaces of the
-state dir's skeleton are given by the layer above: ``Store(root,
-namespaces=...)``); ``objects_spec.md`` is the normative description of
-every byte this layer writes. Every file-system call of the store goes
-through one :class:`FileIO` (:mod:`.fsio`).
+Bottom layer of kxen-agent. Nothing here knows what a session, an agent or
+a run is (the namespaces of the state dir's skeleton are given by the layer
+above: ``Store(root, namespaces=...)``); ``objects_spec.md`` is the
+normative description of every byte this layer writes. Every file-system
+call of the store goes through one :class:`FileIO` (:mod:`.fsio`).
+
+Modules, one line each (pure formats first, then files, then whole-store
+operations):
+
+- :mod:`.codec` — strict deterministic CBOR, the byte format of every structured object;
+- :mod:`.objects` — object bytes: header, ids, links, the loose frame;
+- :mod:`.refformat` — pure ref-file and reflog formats;
+- :mod:`.gitmap` — the Git image of objects and ref groups (§16), bytes in, bytes out;
+- :mod:`.fsio` — the one seam through which the store touches the file system;
+- :mod:`.locks` — group locks and the store lock on lock files;
+- :mod:`.loose` — loose objects, one zstd file each;
+- :mod:`.pack` — packs and their indexes (package: format, compress, stream, writer, reader);
+- :mod:`.refs` — mutable refs, grouped, with a reflog each group;
+- :mod:`.steps` — step logs: a group's durable steps, objects and ref change in one record;
+- :mod:`.step` — the durable step as a value (Store.step);
+- :mod:`.fold` — folding step logs into a pack and the ref files;
+- :mod:`.caches` — derived caches the store knows (path, removal, verify);
+- :mod:`.access` — who may use a state dir, and in which mode (§10.4);
+- :mod:`.repo` — the state directory: layout, version, the disk :class:`Store`;
+- :mod:`.memory` — the in-memory store, with the disk store's semantics;
+- :mod:`.protocols` — the object store and ref store as protocols;
+- :mod:`.autopack` — automatic packing, as ``git gc --auto``;
+- :mod:`.fsck` — verify every object, every ref and the closure between them;
+- :mod:`.gc` — pack what is reachable, prune what is not;
+- :mod:`.bundle` — ref groups and their objects in one verifiable file (package).
 
 ``__all__`` below is the store's public surface, tested in
 ``tests/store/test_public_surface.py``; the submodules' own ``__all__``

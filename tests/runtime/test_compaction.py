@@ -225,7 +225,7 @@ class _LongModel:
         from kxen_agent.runtime.providers import AssistantTurn, ToolCall, Usage
 
         summary = messages[-1]["content"] == SUMMARY_REQUEST
-        self.requests.append((summary, messages, tools))
+        self.requests.append((summary, list(messages), tools))  # lent for the call only
         if summary:
             return AssistantTurn("SUMMARY: reading big.txt again and again", (), "long", "stop", Usage(10, 5))
         done = sum(1 for s, _, _ in self.requests if not s)

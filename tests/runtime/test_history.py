@@ -92,30 +92,34 @@ def test_a_list_a_caller_keeps_never_changes(ss: SessionStore) -> None:
     h = RunHistory(ss)
     system = [{"role": "system", "content": "be brief"}]
     head = ss.append_messages(None, chat(3))
-    kept = h.messages(head, system)
+    kept = h.messages(head, system)  # never given back
     snapshot = list(kept)
     head = ss.append_messages(head, chat(2, start=3))
     second = h.messages(head, system)
     assert kept == snapshot and second == system + full(ss, head) and second is not kept
+    h.give_back(kept)  # too late: only the list lent last can be given back
+    assert h.messages(head, system) is not kept and kept == snapshot
     kept.append({"role": "user", "content": "appended by a caller"})  # and a caller's change stays its own
     assert h.messages(head, system) == system + full(ss, head)
 
 
-def test_a_list_nobody_keeps_is_extended_in_place(ss: SessionStore) -> None:
-    # The copy of the whole list is what would make a turn grow with the history: when the
-    # last list is no one's any more, the next is the same list with the new messages appended.
+def test_a_list_given_back_is_extended_in_place(ss: SessionStore) -> None:
+    # The copy of the whole list is what would make a turn grow with the history: the list its
+    # borrower gave back (RunHistory.give_back) is the next one, with the new messages appended.
     h = RunHistory(ss)
     system = [{"role": "system", "content": "be brief"}]
     head = ss.append_messages(None, chat(5))
-    first_id = id(h.messages(head, system))
+    first = h.messages(head, system)
+    h.give_back(first)
     head = ss.append_messages(head, chat(2, start=5))
     again = h.messages(head, system)
-    assert id(again) == first_id and again == system + full(ss, head)
-    del again
+    assert again is first and again == system + full(ss, head)
+    h.give_back(again)
+    h.give_back(list(again))  # not the list lent: ignored
     other = [{"role": "system", "content": "another prompt"}]
     changed = h.messages(head, other)  # another system message: built anew
-    assert changed == other + full(ss, head)
-    del changed
+    assert changed == other + full(ss, head) and changed is not again
+    h.give_back(changed)
     back = ss.append_messages(None, chat(2, tag="unrelated"))
     assert h.messages(back, other) == other + full(ss, back)  # a history that drops messages: built anew
 
@@ -145,7 +149,7 @@ class Tooling:
 
             def complete(self, messages: list[dict], tools: list[dict], **kw: Any) -> AssistantTurn:
                 outer.read_marks.append(outer.store.io.read_count)
-                outer.sent.append(messages)
+                outer.sent.append(list(messages))  # the list is lent for this call only (RunHistory.give_back)
                 outer.turns += 1
                 if outer.turns > outer.calls:
                     return AssistantTurn("done", (), "counting")

@@ -13,8 +13,10 @@ Split by concept:
   API with tool use, cancellable and streamed like the OpenAI one;
 - :mod:`.http_base`: what the two share (key, client, cancellation, scrubbing);
 - :mod:`.bridge`: the event loop that makes a request abandonable;
-- :mod:`.factory`: :func:`make_provider`, the run's :func:`model_endpoint`,
-  and :func:`require_sdk` with the install command that fits.
+- :mod:`.sdk`: :func:`require_sdk` and :class:`ProviderUnavailable`, the
+  missing-SDK error with the install command that fits (below the
+  providers, which raise it, and the factory);
+- :mod:`.factory`: :func:`make_provider` and the run's :func:`model_endpoint`.
 
 No provider retries, stores anything or decides about a run: a provider
 returns one turn or raises, and the runtime decides. Internal tool calls
@@ -26,9 +28,10 @@ from __future__ import annotations
 
 from .anthropic import DEFAULT_ANTHROPIC_URL, AnthropicProvider
 from .base import AssistantTurn, ModelEndpoint, OnText, Provider, ProviderCanceled, ProviderError, ToolCall, Usage
-from .factory import ProviderUnavailable, install_command, make_provider, model_endpoint, require_sdk
+from .factory import make_provider, model_endpoint
 from .openai_compat import DEFAULT_BASE_URL, OpenAIProvider
 from .script import SCRIPT_FINISHED, ScriptProvider
+from .sdk import ProviderUnavailable, install_command, require_sdk
 
 __all__ = [
     "AnthropicProvider",

@@ -551,7 +551,7 @@ def _sdk() -> Any:
     try:
         import anthropic  # lazy: the package is an optional extra
     except ImportError:
-        from .factory import missing_sdk_error
+        from .sdk import missing_sdk_error
 
         raise missing_sdk_error("anthropic") from None
     return anthropic

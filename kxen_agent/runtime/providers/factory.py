@@ -3,20 +3,14 @@
 This module owns three decisions: which :class:`~.base.ModelEndpoint` a run
 uses (the lock's, a recorded run's, or the run's ``--model`` /
 ``--base-url``), which provider a lock and endpoint make, and whether the
-provider's SDK is installed — with the install command that fits how
-kxen-agent itself was installed. It never calls a model.
+provider's SDK is installed (the check and its install command live in
+:mod:`.sdk`, which the providers themselves also raise from). It never
+calls a model.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import json
-import os
-import shlex
-import sys
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,28 +19,16 @@ from kxen_agent.runtime.answer_check import limits_of
 from kxen_agent.session.agent_def import base_url_problem
 
 from .anthropic import AnthropicProvider
-from .base import ModelEndpoint, Provider, ProviderError
+from .base import ModelEndpoint, Provider
 from .openai_compat import OpenAIProvider
 from .script import ScriptProvider
+from .sdk import ProviderUnavailable, install_command, missing_sdk_error, require_sdk
 
 __all__ = ["ProviderUnavailable", "install_command", "make_provider", "missing_sdk_error", "model_endpoint",
            "require_sdk"]
 
-# The optional extra that carries each provider's SDK (pyproject.toml), and the module it provides.
-_SDK = {"openai": ("openai", "openai"), "anthropic": ("anthropic", "anthropic")}
 # The providers that call an endpoint (``base_url``), with the endpoint a lock without one calls.
 _ENDPOINT_PROVIDERS = ("openai", "anthropic")
-
-
-class ProviderUnavailable(ProviderError):
-    """The provider's SDK is not installed in the Python running kxen-agent.
-
-    Raised before a session or run is created (:func:`require_sdk`); the
-    message carries the install command.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, transient=False)
 
 
 def model_endpoint(lock: Mapping[str, Any], *, model: str | None = None, base_url: str | None = None,
@@ -125,66 +107,3 @@ def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None
             return AnthropicProvider(**common)
         return OpenAIProvider(**common)
     raise UsageError(f"agent lock names unknown provider {kind!r}; use 'script', 'openai' or 'anthropic'")
-
-
-def require_sdk(lock: Mapping[str, Any]) -> None:
-    """Raise :class:`ProviderUnavailable` if the lock's provider needs an SDK that does not import."""
-    provider = str(lock.get("provider"))
-    sdk = _SDK.get(provider)
-    if sdk is None:
-        return
-    try:
-        importlib.import_module(sdk[1])
-    except ModuleNotFoundError as e:
-        if e.name != sdk[1]:  # the SDK is there; a package it needs is not
-            raise ProviderUnavailable(
-                f"the {provider} provider needs the {sdk[1]} package, which is installed but does not import "
-                f"({e}); reinstall it with: {install_command(sdk[0])}") from None
-        raise missing_sdk_error(provider) from None
-    except ImportError as e:
-        raise ProviderUnavailable(
-            f"the {provider} provider needs the {sdk[1]} package, which is installed but does not import "
-            f"({e}); reinstall it with: {install_command(sdk[0])}") from None
-
-
-def missing_sdk_error(provider: str = "openai") -> ProviderUnavailable:
-    extra, module = _SDK[provider]
-    return ProviderUnavailable(
-        f"the {provider} provider needs the {module} package, which is not installed for {sys.executable}; "
-        f"install it with: {install_command(extra)}")
-
-
-def install_command(extra: str) -> str:
-    """The command that adds ``kxen-agent[extra]``'s packages to this installation.
-
-    pipx and ``uv tool`` installs get their own tool's command, an editable
-    install (a source checkout) the checkout's path, anything else pip run
-    by the Python running kxen-agent.
-    """
-    try:
-        dist = importlib.metadata.distribution("kxen-agent")
-    except importlib.metadata.PackageNotFoundError:
-        return f"pip install 'kxen-agent[{extra}]'"
-    reqs = [r.split(";")[0].strip() for r in dist.requires or () if f'extra == "{extra}"' in r.replace("'", '"')]
-    prefix = os.path.realpath(sys.prefix).replace(os.sep, "/")
-    if "/pipx/venvs/" in prefix:
-        return "pipx inject kxen-agent " + " ".join(shlex.quote(r) for r in reqs or [extra])
-    source = _editable_source(dist)
-    target = f"{source}[{extra}]" if source else f"kxen-agent[{extra}]"
-    if "/uv/tools/" in prefix:
-        return f"uv tool install --reinstall {'-e ' if source else ''}{shlex.quote(target)}"
-    return f"{shlex.quote(sys.executable)} -m pip install {'-e ' if source else ''}{shlex.quote(target)}"
-
-
-def _editable_source(dist: importlib.metadata.Distribution) -> str | None:
-    """The source directory of an editable install (PEP 610 ``direct_url.json``), or None."""
-    try:
-        info = json.loads(dist.read_text("direct_url.json") or "{}")
-    except (ValueError, OSError):
-        return None
-    if not (isinstance(info, dict) and isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")):
-        return None
-    url = info.get("url")
-    if not isinstance(url, str) or not url.startswith("file:"):
-        return None
-    return urllib.request.url2pathname(urllib.parse.urlsplit(url).path)

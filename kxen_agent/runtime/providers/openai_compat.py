@@ -244,7 +244,7 @@ def _sdk() -> Any:
     try:
         import openai  # lazy: the package is an optional extra
     except ImportError:
-        from .factory import missing_sdk_error
+        from .sdk import missing_sdk_error
 
         raise missing_sdk_error() from None
     return openai

@@ -1,0 +1,214 @@
+"""The tool turn of a run: each call judged once, journaled, run, its outcome recorded; then the turn settled.
+
+Order of durable steps (``objects_spec.md`` §14.6): per call, a decision
+(``Decided``, :mod:`.approvals`) when the lock's ``approve`` lists the tool,
+then ``Started`` before the side effect, then ``OutcomeKnown`` with the
+output; then the turn's tool messages on ``head``; then every op of the turn
+``Settled``. A call is judged once (:func:`judge`: the refusal of a tool the
+agent may not use or of arguments that are not a JSON object, else the parsed
+arguments), its arguments are parsed once, and an output is never read back
+from the store to be written again: the tool messages take the outputs this
+process wrote (:attr:`.run_reader.JournalView.outputs`) and a ``Settled`` entry
+keeps its ``OutcomeKnown``'s output link (:data:`.plan.KEEP_OUTPUT`).
+
+:class:`ToolTurn` is the part of the run context (``runner._RunCtx``) that
+does this; every write goes through the context's ``journal_write`` /
+``commit``, i.e. :meth:`~kxen_agent.runtime.runner.Runner.commit`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kxen_agent.session.agent_def import env_keep_of
+from kxen_agent.session.sessions import Message, new_id
+from kxen_agent.session.status import OpSource, OpState, RunStatus
+
+from .answer_check import parse_arguments
+from .approvals import REFUSED, needs_approval, plan_approval
+from .events import Activity, ToolFinished, ToolStarted
+from .plan import KEEP_OUTPUT
+from .run_reader import JournalView
+from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown
+from .tools.files import DEFAULT_MAX_FILE_BYTES
+
+if TYPE_CHECKING:
+    from .runner import _RunCtx
+
+__all__ = ["NOT_RUN", "StopRun", "ToolTurn", "judge"]
+
+#: The tool message of a call a cancellation kept from starting (§14.6).
+NOT_RUN = "[not run: the run was canceled before this call started]"
+
+
+class StopRun(Exception):
+    """Internal to the loop: it ends here (the run state already says why)."""
+
+
+def summary(text: str, limit: int = 160) -> str:
+    """The first non-blank line of a tool's output, cut to ``limit`` characters (for live output)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def judge(call: dict, allowed: set[str]) -> ToolOutcome | dict[str, Any]:
+    """The error outcome of a call refused before it runs (a tool the agent may not use, arguments that
+    are not a JSON object), or else its arguments, parsed (the one parse of a call)."""
+    name = call["name"]
+    if name not in TOOLS or name not in allowed:
+        return ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
+    try:
+        return parse_arguments(call["arguments"] or "{}")  # never recurses or yields non-Unicode (answer_check)
+    except ValueError as ex:
+        return ToolOutcome(f"invalid arguments for {name}: {ex}", True)
+
+
+class ToolTurn:
+    """The tool-turn steps of the run context (mixed into ``runner._RunCtx``)."""
+
+    def tool_turn(self: _RunCtx, assistant: Message, view: JournalView) -> None:
+        by_call = dict(view.by_message.get(assistant.oid, {}))
+        policy = self.agent.get("policy", {})
+        allowed = set(self.agent.get("tools", []))
+        for call in assistant.tool_calls:
+            e = by_call.get(call["id"])
+            if e is None:
+                if self.r.cancel.is_set():
+                    continue  # not started: reported as "not run" below
+                self.execute(assistant, call, allowed, policy)
+                continue
+            state = e["state"]
+            if state == OpState.DECIDED:  # the answer is durable: never asked again
+                if not self.r.cancel.is_set():
+                    self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
+                continue
+            if state == OpState.STARTED:
+                tool = TOOLS.get(e["tool"])
+                judged = judge(call, allowed)
+                if isinstance(judged, ToolOutcome):
+                    # Refused before it could run: nothing can have happened.
+                    self.r.on_event(f"{e['op']}: {e['tool']} was refused, not run; refusing it again after the crash")
+                    self.execute(assistant, call, allowed, policy, op=e["op"], judged=judged)
+                    continue
+                if tool is not None and not tool.side_effects:
+                    self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
+                    self.execute(assistant, call, allowed, policy, op=e["op"], judged=judged)
+                    continue
+                self.journal_write([dict(e, state=OpState.OUTCOME_UNKNOWN, source=OpSource.RECOVERY)],
+                                   reason=f"run {self.run}: {e['op']} outcome unknown after a crash",
+                                   changes={"status": RunStatus.INPUT_REQUIRED})
+                self.r.on_event(f"{e['op']} ({e['tool']}) was started but its outcome is unknown; "
+                                f"check it and use `kxen-agent run resolve {self.ses} {self.run} {e['op']} --output ...`")
+                raise StopRun
+            if state == OpState.OUTCOME_UNKNOWN:
+                if self.st["status"] != RunStatus.INPUT_REQUIRED:
+                    self.update({"status": RunStatus.INPUT_REQUIRED}, reason=f"run {self.run}: waits for resolution")
+                raise StopRun
+        # Every call has a known outcome (or was never started because of a
+        # cancellation): write the turn's tool messages, then settle.
+        view = self.r.journal_view(self.st)
+        by_call = view.by_message.get(assistant.oid, {})
+        msgs = []
+        for call in assistant.tool_calls:
+            e = by_call.get(call["id"])
+            if e is None or e["state"] == OpState.DECIDED:
+                out = NOT_RUN
+            else:
+                # Written by this process: held; else (a resume after a crash) read from its entry.
+                out = view.outputs[e["op"]] if e["op"] in view.outputs else (self.r.entry_output(e) or "")
+            msgs.append({"role": "tool", "content": out, "tool_call_id": call["id"], "run": self.run})
+        self.commit(self.step(f"run {self.run}: tool results of turn {self.st['turn']}", messages=msgs))
+        self.fault("tool:after-turn")
+        self.settle_turn(view)
+
+    def settle_turn(self: _RunCtx, view: JournalView) -> None:
+        pending = [e for e in view.open.values() if e["state"] == OpState.OUTCOME_KNOWN]
+        canceled = self.r.cancel.is_set()
+        if pending:
+            # A Settled entry keeps its OutcomeKnown's output (inline or its blob link): nothing is read back.
+            self.journal_write([dict(e, state=OpState.SETTLED) for e in pending], outputs=[KEEP_OUTPUT] * len(pending),
+                               reason=f"run {self.run}: {len(pending)} op(s) settled")
+        if canceled:
+            self.end(RunStatus.CANCELED, error="canceled by the user")
+
+    def approve(self: _RunCtx, base: dict, decided: dict | None) -> bool:
+        """Commit the approval steps of a call (:func:`.approvals.plan_approval`); whether it may run
+        (``base`` then carries its approval). False when refused, or when Ctrl-C came while asking."""
+        plan = plan_approval(base, decided, latest=self.r.journal_view(self.st).latest,
+                             decided_here=self.gate.decided_here, ask=lambda req: self.r.approver(req, self.r.cancel),
+                             session=self.ses, origin=self.origin)
+        if plan is None:
+            return False
+        if plan.decided is not None:
+            self.journal_write([plan.decided], reason=plan.decided_reason)
+            self.decided_here.add(base["op"])
+            self.fault("approval:after-decided")
+        base.update(plan.fields)
+        if plan.refused is not None:
+            self.journal_write([plan.refused], outputs=[REFUSED], reason=plan.refused_reason)
+        return plan.runs
+
+    def execute(self: _RunCtx, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
+                decided: dict | None = None, judged: ToolOutcome | dict[str, Any] | None = None) -> None:
+        """Run one call; ``judged`` is its :func:`judge` when the caller has it already."""
+        name = call["name"]
+        tool = TOOLS.get(name)
+        op = op or new_id("op")
+        base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
+                "arguments": call["arguments"], "message": assistant.oid,
+                "sideEffects": bool(tool.side_effects) if tool else False}
+        if judged is None:
+            judged = judge(call, allowed)
+        # A call decided before (an approval, or this machine's `session trust`) goes by that decision.
+        if (not isinstance(judged, ToolOutcome)
+                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
+                and not self.approve(base, decided)):
+            return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
+        self.journal_write([dict(base, state=OpState.STARTED, source=OpSource.TOOL)],
+                           reason=f"run {self.run}: {op} started")
+        self.fault("tool:after-started")
+        self.r.emit(ToolStarted(self.ses, self.run, base["turn"], op, call["id"], name, call["arguments"]))
+        if isinstance(judged, ToolOutcome):
+            outcome = judged
+        else:
+            assert tool is not None
+            ctx = ToolContext(
+                max_file_bytes=policy.get("max_file_bytes", DEFAULT_MAX_FILE_BYTES),
+                workspace=self.info.workspace.root,
+                timeout_s=policy.get("tool_timeout_ms", 120000) / 1000,
+                cancel_window_s=policy.get("cancel_window_ms", 5000) / 1000,
+                cancel=self.r.cancel,
+                secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
+                env_keep=env_keep_of(self.agent),
+            )
+            # A holder paused past its expiry between Started and here must not
+            # run the effect: the new holder may already have called it UNKNOWN
+            # and a human resolved it as not run.
+            if tool.side_effects:
+                self.lease.check()
+            self.r.activity = Activity("tool", tool=name, op=op, window_s=ctx.cancel_window_s)
+            try:
+                outcome = tool.run(judged, ctx)
+            except ToolOutcomeUnknown as ex:
+                self.r.activity = Activity("step")
+                self.fault("tool:after-effect")
+                note = self.stored(ex.message)
+                self.journal_write(
+                    [dict(base, state=OpState.OUTCOME_UNKNOWN, source=OpSource.CANCEL, note=note)],
+                    outputs=[self.stored(ex.output) if ex.output else None],
+                    reason=f"run {self.run}: {op} killed after the cancellation window, outcome unknown",
+                    changes={"status": RunStatus.INPUT_REQUIRED},
+                )
+                self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_UNKNOWN, None,
+                                         summary(note), 0))
+                self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
+                raise StopRun
+            finally:
+                self.r.activity = Activity("step")
+        self.fault("tool:after-effect")
+        output = self.stored(outcome.output)
+        self.journal_write([dict(base, state=OpState.OUTCOME_KNOWN, source=OpSource.TOOL, isError=outcome.is_error)],
+                           outputs=[output], reason=f"run {self.run}: {op} outcome known")
+        self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_KNOWN, outcome.is_error,
+                                 summary(output), len(output.splitlines())))
+        self.fault("tool:after-outcome")
