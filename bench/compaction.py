@@ -40,7 +40,7 @@ class _Model:
 
     def complete(self, messages: list[dict], tools: list[dict], *, cancel: Any = None, on_text: Any = None) -> Any:
         summary = messages[-1]["content"] == SUMMARY_REQUEST
-        self.requests.append((summary, messages, tools))
+        self.requests.append((summary, list(messages), tools))
         if summary:
             return AssistantTurn("SUMMARY: reading notes.txt, turn after turn", (), self.model, "stop", Usage(10, 5))
         done = sum(1 for s, _, _ in self.requests if not s)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.session.status import OpState
 
 from ._args import workspaces
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t, usage_line
@@ -626,5 +627,5 @@ def _show_trust(doc: dict) -> None:
         out(f"tool calls of run {t(str(doc['run']))} recorded on another machine, waiting for this machine's decision:")
         for c in doc["calls"]:
             how = (f"decided yes by {t(str(c['decidedBy']))} in state dir {t(str(c['origin'] or 'unknown'))}"
-                   if c["state"] == "Decided" else "never decided")
+                   if c["state"] == OpState.DECIDED else "never decided")
             out(f"  {t(c['tool'])} {t(c['arguments'])}  ({how})")

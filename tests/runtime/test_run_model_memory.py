@@ -75,7 +75,7 @@ class FakeModel:
 
         def complete(self, messages: list[dict], tools: list[dict], *, cancel: threading.Event | None = None,
                      on_text: Any = None) -> AssistantTurn:
-            self.m.histories.append(messages)
+            self.m.histories.append(list(messages))
             step = self.m.steps.pop(0) if len(self.m.steps) > 1 else self.m.steps[0]
             if callable(step) and not isinstance(step, (AssistantTurn, Exception)):
                 step = step(cancel, on_text)
