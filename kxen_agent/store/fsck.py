@@ -183,7 +183,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 progress(1)
     # 2b. Every object in a step log (§6.8): each record's checksum, each
     # object's frame and id. A log that does not read is a damaged group.
-    steps = store.refs.steps
+    steps = store.steps
     for group in steps.groups():
         ns, gid = group.split("/", 1)
         if not _group_name(ns, gid):
@@ -341,7 +341,7 @@ def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckRepor
     too (§10.2, §6.9 question 12): no writer of those versions makes one,
     and an older writer would commit past its records.
     """
-    steps = store.refs.steps
+    steps = store.steps
     live: set[ObjectId] = set()
     dead = []
     for group in steps.groups():

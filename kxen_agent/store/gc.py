@@ -318,7 +318,7 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pac
     def in_old_packs(oid: ObjectId) -> bool:
         return any(p.has(oid) for p in old_packs)
 
-    steps = store.refs.steps
+    steps = store.steps
     steps.scan_all()
     needs = len(old_packs) > 1 or any(oid in reachable and not in_old_packs(oid)
                                       for oid in (*store.loose.iter_ids(), *steps.iter_ids()))

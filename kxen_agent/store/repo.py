@@ -28,6 +28,7 @@ from .locks import GATE_WAIT_S, StoreLock, store_lock  # noqa: F401
 from .loose import LooseObjects
 from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
 from .refs import RefStore, validate_group, validate_namespace, validate_ref_name
+from .steps import StepLogs
 
 try:
     from .refs import validate_update as _validate_update
@@ -259,8 +260,12 @@ class Store:
         self.format_version = 0
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
         self.lock_timeout = lock_timeout
+        #: The step logs of every group (§6.8): the store's, read by its
+        #: object reads and by its ref store alike.
+        self.steps = StepLogs(self.root, io)
         self.refs = _GuardedRefStore(
-            self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing, store=self
+            self.root, io, self.steps, lock_timeout, before_write=self.ensure_initialized, writing=self.writing,
+            store=self
         )
         # Objects put inside a writing() block, per thread: the block's next
         # ref transaction commits them in its step record (§6.8); what no
@@ -520,10 +525,10 @@ class Store:
             return self._put_loose(obj)
 
     def _put_loose(self, obj: RawObject) -> bool:
-        if self.refs.steps.has(obj.id) and self._in_live_log(obj.id):
+        if self.steps.has(obj.id) and self._in_live_log(obj.id):
             # Held by a committed step record: present, and made durable
             # before any ref may name it (§9.3 rule 12), not copied.
-            self.refs.steps.make_durable(obj.id)
+            self.steps.make_durable(obj.id)
             return False
         for p in self.packs:
             if p.has(obj.id):
@@ -538,7 +543,7 @@ class Store:
     def _in_live_log(self, oid: ObjectId) -> bool:
         """Whether the step log holding ``oid`` is one its group reads: a stale or leftover log is
         replaced by that group's next write, so its copy does not count as present (§6.9 question 8)."""
-        log = self.refs.steps.where(oid)
+        log = self.steps.where(oid)
         try:
             return log is not None and self.refs.read_with_log(log.group)[1] is log
         except KxenError:
@@ -597,7 +602,7 @@ class Store:
         obj, err = self._read_packed(oid, None)
         if obj is not None:
             return obj
-        steps = self.refs.steps
+        steps = self.steps
         obj, err = self._read_stepped(oid, err)
         if obj is not None:
             return obj
@@ -625,7 +630,7 @@ class Store:
     def _read_stepped(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
         """The object from the step logs this instance has read, and the first error met (or ``err``)."""
         try:
-            return self.refs.steps.read_raw(oid), err
+            return self.steps.read_raw(oid), err
         except CorruptObject as e:
             return None, err or e
 
@@ -666,12 +671,12 @@ class Store:
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.
-        if (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.refs.steps.has(oid)
+        if (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.steps.has(oid)
                 or self.loose.has(oid)):
             return True
         # Committed by another process since this one read the step logs?
-        self.refs.steps.scan_all()
-        return self.refs.steps.has(oid)
+        self.steps.scan_all()
+        return self.steps.has(oid)
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every object id, each once (an object may be both loose and packed)."""
@@ -684,8 +689,8 @@ class Store:
                 if oid not in seen:
                     seen.add(oid)
                     yield oid
-        self.refs.steps.scan_all()
-        for oid in self.refs.steps.iter_ids():
+        self.steps.scan_all()
+        for oid in self.steps.iter_ids():
             if oid not in seen:
                 seen.add(oid)
                 yield oid
@@ -696,8 +701,8 @@ class Store:
 
     def _with_prefix(self, h: str) -> set[ObjectId]:
         found = set(self.loose.with_prefix(h))
-        self.refs.steps.scan_all()
-        found.update(self.refs.steps.with_prefix(h))
+        self.steps.scan_all()
+        found.update(self.steps.with_prefix(h))
         for p in self.packs:
             found.update(p.with_prefix(h))
         return found

@@ -155,7 +155,7 @@ def import_bundle(
                 found_dirs: set[str] = set()
                 found_packed = False
                 found_steps: list = []
-                steps = store.refs.steps
+                steps = store.steps
                 steps.scan_all()
                 loose = LooseNames(store.loose, r.header.objects)
                 add_checked = None
