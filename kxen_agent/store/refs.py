@@ -18,6 +18,12 @@ with a fence lower than the group's current one is refused (:class:`StaleFence`)
 — this is what stops a paused lease holder from writing after its lease
 was given to another process.
 
+A transaction is one durable step (:mod:`.step`, ``Store.step``) of its
+updates; the step logs (:mod:`.steps`) belong to the store, which hands
+them to its ref store. The byte formats of the ref file and the reflog,
+and the rules for names and values, are :mod:`.refformat`'s (pure, no
+I/O; imported from here too).
+
 Every file-system call, listings and sizes included, goes through the
 store's :class:`~.fsio.FileIO`; nothing here calls ``os`` on a file.
 """
@@ -62,6 +68,7 @@ from .refformat import (  # noqa: F401
     validate_ref_name,
     validate_update,
 )
+from .step import transaction
 from .steps import CorruptSteps, StepLogs, StepTx, TxUpdate
 
 __all__ = [
@@ -142,7 +149,8 @@ class RefStore:
     folds the log in once its objects are durable elsewhere.
     """
 
-    def __init__(self, root: str, io: FileIO, steps: StepLogs, lock_timeout: float = 30.0, before_write=None) -> None:
+    def __init__(self, root: str, io: FileIO, steps: StepLogs, lock_timeout: float = 30.0, before_write=None,
+                 open_step=None, removed=None) -> None:
         self.root = root
         self.io = io
         self.lock_timeout = lock_timeout
@@ -155,6 +163,11 @@ class RefStore:
         # The store's step logs (``Store.steps``, which owns them): a group's
         # state is its ref file with its step log's records applied.
         self._steps = steps
+        # (group, fence) -> an entered Step of the owning Store: what
+        # transaction() commits with (the Store gives it).
+        self._open_step = open_step
+        # Called with a group's name once its files are gone (the store removes its caches).
+        self._removed = removed
         # group -> (base, log, records applied, state): see _apply.
         self._applied: dict[str, tuple] = {}
 
@@ -346,26 +359,27 @@ class RefStore:
         fence: int | None = None,
         new_fence: int | None = None,
         deleted_ns: int | None | _Any = ANY,
-        locked: bool = False,
-        objects: "list | tuple" = (),
     ) -> RefGroupState:
-        """Apply ``updates`` to ``group`` all together or not at all.
+        """Apply ``updates`` to ``group`` all together or not at all: one step (``Store.step``) of them.
 
         ``fence``: refuse with :class:`StaleFence` if the group's fence is
         higher. ``new_fence``: raise the group's fence (never lower it).
         ``deleted_ns``: mark (an int) or unmark (None) the group deleted.
-        ``locked``: the caller already holds :meth:`lock`. ``objects``: raw
-        objects committed in the same record (the step's new objects).
+        The library API for programs that share the state dir; the store's
+        own writers make their steps with ``Store.step``.
         """
-        updates = list(updates)
-        for u in updates:
-            validate_update(u)
-        if not locked:
-            with self.lock(group):
-                return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
-        return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
+        if self._open_step is None:
+            raise RuntimeError("this RefStore belongs to no Store: it has no steps to commit with")
+        return transaction(self._open_step, group, updates, reason=reason, fence=fence, new_fence=new_fence,
+                           deleted_ns=deleted_ns)
 
-    def _commit(self, group, updates, reason, fence, new_fence, deleted_ns, objects=()) -> RefGroupState:
+    def commit_locked(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None,
+                      new_fence: int | None, deleted_ns: "int | None | _Any", objects: "list | tuple" = ()
+                      ) -> RefGroupState:
+        """Commit one step's record (``Store.step``'s commit): the caller holds the group's lock.
+
+        ``objects``: the step's new objects, carried in the record.
+        """
         # Re-read under the lock: the caller's view may be stale (the race
         # compare-and-swap exists to catch).
         cur, log = self.read_with_log(group)
@@ -492,15 +506,6 @@ class RefStore:
             except FileNotFoundError:
                 pass
         self._steps.forget(group)
-        # Then the group's caches (§11a): derived files, nothing without the group; no fsync (a
-        # leftover is a stray file that the next gc of the group's name, or a user, removes).
-        cache = os.path.join(self.root, "cache")
-        try:
-            kinds = self.io.listdir(cache)
-        except (FileNotFoundError, NotADirectoryError):
-            kinds = []
-        for kind in kinds:
-            try:
-                self.io.unlink(os.path.join(cache, kind, *validate_group(group).split("/")))
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                pass
+        # Then what the store derived from the group (its caches, §11a).
+        if self._removed is not None:
+            self._removed(group)
