@@ -1,11 +1,17 @@
 """The content-addressed object store, modeled on Git's internals.
 
 Bottom layer of kxen-agent: strict deterministic CBOR (:mod:`.codec`), object
-bytes and ids (:mod:`.objects`), loose files (:mod:`.loose`), refs with
-transactions and reflogs (:mod:`.refs`), locks (:mod:`.locks`), the one I/O
-seam (:mod:`.fsio`), the state dir (:mod:`.repo`), the storage protocols (:mod:`.protocols`)
+bytes and ids (:mod:`.objects`), loose files (:mod:`.loose`), the ref-file
+and reflog formats (:mod:`.refformat`, pure), refs with transactions and
+reflogs (:mod:`.refs`), the step logs (:mod:`.steps`), the durable step as
+a value (:mod:`.step`: ``store.step(group)``), derived caches
+(:mod:`.caches`), locks (:mod:`.locks`), the one I/O seam (:mod:`.fsio`),
+the state dir (:mod:`.repo`), the storage protocols (:mod:`.protocols`)
 with an in-memory implementation (:mod:`.memory`), :mod:`.fsck`, packs
-(:mod:`.pack`), :mod:`.gc` and bundles (:mod:`.bundle`). Nothing
+(:mod:`.pack`), :mod:`.gc`, folding step logs into packs and ref files
+(:mod:`.fold`), automatic packing (:mod:`.autopack`), who may use a state
+dir (:mod:`.access`), bundles (:mod:`.bundle`) and the Git image of objects
+and ref groups (:mod:`.gitmap`). Nothing
 here knows what a session, an agent or a run is (the namespaces of the
 state dir's skeleton are given by the layer above: ``Store(root,
 namespaces=...)``); ``objects_spec.md`` is the normative description of
