@@ -35,7 +35,8 @@ __all__ = ["FAIL_MODES", "Step", "StepEngine", "transaction"]
 #: What a step does with its objects when it ends without a commit (a refused
 #: compare-and-swap, a stale fence, a with-block left without committing):
 #: ``"drop"`` forgets them (nothing of the step was written); ``"loose"``
-#: writes them as plain objects, as a caller that will name them later wants.
+#: writes them as plain objects, as a caller that will name them later wants
+#: (not when a with-block ends by an exception: then they are dropped).
 FAIL_MODES = ("drop", "loose")
 
 
@@ -125,15 +126,19 @@ class Step:
     def put(self, kind: str, value: Any) -> ObjectId:
         """Encode ``value`` as an object of ``kind`` for this step; its id."""
         obj = encode_object(kind, value)
-        self.put_raw(obj)
+        self._take(obj, encoded_here=True)
         return obj.id
 
     def put_raw(self, obj: RawObject) -> bool:
         """Take ``obj`` into this step; False if the step holds it already."""
+        return self._take(obj, encoded_here=False)
+
+    def _take(self, obj: RawObject, *, encoded_here: bool) -> bool:
         self._open()
         if obj.id in self._objects:
             return False
-        self._engine.admit(obj)
+        if not encoded_here:  # bytes made here are right by construction
+            self._engine.admit(obj)
         self._objects[obj.id] = obj
         return True
 

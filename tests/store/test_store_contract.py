@@ -615,3 +615,13 @@ def test_the_new_modules_name_their_public_surface() -> None:
     for mod in (memory, protocols):
         assert mod.__all__ == sorted(mod.__all__)
         assert all(hasattr(mod, name) for name in mod.__all__)
+
+
+def test_a_memory_step_verifies_a_raw_object_as_put_raw_does() -> None:
+    mem = MemoryStore("steps")
+    good = encode_object("blob", b"true")
+    lying = RawObject(encode_object("blob", b"other").id, good.kind, good.raw, good.body_offset)
+    step = mem.step(G)
+    with pytest.raises(CorruptObject, match="content hashes to"):
+        step.put_raw(lying)
+    assert step.objects == () and step.put_raw(good) is True and step.put_raw(good) is False
