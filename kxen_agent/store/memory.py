@@ -15,6 +15,9 @@ run loop can be tested in-process, in milliseconds (dulwich's
   ``LockBusy``) raised in the same order, and reflogs kept in the very bytes
   the disk store appends (:func:`~kxen_agent.store.refs.format_reflog_line`),
   so a group's ``log_size`` is the same number on both;
+- a durable step (:meth:`MemoryStore.step`) is the same :class:`~kxen_agent.store.step.Step`
+  value: its objects are stored, and its refs move, together at its commit or
+  not at all (a ref transaction is one step, as on disk);
 - locks (:class:`MemoryLock`) are ``threading`` locks with the disk locks'
   acquire/timeout rules: one holder whichever thread asks, ``LockBusy`` when
   the wait runs out.
@@ -327,7 +330,7 @@ class MemoryStore:
         return nullcontext()
 
     def writing(self, timeout: float | None = None):
-        """Nothing to hold: no gc prunes a memory store."""
+        """TRANSITIONAL (as the disk store's; new writers make a :meth:`step`). Nothing to hold: no gc here."""
         return nullcontext()
 
     # ------------------------------------------------------------ steps
