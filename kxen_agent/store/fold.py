@@ -64,7 +64,7 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
         if info is not None:
             rep.packed, rep.pack = info.count, info.name
     for g in groups:
-        with store.writing(), store.refs.lock(g):
+        with store.shared_lock(), store.refs.lock(g):
             cur, log = store.refs.read_with_log(g)
             if log is None or not log.records:
                 continue
