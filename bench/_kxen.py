@@ -40,7 +40,8 @@ class Builder:
         """Append ``messages`` after ``parent``; the head after each count in ``cuts``."""
         heads: dict[int, bytes] = {}
         head, pos = parent, 0
-        with self.store.writing():
+        # Loose objects, one durability barrier for all (no ref moves here).
+        with self.store.batch():
             for cut in sorted(set(cuts) | {len(messages)}):
                 if cut > pos:
                     head = self.sessions.append_messages(head, list(messages[pos:cut]))
@@ -65,7 +66,7 @@ class Builder:
         return info.id
 
     def _append_after(self, parent: bytes, own: Sequence[dict]) -> bytes:
-        with self.store.writing():
+        with self.store.batch():
             head = self.sessions.append_messages(parent, list(own))
         assert head is not None
         return head

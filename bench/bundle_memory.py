@@ -42,7 +42,6 @@ def _rss_mb() -> float:
 
 def build(root: str, size_mb: int, seed: int = 1) -> dict:
     from kxen_agent.store import Store
-    from kxen_agent.store.refs import RefUpdate
 
     sys.path.insert(0, HERE)
     from pack_compression import synth_session
@@ -54,22 +53,22 @@ def build(root: str, size_mb: int, seed: int = 1) -> dict:
     n = 0
     head = None
     t0 = time.perf_counter()
-    with store.writing():
-        with store.batch():
-            for obj in synth_session(3000, seed):  # a realistic transcript first
-                store.put_raw(obj)
-                total += len(obj.raw)
-                head = obj.id
-        while total < target:
-            with store.batch():
-                for _ in range(64):
-                    size = min(4 << 20, int(rng.paretovariate(1.3) * (64 << 10)))
-                    blob = store.put("blob", os.urandom(size))
-                    msg = {"role": "tool", "text": f"output {n} ({size} bytes)", "out": blob, "parent": head}
-                    head = store.put("message", msg)
-                    total += size + 200
-                    n += 1
-        store.refs.transaction("ses/bench", [RefUpdate("head", None, head)], reason="bench")
+    # One durable step: every object in the record that moves the head.
+    step = store.step("ses/bench")
+    for obj in synth_session(3000, seed):  # a realistic transcript first
+        step.put_raw(obj)
+        total += len(obj.raw)
+        head = obj.id
+    while total < target:
+        for _ in range(64):
+            size = min(4 << 20, int(rng.paretovariate(1.3) * (64 << 10)))
+            blob = step.put("blob", os.urandom(size))
+            msg = {"role": "tool", "text": f"output {n} ({size} bytes)", "out": blob, "parent": head}
+            head = step.put("message", msg)
+            total += size + 200
+            n += 1
+    step.update("head", None, head)
+    step.commit("bench")
     return {"objectsMB": round(total / 1e6, 1), "bigBlobs": n, "seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -11,7 +11,7 @@ line and maps to an exit code.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -33,11 +33,11 @@ bundle_app = typer.Typer(
     no_args_is_help=False, rich_markup_mode=None, add_completion=False)
 
 
-def _store() -> Store:
+def _store(**kw: Any) -> Store:
     from kxen_agent.session.sessions import NS
     from kxen_agent.store import Store
 
-    return Store.open(namespaces=(NS,))
+    return Store.open(namespaces=(NS,), **kw)
 
 
 def _size(n: int) -> str:
@@ -64,17 +64,14 @@ def fsck_cmd(
     from kxen_agent.session.schema import SESSION_SCHEMA
     from kxen_agent.store import fsck as run_fsck
 
-    from kxen_agent.runtime.history_index import verify_indexes
+    from kxen_agent.runtime.history_index import CACHES
     from kxen_agent.runtime.run_reader import verify_run_states
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Problem
 
-    store = _store()
+    store = _store(caches=CACHES)  # the run loop's caches: fsck runs their checks (the history index, §14.12)
     prog = Progress("fsck", enabled=not json_out)
     rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
-    # The history indexes (objects_spec.md §14.12): derived files a resume trusts, checked against the objects.
-    wrong, notes = verify_indexes(SessionStore(store))
-    rep.problems.extend(Problem("history-index", path, text) for path, text in wrong)
     # A run whose states or journal break the §14.5/§14.6 state machines (a resume refuses it).
     rep.problems.extend(Problem("run-state", oid, text) for oid, text in verify_run_states(SessionStore(store)))
     prog.done()
@@ -86,8 +83,8 @@ def fsck_cmd(
             err(t(p.line(), quote=False))
         for d in rep.dangling:
             out(f"dangling object {d}")
-        for note in notes:
-            out(f"history index {t(note)}")
+        for title, note in rep.notes:
+            out(f"{title} {t(note)}")
         for f in rep.stray_files:
             # Temp files (an interrupted write's; gc removes those under objects/) and names no
             # writer makes (objects_spec.md §11 steps 1, 6, 7): nothing reads either.

@@ -7,7 +7,8 @@ JSONL session file at 100,000 messages. This file is to the history what
 Git's ``commit-graph`` is to commits: a *derived* file, written by kxen-agent
 from objects it had verified, protected by checksums, never needed (delete
 it and the next resume reads the objects, the next run writes it again),
-and checked against the objects by ``kxen-agent fsck``. Its byte format is
+and checked against the objects by fsck (the store's cache kind
+:data:`HISTORY`, whose hook fsck runs). Its byte format is
 ``objects_spec.md`` §14.12.
 
 How it is trusted: each segment carries the BLAKE3 hash of its bytes and
@@ -41,7 +42,9 @@ from typing import Any, Callable, Iterable, Sequence
 import blake3
 import zstandard
 
-from kxen_agent.store import codec
+from kxen_agent.session.sessions import NS, SessionStore
+from kxen_agent.store import OS_IO, codec
+from kxen_agent.store.caches import CacheKind, Caches
 
 from .answer_check import safe_provider_message
 from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, check_frame_parameters
@@ -85,9 +88,25 @@ _KEYS = frozenset(("id", "role", "content", "toolCalls", "toolCallId", "through"
 Entry = tuple[bytes, dict[str, Any], "bytes | None"]
 
 
+def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """fsck's hook for :data:`HISTORY`: :func:`verify_indexes` over the store's sessions."""
+    return verify_indexes(SessionStore(store))
+
+
+#: The history index as a kind of derived cache of the store (§11a): ``cache/history/sessions/<ses>``,
+#: removed with its session's group, checked by fsck (a store given it: ``Store(root, caches=CACHES)``).
+HISTORY = CacheKind("history", verify=_verify_store, problem="history-index", title="history index")
+#: The kinds of cache the run loop keeps: what a store opened for this program is given.
+CACHES = (HISTORY,)
+
+
 def index_path(root: str, ses: str) -> str:
-    """Where session ``ses``'s history index lives in state dir ``root`` (§14.12)."""
-    return os.path.join(root, "cache", "history", "sessions", ses)
+    """Where session ``ses``'s history index lives in state dir ``root`` (§14.12).
+
+    Prefer ``store.caches.path(HISTORY, f"sessions/{ses}")``: the same
+    path, asked of the store that owns it.
+    """
+    return Caches(root, OS_IO).path(HISTORY, f"{NS}/{ses}")
 
 
 # ---------------------------------------------------------------- bytes
@@ -317,7 +336,7 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
     from kxen_agent.store import MissingObject
 
     store = sessions.store
-    base = os.path.dirname(index_path(store.root, "_"))
+    base = os.path.dirname(Caches(store.root, store.io).path(HISTORY, f"{NS}/_"))
     try:
         names = sorted(store.io.listdir(base))
     except (FileNotFoundError, NotADirectoryError):

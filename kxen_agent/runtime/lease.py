@@ -574,7 +574,7 @@ class Lease(RenewedHold):
                 why = blocking_reason(holder, store.refs.read(group).fence, have_fcntl=False, now_ns=time.time_ns())
                 if why:
                     raise LeaseBusy(ses, holder, why)
-            with store.refs.lock(group, timeout=GROUP_LOCK_WAIT_S):
+            with store.step(group, timeout=GROUP_LOCK_WAIT_S) as step:
                 # Decide again under the lock: the snapshot may be stale (the race).
                 state = store.refs.read(group)
                 if not state.exists or "meta" not in state.refs:
@@ -589,8 +589,8 @@ class Lease(RenewedHold):
                               now + int(ttl * 1e9), int(ttl * 1000), have_fcntl)
                 # Fence first: a crash between the two leaves a record whose
                 # fence is behind the group's, which the rule reads as free.
-                store.refs.transaction(group, [], reason=f"lease: {purpose} {run or '-'} pid {os.getpid()} on {_HOST}",
-                                       new_fence=fence, locked=True)
+                step.new_fence(fence)
+                step.commit(f"lease: {purpose} {run or '-'} pid {os.getpid()} on {_HOST}")
                 backend.write_record(ses, _record_bytes(rec))
         except BaseException:
             if have_fcntl:

@@ -291,16 +291,54 @@ class _StepRefs:
         return getattr(self._inner, name)
 
     def transaction(self, group: str, updates: Any, *, reason: str, fence: int | None = None,
-                    new_fence: int | None = None, locked: bool = False, **kw: Any) -> Any:
-        # A run's steps carry the local lease's fence; a grant raises it
-        # under the group lock (``locked``): never a network call in there.
-        step = fence is not None and not locked and group.startswith(f"{NS}/")
+                    new_fence: int | None = None, **kw: Any) -> Any:
+        # A run's steps carry the local lease's fence; a grant raises the
+        # fence in a step of its own, under the group lock, with no fence
+        # given: never a network call in there.
+        step = fence is not None and group.startswith(f"{NS}/")
         if step:
             self._scope.before_step(group[len(NS) + 1:])
-        state = self._inner.transaction(group, updates, reason=reason, fence=fence, new_fence=new_fence,
-                                        locked=locked, **kw)
+        state = self._inner.transaction(group, updates, reason=reason, fence=fence, new_fence=new_fence, **kw)
         if step:
             self._scope.after_step(group[len(NS) + 1:])
+        return state
+
+
+class _PushedStep:
+    """A step of the leased session, pushed once committed (:meth:`_StepRepository.step`).
+
+    The network calls happen outside the group's lock: on entry before it
+    is taken, and after the block has released it; a step used without
+    ``with`` makes them around its commit.
+    """
+
+    def __init__(self, inner: Any, scope: "RemoteLeaseScope", ses: str) -> None:
+        self._inner = inner
+        self._scope = scope
+        self._ses = ses
+        self._entered = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> "_PushedStep":
+        self._scope.before_step(self._ses)
+        self._inner.__enter__()
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._entered = False
+        self._inner.__exit__(*exc)
+        if exc[0] is None and self._inner.state is not None:
+            self._scope.after_step(self._ses)
+
+    def commit(self, reason: str) -> Any:
+        if self._entered:
+            return self._inner.commit(reason)
+        self._scope.before_step(self._ses)
+        state = self._inner.commit(reason)
+        self._scope.after_step(self._ses)
         return state
 
 
@@ -309,7 +347,15 @@ class _StepRepository:
 
     def __init__(self, store: Store, scope: "RemoteLeaseScope") -> None:
         self._store = store
+        self._scope = scope
         self.refs = _StepRefs(store.refs, scope)
+
+    def step(self, group: str, *, fence: int | None = None, **kw: Any) -> Any:
+        """The store's step; one of the leased session that carries the lease's fence is pushed once committed."""
+        inner = self._store.step(group, fence=fence, **kw)
+        if fence is None or not group.startswith(f"{NS}/"):
+            return inner  # a lease grant (no fence) or another group: nothing to push
+        return _PushedStep(inner, self._scope, group[len(NS) + 1:])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
-from kxen_agent.store import RawObject, RefUpdate, Store
+from kxen_agent.store import RawObject, Store
 from kxen_agent.store.gitmap import (
     BadGitImage,
     GroupImage,
@@ -416,7 +416,12 @@ def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan]) ->
         return statuses, 0
     sessions = SessionStore(store)
     needed = _reachable_new(objs, [v for p in changing.values() for v in p.refs.values()])
-    with store.writing():
+    groups = {ses: f"{NS}/{ses}" for ses in changing}
+    # One step per session; the first carries the pulled objects (unless a pack does) and the new
+    # metadata objects in its record: one fsync for all of them. The shared lock keeps gc from
+    # pruning a pack's objects before the refs that name them have moved.
+    first = store.step(groups[next(iter(changing))])
+    with store.shared_lock():
         if len(needed) > _PACK_ABOVE:
             writer = store.pack_writer(None)
             try:
@@ -429,19 +434,23 @@ def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan]) ->
             sealed.commit()
             store.reload_packs()
         else:
-            with store.batch():
-                for obj in needed:
-                    store.put_raw(obj)
+            for obj in needed:
+                first.put_raw(obj)
         for ses, p in changing.items():
             if p.new_meta is not None:
                 assert p.base_oid is not None
-                p.refs["meta"] = sessions.rebound_meta(p.new_meta, p.base_oid, p.binding, "import")
+                p.refs["meta"] = sessions.rebound_meta(p.new_meta, p.base_oid, p.binding, "import", into=first)
         for ses, p in changing.items():
-            group = f"{NS}/{ses}"
+            step = first if first.group == groups[ses] else store.step(groups[ses])
             local = p.local.refs if p.local is not None else {}
-            updates = [RefUpdate(n, local.get(n), v) for n, v in sorted(p.refs.items()) if local.get(n) != v]
-            updates += [RefUpdate(n, local[n], None) for n in sorted(local) if n not in p.refs]
-            store.refs.transaction(group, updates, reason="pull from remote", deleted_ns=None)
+            for n, v in sorted(p.refs.items()):
+                if local.get(n) != v:
+                    step.update(n, local.get(n), v)
+            for n in sorted(local):
+                if n not in p.refs:
+                    step.update(n, local[n], None)
+            step.mark_deleted(None)
+            step.commit("pull from remote")
     return statuses, len(needed)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate
-from kxen_agent.store.protocols import Repository
+from kxen_agent.store.protocols import ObjectStore, Repository
 
 from .schema import SES_RE, misplaced, put, read, text_blob
 from .workspace import (
@@ -557,18 +557,18 @@ class SessionStore:
     def create(self, agent_lock: dict, workspace: WorkspaceIdentity) -> SessionInfo:
         """A new root session bound to ``workspace`` with the given DCPAgent lock."""
         ses = new_id("ses")
-        with self.store.writing():
-            agent = self.put_agent(agent_lock)
-            meta = put(
-                self.store, "session",
-                self._meta(
-                    ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
-                    fork_point=None, fork_kind=None, reason="create",
-                ),
-            )
-            self.store.refs.transaction(
-                self.group(ses), [RefUpdate("meta", None, meta)], reason="session: create"
-            )
+        # One durable step: the agent lock, the metadata and the ref that names them.
+        step = self.store.step(self.group(ses))
+        agent = put(step, "agent", agent_lock)
+        meta = put(
+            step, "session",
+            self._meta(
+                ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
+                fork_point=None, fork_kind=None, reason="create",
+            ),
+        )
+        step.update("meta", None, meta)
+        step.commit("session: create")
         return self.get(ses)
 
     def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None,
@@ -614,24 +614,24 @@ class SessionStore:
             bound = create_worktree(current, worktree)
         try:
             new = new_id("ses")
-            with self.store.writing():
-                meta = put(
-                    self.store, "session",
-                    self._meta(
-                        new,
-                        agent=parent.agent_oid,
-                        workspace=bound,
-                        parent_id=parent.id,
-                        branch_root_id=parent.meta["branchRootId"],
-                        fork_point=msg_id(point) if point else None,
-                        fork_kind="worktree" if worktree else "conversation",
-                        reason=reason,
-                    ),
-                )
-                updates = [RefUpdate("meta", None, meta)]
-                if point is not None:
-                    updates.append(RefUpdate("head", None, point))
-                self.store.refs.transaction(self.group(new), updates, reason=f"session: fork of {ses}")
+            step = self.store.step(self.group(new))
+            meta = put(
+                step, "session",
+                self._meta(
+                    new,
+                    agent=parent.agent_oid,
+                    workspace=bound,
+                    parent_id=parent.id,
+                    branch_root_id=parent.meta["branchRootId"],
+                    fork_point=msg_id(point) if point else None,
+                    fork_kind="worktree" if worktree else "conversation",
+                    reason=reason,
+                ),
+            )
+            step.update("meta", None, meta)
+            if point is not None:
+                step.update("head", None, point)
+            step.commit(f"session: fork of {ses}")
         except BaseException:
             if made is not None:
                 rollback_worktree(*made)
@@ -659,26 +659,25 @@ class SessionStore:
         if current.to_record() == info.meta["workspace"]:
             return info
         m = info.meta
-        with self.store.writing():
-            meta = put(
-                self.store, "session",
-                self._meta(
-                    ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
-                    branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
-                    fork_kind=m.get("forkKind"), reason=reason, previous=info.meta_oid,
-                    created_ns=m["createdNs"],
-                ),
-            )
-            self.store.refs.transaction(
-                self.group(ses), [RefUpdate("meta", info.meta_oid, meta)],
-                reason=f"session: {reason} to {current.root}", fence=fence,
-            )
+        step = self.store.step(self.group(ses), fence=fence)
+        meta = put(
+            step, "session",
+            self._meta(
+                ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
+                branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
+                fork_kind=m.get("forkKind"), reason=reason, previous=info.meta_oid,
+                created_ns=m["createdNs"],
+            ),
+        )
+        step.update("meta", info.meta_oid, meta)
+        step.commit(f"session: {reason} to {current.root}")
         return self.get(ses)
 
-    def rebound_meta(self, meta: dict, meta_oid: bytes, workspace: WorkspaceIdentity, reason: str) -> bytes:
-        """Write a new metadata object for an imported session (no ref moved)."""
+    def rebound_meta(self, meta: dict, meta_oid: bytes, workspace: WorkspaceIdentity, reason: str, *,
+                     into: ObjectStore | None = None) -> bytes:
+        """Write a new metadata object for an imported session (no ref moved); ``into``: a step to put it in."""
         return put(
-            self.store, "session",
+            into if into is not None else self.store, "session",
             self._meta(
                 meta["id"], agent=meta["agent"], workspace=workspace, parent_id=meta.get("parentId"),
                 branch_root_id=meta["branchRootId"], fork_point=meta.get("forkPoint"),

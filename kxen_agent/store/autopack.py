@@ -155,7 +155,7 @@ class AutoPacker:
 
     def _written(self) -> int:
         # Objects written since this store opened: loose files and step-log records alike.
-        return self.store.loose.written + self.store.refs.steps.written
+        return self.store.loose.written + self.store.steps.written
 
     def due(self) -> bool:
         return (self.threshold > 0 and self.store.exists and self._written() >= self._not_before

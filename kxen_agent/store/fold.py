@@ -37,8 +37,8 @@ class FoldReport:
 
 def step_objects(store: Store) -> int:
     """How many objects the step logs hold now (what automatic packing counts besides loose files)."""
-    store.refs.steps.scan_all()
-    return sum(1 for _ in store.refs.steps.iter_ids())
+    store.steps.scan_all()
+    return sum(1 for _ in store.steps.iter_ids())
 
 
 def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
@@ -48,7 +48,7 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
     logs whose every object a committed pack holds already, leave the others.
     """
     rep = FoldReport()
-    steps = store.refs.steps
+    steps = store.steps
     steps.scan_all()
     store.reload_packs()
     groups = [g for g in steps.groups() if _has_records(store, g)]
@@ -64,7 +64,7 @@ def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
         if info is not None:
             rep.packed, rep.pack = info.count, info.name
     for g in groups:
-        with store.writing(), store.refs.lock(g):
+        with store.shared_lock(), store.refs.lock(g):
             cur, log = store.refs.read_with_log(g)
             if log is None or not log.records:
                 continue

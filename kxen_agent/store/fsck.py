@@ -40,7 +40,7 @@ __all__ = ["FsckReport", "Problem", "fsck"]
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton | schema | history-index (the CLI's)
+    kind: str  # corrupt-object | corrupt-ref | reflog-mismatch | missing-object | broken-link | corrupt-pack | skeleton | schema | a cache kind's (history-index)
     where: str
     message: str
 
@@ -63,6 +63,8 @@ class FsckReport:
     problems: list[Problem] = field(default_factory=list)
     dangling: list[str] = field(default_factory=list)
     stray_files: list[str] = field(default_factory=list)
+    #: What a cache's check found normal for a cache (§11a): (the kind's title, text); not in the JSON.
+    notes: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -183,7 +185,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                 progress(1)
     # 2b. Every object in a step log (§6.8): each record's checksum, each
     # object's frame and id. A log that does not read is a damaged group.
-    steps = store.refs.steps
+    steps = store.steps
     for group in steps.groups():
         ns, gid = group.split("/", 1)
         if not _group_name(ns, gid):
@@ -321,6 +323,11 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 7. Names no writer makes, outside objects/ and in objects/pack/: information too.
     strays.update(_stray_entries(store.root, store.io, set(listed)))
     rep.stray_files = sorted(strays - not_dirs)
+
+    # 8. The derived caches of the kinds the store was given (§11a): each kind's own check.
+    for kind, (wrong, notes) in store.caches.verify(store):
+        rep.problems.extend(Problem(kind.problem, path, text) for path, text in wrong)
+        rep.notes.extend((kind.title, note) for note in notes)
     return rep
 
 
@@ -341,7 +348,7 @@ def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckRepor
     too (§10.2, §6.9 question 12): no writer of those versions makes one,
     and an older writer would commit past its records.
     """
-    steps = store.refs.steps
+    steps = store.steps
     live: set[ObjectId] = set()
     dead = []
     for group in steps.groups():

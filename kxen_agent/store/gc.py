@@ -18,7 +18,7 @@ Two phases:
 1. without blocking writers (only one gc at a time, ``locks/gc-run.lock``):
    compute the reachable set and write the new pack;
 2. under the store lock's exclusive side (:meth:`Store.pruning`; writers
-   hold the shared side, :meth:`Store.writing`): recompute the roots (refs
+   hold the shared side, :meth:`Store.shared_lock`, in a step): recompute the roots (refs
    may have moved), then remove expired groups, old packs, packed loose
    copies and expired unreachable objects. Unreachable objects of a removed
    pack that are still within the grace period become loose files again
@@ -263,8 +263,8 @@ def gc(
 
     ``prune``: the grace period, as a ``--prune`` string or seconds; ``None``
     or ``"never"`` prunes nothing. ``now`` overrides the clock (tests).
-    ``lock_timeout``: how long phase 2 waits for writers to leave
-    :meth:`Store.writing` (default: the store's lock timeout).
+    ``lock_timeout``: how long phase 2 waits for writers to release the
+    shared lock (:meth:`Store.shared_lock`; default: the store's lock timeout).
     ``always_pack``: write the pack even when it is not smaller than what it
     replaces (tests of the pack mechanics on a handful of objects; the CLI
     never sets it).
@@ -318,7 +318,7 @@ def _phase1(store: Store, cutoff_ns, cutoff, rep: GcReport, progress, always_pac
     def in_old_packs(oid: ObjectId) -> bool:
         return any(p.has(oid) for p in old_packs)
 
-    steps = store.refs.steps
+    steps = store.steps
     steps.scan_all()
     needs = len(old_packs) > 1 or any(oid in reachable and not in_old_packs(oid)
                                       for oid in (*store.loose.iter_ids(), *steps.iter_ids()))

@@ -63,7 +63,7 @@ class LooseObjects:
         self._pending_dirs: set[str] | None = None
         self._pending_named: set[str] = set()
         # Directories (a fan-out dir, objects/) whose own name this instance
-        # has made durable in its parent: see _barrier.
+        # has made durable in its parent: see barrier.
         self._durable_dirs: set[str] = set()
         self._skeleton = False  # see trust_skeleton
         # Objects whose name this instance has made durable (its barrier, or
@@ -136,7 +136,7 @@ class LooseObjects:
             # file in and not yet fsynced the directory (or died before it
             # did). The caller may name the object in a ref next (§9.3).
             ident = self._identity_of(path)  # the file whose name the barrier makes durable
-            self._barrier(d)
+            self.barrier(d)
             self._made_durable(obj.id, ident)
             return False
         if self._before_write:
@@ -145,7 +145,7 @@ class LooseObjects:
         self.io.rename_into_place(self.io.write_tmp(d, compress_loose(obj.raw)), path)
         self.written += 1
         ident = self._identity_of(path)  # taken before the barrier: the file it makes durable
-        self._barrier(d)
+        self.barrier(d)
         self._made_durable(obj.id, ident)
         return True
 
@@ -178,7 +178,7 @@ class LooseObjects:
         """
         self._skeleton = True
 
-    def _barrier(self, d: str) -> None:
+    def barrier(self, d: str) -> None:
         """Make a name in fan-out dir ``d`` durable: now, or at the end of the batch.
 
         That is an fsync of ``d``, and — the first time this instance uses

@@ -15,6 +15,9 @@ run loop can be tested in-process, in milliseconds (dulwich's
   ``LockBusy``) raised in the same order, and reflogs kept in the very bytes
   the disk store appends (:func:`~kxen_agent.store.refs.format_reflog_line`),
   so a group's ``log_size`` is the same number on both;
+- a durable step (:meth:`MemoryStore.step`) is the same :class:`~kxen_agent.store.step.Step`
+  value: its objects are stored, and its refs move, together at its commit or
+  not at all (a ref transaction is one step, as on disk);
 - locks (:class:`MemoryLock`) are ``threading`` locks with the disk locks'
   acquire/timeout rules: one holder whichever thread asks, ``LockBusy`` when
   the wait runs out.
@@ -55,9 +58,9 @@ from .refs import (
     prepare_transaction,
     validate_group,
     validate_ref_name,
-    validate_update,
 )
 from .repo import MissingObject, resolve_object_id
+from .step import Step, transaction
 
 __all__ = ["MemoryLock", "MemoryLockBusy", "MemoryLocks", "MemoryRefStore", "MemoryStore"]
 
@@ -149,8 +152,10 @@ class MemoryRefStore:
     the state first always finds at least ``log_size`` bytes of reflog.
     """
 
-    def __init__(self, where: str, locks: MemoryLocks, lock_timeout: float = 30.0) -> None:
+    def __init__(self, where: str, locks: MemoryLocks, lock_timeout: float = 30.0, open_step: Any = None) -> None:
         self.where = where
+        # (group, fence) -> an entered Step of the owning MemoryStore: what transaction() commits with.
+        self._open_step = open_step
         self.lock_timeout = lock_timeout
         self._locks = locks
         self._states: dict[str, RefGroupState] = {}
@@ -201,27 +206,27 @@ class MemoryRefStore:
         fence: int | None = None,
         new_fence: int | None = None,
         deleted_ns: Any = ANY,
-        locked: bool = False,
     ) -> RefGroupState:
-        """Apply ``updates`` to ``group`` all together or not at all (see the disk ``RefStore.transaction``)."""
-        updates = list(updates)
-        # Names and values before the lock: a refused update touches nothing.
-        validate_group(group)
-        for u in updates:
-            validate_update(u)
-        if locked:
-            if not self._locks.lock_for(self._lock_name(group)).held:
-                raise RuntimeError(f"transaction on {group} with locked=True, but nobody holds its lock")
-            return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
-        with self.lock(group):
-            return self._commit(group, updates, reason, fence, new_fence, deleted_ns)
+        """Apply ``updates`` to ``group`` all together or not at all: one step of them (see the disk ``RefStore``)."""
+        if self._open_step is None:
+            raise RuntimeError("this MemoryRefStore belongs to no MemoryStore: it has no steps to commit with")
+        return transaction(self._open_step, group, updates, reason=reason, fence=fence, new_fence=new_fence,
+                           deleted_ns=deleted_ns)
 
-    def _commit(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None,
-                new_fence: int | None, deleted_ns: Any) -> RefGroupState:
-        # Called under the group's lock: the state read here is the one the
-        # compare-and-swap must hold against, whatever the caller saw before.
+    def commit_locked(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None,
+                      new_fence: int | None, deleted_ns: Any, add_objects: Any = None) -> RefGroupState:
+        """Commit one step (``MemoryStore.step``'s commit): the caller holds the group's lock.
+
+        ``add_objects()`` stores the step's objects once the step is judged
+        good, before its refs are visible: a reader that sees a new ref
+        finds what it names.
+        """
+        # The state read here is the one the compare-and-swap must hold
+        # against, whatever the caller saw before.
         cur = self._states.get(group) or RefGroupState(group)
         refs, olds, out_fence, out_deleted = prepare_transaction(cur, updates, fence, new_fence, deleted_ns)
+        if add_objects is not None:
+            add_objects()
         now = time.time_ns()
         used_fence = fence if fence is not None else out_fence
         lines = b"".join(
@@ -258,9 +263,10 @@ class MemoryStore:
         #: For files written outside the store (an export's bundle); the store itself writes none.
         self.io = io
         self.locks = MemoryLocks(self.root)
-        self.refs = MemoryRefStore(self.root, self.locks, lock_timeout)
+        self.refs = MemoryRefStore(self.root, self.locks, lock_timeout, open_step=self._transaction_step)
         self._objects: dict[ObjectId, RawObject] = {}
         self._mu = threading.Lock()
+        self._steps_engine = _MemorySteps(self)
 
     def __repr__(self) -> str:
         return f"<MemoryStore {self.root}: {len(self._objects)} objects>"
@@ -324,5 +330,54 @@ class MemoryStore:
         return nullcontext()
 
     def writing(self, timeout: float | None = None):
-        """Nothing to hold: no gc prunes a memory store."""
+        """TRANSITIONAL (as the disk store's; new writers make a :meth:`step`). Nothing to hold: no gc here."""
         return nullcontext()
+
+    # ------------------------------------------------------------ steps
+
+    def step(self, group: str, *, fence: int | None = None, fail: str = "drop",
+             timeout: float | None = None) -> Step:
+        """A durable step of ``group`` (:class:`~.step.Step`), with the disk store's semantics.
+
+        ``with store.step(g) as step:`` holds the group's lock for the block.
+        """
+        return Step(self._steps_engine, group, fence=fence, fail=fail, timeout=timeout)
+
+    @contextmanager
+    def _transaction_step(self, group: str, fence: int | None) -> Iterator[Step]:
+        with self.step(group, fence=fence) as step:
+            yield step
+
+
+class _MemorySteps:
+    """How a :class:`~.step.Step` of a memory store holds its group, commits and keeps objects."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def hold(self, group: str, timeout: float | None):
+        return self._store.refs.lock(group, timeout)  # no gc: the group's lock is all
+
+    def commit(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None, new_fence: int | None,
+               deleted: Any, objects: list[RawObject]) -> RefGroupState:
+        store = self._store
+
+        def add() -> None:
+            for o in objects:
+                store._add(o)
+
+        return store.refs.commit_locked(group, updates, reason, fence, new_fence, deleted, add)
+
+    def keep(self, objects: list[RawObject]) -> None:
+        for o in objects:
+            self._store._add(o)
+
+    def admit(self, obj: RawObject) -> None:
+        # As put_raw: verified once, here (the disk store verifies on every read).
+        parse_object(obj.raw, f"{obj.id.hex()} (being stored in {self._store.root})", expect_id=obj.id)
+
+    def read_raw(self, oid: ObjectId) -> RawObject:
+        return self._store.read_raw(oid)
+
+    def has(self, oid: ObjectId) -> bool:
+        return self._store.has(oid)

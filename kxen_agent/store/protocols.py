@@ -27,9 +27,9 @@ from contextlib import AbstractContextManager
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
 from .objects import ObjectId, RawObject
-from .refs import ANY, RefGroupState, ReflogEntry, RefUpdate
+from .refformat import ANY, RefGroupState, ReflogEntry, RefUpdate
 
-__all__ = ["ExclusiveLock", "ObjectStore", "RefContainer", "Repository"]
+__all__ = ["DurableStep", "ExclusiveLock", "ObjectStore", "RefContainer", "Repository"]
 
 
 @runtime_checkable
@@ -113,7 +113,7 @@ class ObjectStore(Protocol):
         ...
 
     def writing(self, timeout: float | None = None) -> AbstractContextManager[None]:
-        """Hold the store open for writing around "put objects, then move refs".
+        """TRANSITIONAL (new writers make a :meth:`Repository.step`): "put objects, then move refs" as a block.
 
         Re-entrant. While any thread or process is inside, gc does not
         prune, so an object put in the block survives until the ref that
@@ -177,12 +177,12 @@ class RefContainer(Protocol):
         fence: int | None = None,
         new_fence: int | None = None,
         deleted_ns: int | None | Any = ANY,
-        locked: bool = False,
     ) -> RefGroupState:
         """Apply ``updates`` to ``group`` all together or not at all; the new committed state.
 
         ``deleted_ns``: mark the group deleted (an int), unmark it (None),
-        or leave it (``ANY``). ``locked``: the caller holds :meth:`lock`.
+        or leave it (``ANY``). One step (:meth:`Repository.step`) of the
+        updates: the library API for programs sharing the state dir.
         """
         ...
 
@@ -196,8 +196,62 @@ class RefContainer(Protocol):
 
 
 @runtime_checkable
+class DurableStep(Protocol):
+    """One durable step of one ref group (:class:`~kxen_agent.store.step.Step` in both stores).
+
+    Guarantees of every implementation:
+
+    - :meth:`commit` applies every :meth:`update` (each compare-and-swap
+      against the group as it is at commit), the raised fence and the
+      deleted mark, and stores every object put, all at once or not at all;
+      on disk that is one step-log record and one fsync (§6.8);
+    - ``fence`` given to ``step()``: a commit while the group's fence is
+      higher is refused with ``StaleFence``; a refused or failed commit
+      writes nothing, and its objects are dropped (``fail="drop"``) or
+      stored as plain objects (``fail="loose"``);
+    - until the commit, the step's objects are seen by :meth:`read_raw`,
+      :meth:`get` and :meth:`has` of the step only;
+    - inside ``with``, the group's lock (and on disk the store's shared
+      lock) is held from entry to exit: a read-decide-write in between is
+      atomic; without it, :meth:`commit` takes them;
+    - a bad ref name or value is refused by :meth:`update`, before
+      anything is locked or written; a step commits once.
+    """
+
+    group: str
+    fence: int | None
+
+    def put(self, kind: str, value: Any) -> ObjectId: ...
+
+    def put_raw(self, obj: RawObject) -> bool: ...
+
+    def read_raw(self, oid: ObjectId) -> RawObject: ...
+
+    def get(self, oid: ObjectId, kind: str | None = None) -> Any: ...
+
+    def has(self, oid: ObjectId) -> bool: ...
+
+    def update(self, ref: str, old: bytes | None | Any, new: bytes | None) -> None: ...
+
+    def new_fence(self, fence: int) -> None: ...
+
+    def mark_deleted(self, at_ns: int | None) -> None: ...
+
+    def commit(self, reason: str) -> RefGroupState: ...
+
+    def __enter__(self) -> "DurableStep": ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+@runtime_checkable
 class Repository(ObjectStore, Protocol):
     """Objects and refs together: what ``SessionStore`` and ``Runner`` are built on."""
 
     @property
     def refs(self) -> RefContainer: ...
+
+    def step(self, group: str, *, fence: int | None = None, fail: str = "drop",
+             timeout: float | None = None) -> DurableStep:
+        """A durable step of ``group``: its new objects and ref change, committed as one (:class:`DurableStep`)."""
+        ...

@@ -18,6 +18,12 @@ with a fence lower than the group's current one is refused (:class:`StaleFence`)
 — this is what stops a paused lease holder from writing after its lease
 was given to another process.
 
+A transaction is one durable step (:mod:`.step`, ``Store.step``) of its
+updates; the step logs (:mod:`.steps`) belong to the store, which hands
+them to its ref store. The byte formats of the ref file and the reflog,
+and the rules for names and values, are :mod:`.refformat`'s (pure, no
+I/O; imported from here too).
+
 Every file-system call, listings and sizes included, goes through the
 store's :class:`~.fsio.FileIO`; nothing here calls ``os`` on a file.
 """
@@ -25,16 +31,45 @@ store's :class:`~.fsio.FileIO`; nothing here calls ``os`` on a file.
 from __future__ import annotations
 
 import os
-import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Iterable, Iterator
 
-from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.errors import UsageError
 
 from .fsio import FileIO
 from .locks import file_lock
 from .objects import decode_body, links_of
+# The pure formats, names and values live in .refformat; imported from here
+# too, as they always were (they are this module's public API).
+from .refformat import (  # noqa: F401
+    ANY,
+    MAX_GENERATION,
+    MAX_NUMBER,
+    TEMP_NAME,
+    TEMP_PREFIX,
+    ZERO,
+    BadRefName,
+    BadRefValue,
+    CorruptRef,
+    RefConflict,
+    RefGroupState,
+    ReflogEntry,
+    RefUpdate,
+    StaleFence,
+    _Any,
+    clean_reason,
+    format_ref_file,
+    format_reflog_line,
+    parse_ref_file,
+    parse_reflog,
+    validate_group,
+    validate_namespace,
+    validate_ref_name,
+    validate_update,
+)
+from .step import transaction
+from .steps import CorruptSteps, StepLogs, StepTx, TxUpdate
 
 __all__ = [
     "ANY",
@@ -56,180 +91,6 @@ __all__ = [
     "validate_update",
 ]
 
-ZERO = b"\x00" * 32
-_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_FORMAT_LINE = "kxen-refs 1"
-#: Names beginning with this are temp files (``fsio.FileIO.write_tmp``): no
-#: segment may begin with it, so a listing can skip temp files safely.
-TEMP_PREFIX = "tmp_"
-_TEMP_NAME = re.compile(r"tmp_[0-9a-f]{16}")
-# Strict number and id syntax (§1.1): int() would also take "+1", "007",
-# "1_0", " 1" and "1\r".
-_DECIMAL = r"(0|[1-9][0-9]*)"
-_HEADER_LINE = re.compile(r"(fence|log|steps|deleted) " + _DECIMAL)
-_REF_LINE = re.compile(r"([0-9a-f]{64}) (.*)", re.S)
-_REFLOG_HEAD = re.compile(r"([0-9a-f]{64}) ([0-9a-f]{64}) " + _DECIMAL + " " + _DECIMAL + r" ([^ ]*)")
-#: Every number of a ref file or reflog line is at most this, as a step record's CBOR integers are
-#: (§6.9 question 11); a ref file's ``steps`` at most what a step-log header's 19 digits can name.
-MAX_NUMBER = (1 << 64) - 1
-MAX_GENERATION = 10**19 - 1
-
-
-class BadRefName(UsageError):
-    """A ref or group name breaks the naming rules (§6.1)."""
-
-
-class BadRefValue(KxenError, ValueError):
-    """A ref update's value is not a 32-byte object id, or is the all-zero id (§6.4)."""
-
-
-class CorruptRef(KxenError):
-    """A ref file or reflog cannot be read or parsed."""
-
-
-class RefConflict(KxenError):
-    """A compare-and-swap found a different value than the caller expected."""
-
-    def __init__(self, group: str, name: str, expected: bytes | None, found: bytes | None) -> None:
-        def show(v: bytes | None) -> str:
-            return "nothing" if v is None else v.hex()[:16]
-
-        super().__init__(
-            f"ref {group}/{name} changed under us: expected {show(expected)}, found {show(found)}; "
-            "another process updated it — re-read and retry"
-        )
-        self.group = group
-        self.name = name
-        self.expected = expected
-        self.found = found
-
-
-class StaleFence(KxenError):
-    """An update carried a fence older than the group's: its lease was lost."""
-
-    exit_code = 75
-
-    def __init__(self, group: str, fence: int, current: int) -> None:
-        super().__init__(
-            f"update to {group} refused: fence {fence} is stale (current fence {current}); "
-            "the run lease was taken over by another process"
-        )
-        self.fence = fence
-        self.current = current
-
-
-def _check_segment(seg: str, what: str, full: str) -> None:
-    if (
-        not _SEGMENT.fullmatch(seg)
-        or ".." in seg
-        or seg.endswith(".lock")
-        or seg.endswith(".")
-        or seg.startswith(TEMP_PREFIX)
-    ):
-        raise BadRefName(
-            f"invalid {what} {full!r}: segment {seg!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* "
-            f"(at most 64 characters, no '..', not ending in '.' or '.lock', not starting with {TEMP_PREFIX!r})"
-        )
-
-
-def validate_namespace(ns: str) -> str:
-    """Check a namespace, the first segment of a group name (§6.1)."""
-    if type(ns) is not str:
-        raise BadRefName(f"invalid namespace {ns!r}: expected a string")
-    _check_segment(ns, "namespace", ns)
-    return ns
-
-
-def validate_group(group: str) -> str:
-    parts = group.split("/")
-    if len(parts) != 2:
-        raise BadRefName(f"invalid ref group {group!r}: expected two segments 'namespace/id'")
-    for p in parts:
-        _check_segment(p, "ref group", group)
-    return group
-
-
-def validate_ref_name(name: str) -> str:
-    parts = name.split("/")
-    if not 1 <= len(parts) <= 4:
-        raise BadRefName(f"invalid ref name {name!r}: expected one to four segments")
-    for p in parts:
-        _check_segment(p, "ref name", name)
-    return name
-
-
-class _Any:
-    def __repr__(self) -> str:
-        return "ANY"
-
-
-#: Expected-old value that skips the compare (use sparingly: it is not CAS).
-ANY = _Any()
-
-
-@dataclass(frozen=True)
-class RefUpdate:
-    """Set ``name`` to ``new`` (None deletes it) if it is now ``old`` (None: absent)."""
-
-    name: str
-    old: bytes | None | _Any
-    new: bytes | None
-
-
-@dataclass(frozen=True)
-class RefGroupState:
-    """The committed content of one group's ref file."""
-
-    group: str
-    refs: dict[str, bytes] = field(default_factory=dict)
-    fence: int = 0
-    log_size: int = 0
-    deleted_ns: int | None = None
-    exists: bool = False
-    #: The step log generation the ref file names (§6.8): 0 when there is no
-    #: ref file, 1 when a ref file names none (format 2 wrote none).
-    steps_gen: int = field(default=0, compare=False, repr=False)
-    #: The step log whose first ``steps_n`` committed records this state
-    #: applies (None: the ref file alone); their reflog entries are :attr:`tail`.
-    steps_log: object = field(default=None, compare=False, repr=False)
-    steps_n: int = field(default=0, compare=False, repr=False)
-
-    @property
-    def tail(self) -> tuple["ReflogEntry", ...]:
-        """Reflog entries of the step log's records, after the reflog's ``log_size`` bytes (which count them as
-        their lines would be)."""
-        if self.steps_log is None:
-            return ()
-        return tuple(ReflogEntry(u.old, u.new, r.tx.time_ns, r.tx.fence, u.name, r.tx.reason)
-                     for r in self.steps_log.records[:self.steps_n] for u in r.tx.updates)  # type: ignore[attr-defined]
-
-
-@dataclass(frozen=True)
-class ReflogEntry:
-    old: bytes | None
-    new: bytes | None
-    time_ns: int
-    fence: int
-    name: str
-    reason: str
-
-
-def validate_update(u: RefUpdate) -> RefUpdate:
-    """Check an update's name and values before anything is locked or written."""
-    validate_ref_name(u.name)
-    for what, v in (("new", u.new), ("expected old", u.old)):
-        if v is None or v is ANY and what == "expected old":
-            continue
-        if type(v) is not bytes or len(v) != 32:
-            raise BadRefValue(f"ref {u.name!r}: {what} value {v!r} is not a 32-byte object id")
-        if v == ZERO:
-            raise BadRefValue(
-                f"ref {u.name!r}: {what} value is the all-zero id, which reflogs use for 'absent'; "
-                "use None to delete or to expect no ref"
-            )
-    return u
-
-
 def is_temp_file(path: str, io: FileIO) -> bool:
     """Whether ``path`` is a temp file as :meth:`.fsio.FileIO.write_tmp` makes them.
 
@@ -238,130 +99,8 @@ def is_temp_file(path: str, io: FileIO) -> bool:
     be a ref group's file. One that has vanished counts too: a writer
     renamed it into place between a listing and this check.
     """
-    return _TEMP_NAME.fullmatch(os.path.basename(path)) is not None and not io.isdir(path)
+    return TEMP_NAME.fullmatch(os.path.basename(path)) is not None and not io.isdir(path)
 
-
-# ------------------------------------------------------------------ formats
-
-
-def format_ref_file(refs: dict[str, bytes], fence: int, log_size: int, deleted_ns: int | None,
-                    steps_gen: int | None = None) -> bytes:
-    lines = [_FORMAT_LINE, f"fence {fence}", f"log {log_size}"]
-    if steps_gen is not None:
-        lines.append(f"steps {steps_gen}")
-    if deleted_ns is not None:
-        lines.append(f"deleted {deleted_ns}")
-    for name in sorted(refs):
-        lines.append(f"{refs[name].hex()} {name}")
-    return ("\n".join(lines) + "\n").encode("ascii")
-
-
-def parse_ref_file(data: bytes, group: str, where: str) -> RefGroupState:
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise CorruptRef(f"ref file {where} is not ASCII") from None
-    if not text.endswith("\n"):
-        raise CorruptRef(f"ref file {where} does not end with a newline")
-    lines = text[:-1].split("\n")
-    if lines[0] != _FORMAT_LINE:
-        raise CorruptRef(f"ref file {where}: first line must be {_FORMAT_LINE!r}")
-
-    def header(i: int, key: str) -> int | None:
-        m = _HEADER_LINE.fullmatch(lines[i]) if i < len(lines) else None
-        if m is None or m.group(1) != key:
-            return None
-        n = int(m.group(2))
-        if n > (MAX_GENERATION if key == "steps" else MAX_NUMBER):
-            raise CorruptRef(f"ref file {where}: '{key}' is {n}, over its limit "
-                             f"({MAX_GENERATION if key == 'steps' else MAX_NUMBER}, objects_spec.md §6.3)")
-        return n
-
-    fence = header(1, "fence")
-    if fence is None:
-        raise CorruptRef(f"ref file {where}: line 2 must be 'fence <decimal>'")
-    log = header(2, "log")
-    if log is None:
-        raise CorruptRef(f"ref file {where}: line 3 must be 'log <decimal>'")
-    i = 3
-    steps = header(i, "steps")
-    if steps is not None:
-        if steps < 1:
-            raise CorruptRef(f"ref file {where}: 'steps' must be at least 1 (generation 0 is a group with no ref file)")
-        i += 1
-    deleted = header(i, "deleted")
-    if deleted is not None:
-        i += 1
-    refs: dict[str, bytes] = {}
-    prev = None
-    for ln in lines[i:]:
-        m = _REF_LINE.fullmatch(ln)
-        if m is None:
-            raise CorruptRef(f"ref file {where}: line {ln!r} is not '<64 lower-case hex> <name>'")
-        hexid, name = m.groups()
-        if hexid == ZERO.hex():
-            raise CorruptRef(f"ref file {where}: ref {name!r} holds the all-zero id, which means 'absent'")
-        try:
-            validate_ref_name(name)
-        except BadRefName as e:
-            raise CorruptRef(f"ref file {where}: {e}") from None
-        if prev is not None and name <= prev:
-            raise CorruptRef(f"ref file {where}: names not sorted or duplicated at {name!r}")
-        prev = name
-        refs[name] = bytes.fromhex(hexid)
-    return RefGroupState(group, refs, fence, log, deleted, True, 1 if steps is None else steps)
-
-
-def _hex_or_zero(v: bytes | None) -> str:
-    return (v or ZERO).hex()
-
-
-#: What a reason may not hold once its whitespace is collapsed (§7.1): the
-#: other C0 and C1 controls, DEL, and surrogates (text from a path that is
-#: not UTF-8). A NUL or an escape sequence would end or rewrite the line on
-#: a terminal; a surrogate cannot be written as UTF-8 at all.
-_REASON_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def clean_reason(reason: str) -> str:
-    """``reason`` as a reflog line holds it: whitespace collapsed, each control character or surrogate as U+FFFD."""
-    return _REASON_UNPRINTABLE.sub("\ufffd", " ".join(reason.split()))
-
-
-def format_reflog_line(e: ReflogEntry) -> bytes:
-    reason = clean_reason(e.reason)  # one printable line: no tab, newline or other control inside
-    return (
-        f"{_hex_or_zero(e.old)} {_hex_or_zero(e.new)} {e.time_ns} {e.fence} {e.name}\t{reason}\n"
-    ).encode("utf-8")
-
-
-def parse_reflog(data: bytes, where: str) -> list[ReflogEntry]:
-    out = []
-    for n, raw in enumerate(data.split(b"\n")[:-1], 1):
-        try:
-            head, tab, reason = raw.decode("utf-8").partition("\t")
-        except UnicodeDecodeError:
-            raise CorruptRef(f"reflog {where}: line {n} is not UTF-8") from None
-        m = _REFLOG_HEAD.fullmatch(head)
-        if not tab or m is None:
-            raise CorruptRef(
-                f"reflog {where}: line {n} is not '<old> <new> <time-ns> <fence> <name>TAB<reason>' "
-                "(lower-case hex ids, plain decimals)"
-            )
-        old, new, t, fence, name = m.groups()
-        try:
-            validate_ref_name(name)
-        except BadRefName as e:
-            raise CorruptRef(f"reflog {where}: line {n}: {e}") from None
-        if reason != " ".join(reason.split()):
-            raise CorruptRef(f"reflog {where}: line {n}: reason has uncollapsed whitespace")
-        if int(t) > MAX_NUMBER or int(fence) > MAX_NUMBER:
-            raise CorruptRef(f"reflog {where}: line {n}: a number over {MAX_NUMBER} (objects_spec.md §7.1)")
-        o, w = bytes.fromhex(old), bytes.fromhex(new)
-        out.append(ReflogEntry(None if o == ZERO else o, None if w == ZERO else w, int(t), int(fence), name, reason))
-    if data and not data.endswith(b"\n"):
-        raise CorruptRef(f"reflog {where}: last line is incomplete")
-    return out
 
 
 # ------------------------------------------------------------------ the store
@@ -410,9 +149,8 @@ class RefStore:
     folds the log in once its objects are durable elsewhere.
     """
 
-    def __init__(self, root: str, io: FileIO, lock_timeout: float = 30.0, before_write=None) -> None:
-        from .steps import StepLogs
-
+    def __init__(self, root: str, io: FileIO, steps: StepLogs, lock_timeout: float = 30.0, before_write=None,
+                 open_step=None, removed=None) -> None:
         self.root = root
         self.io = io
         self.lock_timeout = lock_timeout
@@ -422,9 +160,25 @@ class RefStore:
         # refs/<ns>, logs/<ns>, steps/<ns> and their tops whose own names
         # this instance has made durable in their parents (see _ensure_dir).
         self._durable_dirs: set[str] = set()
-        self.steps = StepLogs(root, io)
+        # The store's step logs (``Store.steps``, which owns them): a group's
+        # state is its ref file with its step log's records applied.
+        self._steps = steps
+        # (group, fence) -> an entered Step of the owning Store: what
+        # transaction() commits with (the Store gives it).
+        self._open_step = open_step
+        # Called with a group's name once its files are gone (the store removes its caches).
+        self._removed = removed
         # group -> (base, log, records applied, state): see _apply.
         self._applied: dict[str, tuple] = {}
+
+    @property
+    def steps(self) -> StepLogs:
+        """TRANSITIONAL: the store's step logs; use ``Store.steps``, their owner.
+
+        Kept only for ``tests/reliability/test_state_machine.py`` (another
+        owner's file) until it reads ``store.steps``; then this goes.
+        """
+        return self._steps
 
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))
@@ -461,7 +215,7 @@ class RefStore:
                 if is_temp_file(os.path.join(d, gid), io):
                     continue
                 names.add(f"{ns}/{gid}")
-        for g in self.steps.groups(namespace):
+        for g in self._steps.groups(namespace):
             if g in names:
                 continue
             try:
@@ -494,12 +248,10 @@ class RefStore:
         a later generation than the ref file read means a checkpoint came
         in between, and the ref file is read again (§6.8).
         """
-        from .steps import CorruptSteps
-
         for _ in range(8):
             base = self._read_base(group)
             try:
-                log = self.steps.load(group)
+                log = self._steps.load(group)
             except CorruptSteps as e:
                 raise CorruptRef(str(e)) from None
             if log is None or log.gen < base.steps_gen:
@@ -509,7 +261,7 @@ class RefStore:
                     return base, None  # no ref file still: a removed group's leftover log
                 continue  # a checkpoint between the two reads: read again
             return self._apply(base, log), log
-        raise CorruptRef(f"step log {self.steps.path(group)} keeps naming a generation its ref file does not; run fsck")
+        raise CorruptRef(f"step log {self._steps.path(group)} keeps naming a generation its ref file does not; run fsck")
 
     def _apply(self, base: RefGroupState, log) -> RefGroupState:
         """``base`` with ``log``'s committed records applied, from where this instance applied them last.
@@ -607,28 +359,27 @@ class RefStore:
         fence: int | None = None,
         new_fence: int | None = None,
         deleted_ns: int | None | _Any = ANY,
-        locked: bool = False,
-        objects: "list | tuple" = (),
     ) -> RefGroupState:
-        """Apply ``updates`` to ``group`` all together or not at all.
+        """Apply ``updates`` to ``group`` all together or not at all: one step (``Store.step``) of them.
 
         ``fence``: refuse with :class:`StaleFence` if the group's fence is
         higher. ``new_fence``: raise the group's fence (never lower it).
         ``deleted_ns``: mark (an int) or unmark (None) the group deleted.
-        ``locked``: the caller already holds :meth:`lock`. ``objects``: raw
-        objects committed in the same record (the step's new objects).
+        The library API for programs that share the state dir; the store's
+        own writers make their steps with ``Store.step``.
         """
-        updates = list(updates)
-        for u in updates:
-            validate_update(u)
-        if not locked:
-            with self.lock(group):
-                return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
-        return self._commit(group, updates, reason, fence, new_fence, deleted_ns, objects)
+        if self._open_step is None:
+            raise RuntimeError("this RefStore belongs to no Store: it has no steps to commit with")
+        return transaction(self._open_step, group, updates, reason=reason, fence=fence, new_fence=new_fence,
+                           deleted_ns=deleted_ns)
 
-    def _commit(self, group, updates, reason, fence, new_fence, deleted_ns, objects=()) -> RefGroupState:
-        from .steps import StepTx, TxUpdate
+    def commit_locked(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None,
+                      new_fence: int | None, deleted_ns: "int | None | _Any", objects: "list | tuple" = ()
+                      ) -> RefGroupState:
+        """Commit one step's record (``Store.step``'s commit): the caller holds the group's lock.
 
+        ``objects``: the step's new objects, carried in the record.
+        """
         # Re-read under the lock: the caller's view may be stale (the race
         # compare-and-swap exists to catch).
         cur, log = self.read_with_log(group)
@@ -654,8 +405,8 @@ class RefStore:
                 named += links_of(o.kind, decode_body(o))
         for oid in named:
             if oid not in carried:
-                self.steps.make_durable(oid, but=log)
-        log = self.steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
+                self._steps.make_durable(oid, but=log)
+        log = self._steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
         size = cur.log_size
         for u, old in zip(updates, olds):
             size += len(format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, tx.reason)))
@@ -701,7 +452,7 @@ class RefStore:
         # The ref file now holds everything the log did: the log's new,
         # empty generation may follow (a crash before leaves a stale log,
         # which readers pass over and the next writer replaces).
-        self.steps.start_generation(group, gen)
+        self._steps.start_generation(group, gen)
         return True
 
     def trust_dirs(self, dirs: Iterable[str]) -> None:
@@ -738,11 +489,9 @@ class RefStore:
 
     def unlink_group(self, group: str) -> None:
         """:meth:`remove_group`'s work, for a caller that holds the group's lock (gc)."""
-        from .steps import CorruptSteps
-
         base = self._read_base(group)
         try:
-            log = self.steps.load(group)
+            log = self._steps.load(group)
         except CorruptSteps:
             log = None
         ref, steps = self.ref_path(group), self.steps_path(group)
@@ -756,16 +505,7 @@ class RefStore:
                 self.io.fsync_dir(os.path.dirname(p))
             except FileNotFoundError:
                 pass
-        self.steps.forget(group)
-        # Then the group's caches (§11a): derived files, nothing without the group; no fsync (a
-        # leftover is a stray file that the next gc of the group's name, or a user, removes).
-        cache = os.path.join(self.root, "cache")
-        try:
-            kinds = self.io.listdir(cache)
-        except (FileNotFoundError, NotADirectoryError):
-            kinds = []
-        for kind in kinds:
-            try:
-                self.io.unlink(os.path.join(cache, kind, *validate_group(group).split("/")))
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                pass
+        self._steps.forget(group)
+        # Then what the store derived from the group (its caches, §11a).
+        if self._removed is not None:
+            self._removed(group)

@@ -16,25 +16,21 @@ from __future__ import annotations
 import os
 import re
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from kxen_agent.errors import KxenError, UsageError
 
+from .caches import CacheKind, Caches
 from .fsio import OS_IO, FileIO
 # StoreLock, store_lock and GATE_WAIT_S lived here: imported from .locks,
 # their home, so that existing imports from .repo keep working.
 from .locks import GATE_WAIT_S, StoreLock, store_lock  # noqa: F401
 from .loose import LooseObjects
 from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
-from .refs import RefStore, validate_group, validate_namespace, validate_ref_name
-
-try:
-    from .refs import validate_update as _validate_update
-except ImportError:  # pragma: no cover - older refs.py
-
-    def _validate_update(u):  # type: ignore[misc]
-        return validate_ref_name(u.name)
+from .refs import RefGroupState, RefStore, RefUpdate, validate_namespace
+from .step import Step
+from .steps import StepLogs
 
 __all__ = [
     "AmbiguousId",
@@ -170,31 +166,52 @@ class ObjectSource(Protocol):
     def with_prefix(self, hexprefix: str) -> list[ObjectId]: ...
 
 
-class _GuardedRefStore(RefStore):
-    """A RefStore whose transactions hold the store's shared lock (gc's prune waits)."""
+class _DiskSteps:
+    """How a :class:`~.step.Step` of the disk store holds its group, commits and keeps objects."""
 
-    def __init__(self, *args: Any, writing: Any, store: Any = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._writing = writing
+    def __init__(self, store: "Store") -> None:
         self._store = store
 
-    def transaction(self, group, updates, **kw):  # type: ignore[override]
-        # Names are checked before the lock: a refused name writes nothing,
-        # not even the state dir that taking the lock would create.
-        updates = list(updates)
-        validate_group(group)
-        for u in updates:
-            _validate_update(u)
-        with self._writing():
-            # The objects this thread put in its writing() block go in the
-            # transaction's record: one commit point for the whole step.
-            objs = self._store.take_staged() if self._store is not None else []
-            try:
-                return super().transaction(group, updates, objects=objs, **kw)
-            except BaseException:
-                if objs:
-                    self._store.restage(objs)
-                raise
+    @contextmanager
+    def hold(self, group: str, timeout: float | None) -> Iterator[None]:
+        # The shared store lock first (gc's prune waits), then the group's:
+        # the order every writer takes them in.
+        store = self._store
+        with store.shared_lock(), store.refs.lock(group, timeout):
+            yield
+
+    def commit(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None, new_fence: int | None,
+               deleted: Any, objects: list[RawObject]) -> RefGroupState:
+        return self._store.refs.commit_locked(group, updates, reason, fence, new_fence, deleted, objects)
+
+    def keep(self, objects: list[RawObject]) -> None:
+        store = self._store
+        with store.shared_lock(), store.loose.batch():
+            for o in objects:
+                store._put_loose(o)
+
+    def admit(self, obj: RawObject) -> None:
+        pass  # the disk store verifies an object each time it reads one
+
+    def read_raw(self, oid: ObjectId) -> RawObject:
+        return self._store.read_raw(oid)
+
+    def has(self, oid: ObjectId) -> bool:
+        return self._store.has(oid)
+
+
+class _WritingBlocks(threading.local):
+    """TRANSITIONAL, with :meth:`Store.writing`: this thread's open ``writing()`` blocks and their objects.
+
+    An object put (``Store.put``) inside a block waits here for the block's
+    next ref transaction, which makes it one of that transaction's step
+    (:meth:`Store._transaction_step`); what none took is written loose when
+    the outermost block ends. Goes once no caller uses ``writing()``.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.objs: dict[ObjectId, RawObject] = {}
 
 
 def default_state_dir() -> str:
@@ -242,11 +259,13 @@ class Store:
     store given none still reads, writes and checks every namespace: their
     directories are made on first use (§9.1). Open a state dir with the
     same namespaces every time: fsck reports a missing skeleton directory
-    of a namespace given here as damage.
+    of a namespace given here as damage. ``caches``: the kinds of derived
+    cache (:class:`~.caches.CacheKind`) whose files fsck checks with their
+    hooks (``store.caches``).
     """
 
     def __init__(self, root: str, io: FileIO = OS_IO, lock_timeout: float = 30.0, *,
-                 namespaces: Iterable[str] = ()) -> None:
+                 namespaces: Iterable[str] = (), caches: Iterable[CacheKind] = ()) -> None:
         self.root = os.path.abspath(root)
         self.io = io
         if isinstance(namespaces, str):  # would be taken letter by letter
@@ -259,13 +278,15 @@ class Store:
         self.format_version = 0
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
         self.lock_timeout = lock_timeout
-        self.refs = _GuardedRefStore(
-            self.root, io, lock_timeout, before_write=self.ensure_initialized, writing=self.writing, store=self
-        )
-        # Objects put inside a writing() block, per thread: the block's next
-        # ref transaction commits them in its step record (§6.8); what no
-        # transaction took is written loose when the block ends.
-        self._stage = threading.local()
+        #: The step logs of every group (§6.8): the store's, read by its
+        #: object reads and by its ref store alike.
+        self.steps = StepLogs(self.root, io)
+        #: The derived caches (§11a): placed, removed with their group, and checked by fsck (``caches``: the kinds).
+        self.caches = Caches(self.root, io, caches)
+        self._steps_engine = _DiskSteps(self)
+        self.refs = RefStore(self.root, io, self.steps, lock_timeout, before_write=self.ensure_initialized,
+                             open_step=self._transaction_step, removed=self.caches.remove)
+        self._blocks = _WritingBlocks()  # TRANSITIONAL, with writing()
         self._check_access()
         self._check_format()
         self.packs: list[ObjectSource] = []
@@ -506,24 +527,25 @@ class Store:
     def put_raw(self, obj: RawObject) -> bool:
         """Store ``obj``; False if it was already there (its copy is freshened).
 
-        Holds the shared store lock (:meth:`writing`), so gc's prune never
-        runs in the middle of a write.
+        Holds the shared store lock (:meth:`shared_lock`), so gc's prune
+        never runs in the middle of a write. The objects of a durable step
+        go in the step instead (:meth:`step`): one record, one fsync.
         """
-        st = self._stage
-        if getattr(st, "depth", 0) > 0:
-            # Inside a step: held for the transaction that ends it.
-            if obj.id in st.objs:
+        blocks = self._blocks
+        if blocks.depth > 0:
+            # TRANSITIONAL (writing()): held for the block's next transaction.
+            if obj.id in blocks.objs:
                 return False
-            st.objs[obj.id] = obj
+            blocks.objs[obj.id] = obj
             return True
-        with self.writing():
+        with self.shared_lock():
             return self._put_loose(obj)
 
     def _put_loose(self, obj: RawObject) -> bool:
-        if self.refs.steps.has(obj.id) and self._in_live_log(obj.id):
+        if self.steps.has(obj.id) and self._in_live_log(obj.id):
             # Held by a committed step record: present, and made durable
             # before any ref may name it (§9.3 rule 12), not copied.
-            self.refs.steps.make_durable(obj.id)
+            self.steps.make_durable(obj.id)
             return False
         for p in self.packs:
             if p.has(obj.id):
@@ -538,7 +560,7 @@ class Store:
     def _in_live_log(self, oid: ObjectId) -> bool:
         """Whether the step log holding ``oid`` is one its group reads: a stale or leftover log is
         replaced by that group's next write, so its copy does not count as present (§6.9 question 8)."""
-        log = self.refs.steps.where(oid)
+        log = self.steps.where(oid)
         try:
             return log is not None and self.refs.read_with_log(log.group)[1] is log
         except KxenError:
@@ -568,25 +590,8 @@ class Store:
         """Share one durability barrier among many :meth:`put` calls (§5.3)."""
         return self.loose.batch()
 
-    def _staged(self) -> dict[ObjectId, RawObject]:
-        return getattr(self._stage, "objs", None) or {}
-
-    def take_staged(self) -> list[RawObject]:
-        """The objects this thread's writing() block holds for its next transaction (they leave the stage)."""
-        st = self._stage
-        objs = list(getattr(st, "objs", {}).values())
-        if objs:
-            st.objs = {}
-        return objs
-
-    def restage(self, objs: list[RawObject]) -> None:
-        """Put back what :meth:`take_staged` gave, for a transaction that was refused."""
-        st = self._stage
-        if getattr(st, "depth", 0) > 0:
-            st.objs.update((o.id, o) for o in objs)
-
     def read_raw(self, oid: ObjectId) -> RawObject:
-        staged = getattr(self._stage, "objs", None)
+        staged = self._blocks.objs  # TRANSITIONAL (writing())
         if staged and oid in staged:
             return staged[oid]
         # Packs first (Git's order): an index lookup costs no system call,
@@ -597,7 +602,7 @@ class Store:
         obj, err = self._read_packed(oid, None)
         if obj is not None:
             return obj
-        steps = self.refs.steps
+        steps = self.steps
         obj, err = self._read_stepped(oid, err)
         if obj is not None:
             return obj
@@ -625,7 +630,7 @@ class Store:
     def _read_stepped(self, oid: ObjectId, err: CorruptObject | None) -> tuple[RawObject | None, CorruptObject | None]:
         """The object from the step logs this instance has read, and the first error met (or ``err``)."""
         try:
-            return self.refs.steps.read_raw(oid), err
+            return self.steps.read_raw(oid), err
         except CorruptObject as e:
             return None, err or e
 
@@ -666,12 +671,12 @@ class Store:
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.
-        if (oid in self._staged() or any(p.has(oid) for p in self.packs) or self.refs.steps.has(oid)
+        if (oid in self._blocks.objs or any(p.has(oid) for p in self.packs) or self.steps.has(oid)
                 or self.loose.has(oid)):
             return True
         # Committed by another process since this one read the step logs?
-        self.refs.steps.scan_all()
-        return self.refs.steps.has(oid)
+        self.steps.scan_all()
+        return self.steps.has(oid)
 
     def iter_ids(self) -> Iterator[ObjectId]:
         """Every object id, each once (an object may be both loose and packed)."""
@@ -684,8 +689,8 @@ class Store:
                 if oid not in seen:
                     seen.add(oid)
                     yield oid
-        self.refs.steps.scan_all()
-        for oid in self.refs.steps.iter_ids():
+        self.steps.scan_all()
+        for oid in self.steps.iter_ids():
             if oid not in seen:
                 seen.add(oid)
                 yield oid
@@ -696,40 +701,83 @@ class Store:
 
     def _with_prefix(self, h: str) -> set[ObjectId]:
         found = set(self.loose.with_prefix(h))
-        self.refs.steps.scan_all()
-        found.update(self.refs.steps.with_prefix(h))
+        self.steps.scan_all()
+        found.update(self.steps.with_prefix(h))
         for p in self.packs:
             found.update(p.with_prefix(h))
         return found
 
+    # ------------------------------------------------------------ steps and locks
+
+    def step(self, group: str, *, fence: int | None = None, fail: str = "drop",
+             timeout: float | None = None) -> Step:
+        """A durable step of ``group`` (:class:`~.step.Step`): its objects and ref change, committed as one record.
+
+        ``with store.step(g) as step:`` holds the shared store lock and the
+        group's lock for the block (read, decide, write); ``timeout`` is the
+        wait for the group's lock (default: the store's).
+        """
+        return Step(self._steps_engine, group, fence=fence, fail=fail, timeout=timeout)
+
+    def shared_lock(self, timeout: float | None = None) -> AbstractContextManager[None]:
+        """Hold the store's shared lock (a writer): gc's prune waits. Creates the state dir. Re-entrant."""
+        self.ensure_initialized()
+        return store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout, self.io)
+
+    @contextmanager
+    def _transaction_step(self, group: str, fence: int | None) -> Iterator[Step]:
+        """The entered step ``refs.transaction`` commits with.
+
+        TRANSITIONAL (writing()): it takes the objects this thread put in its
+        open ``writing()`` block, and gives them back if it fails.
+        """
+        blocks = self._blocks
+        pending = list(blocks.objs.values())
+        if pending:
+            blocks.objs = {}
+        try:
+            with self.step(group, fence=fence) as step:
+                for o in pending:
+                    step.put_raw(o)
+                yield step
+        except BaseException:
+            if pending and blocks.depth > 0:
+                blocks.objs.update((o.id, o) for o in pending)
+            raise
+
     @contextmanager
     def writing(self, timeout: float | None = None) -> Iterator[None]:
-        """Hold the store's shared lock around "write objects, then move refs".
+        """TRANSITIONAL: "put objects, then move refs" as a block; new code makes a :meth:`step`.
 
-        gc prunes unreachable objects only under the exclusive side, so an
-        object written inside this block cannot be pruned before the ref
-        that makes it reachable has moved. Re-entrant; :meth:`put_raw` and
-        ref transactions take it themselves. Creates the state dir.
+        Holds the shared lock (:meth:`shared_lock`). An object put in the
+        block is held, by this thread, for the block's next
+        ``refs.transaction`` (whatever its group), which commits it in its
+        step record; what no transaction took is written loose when the
+        outermost block ends; nothing is written if the block raises.
+        Re-entrant. Kept while the runtime's writers still use it
+        (``runtime/runner.py``, ``compaction.py``, ``trust.py``,
+        ``session/trust.py``); remove it, :class:`_WritingBlocks` and the
+        lines marked TRANSITIONAL in this module once none does.
         """
         self.ensure_initialized()
-        st = self._stage
-        depth = getattr(st, "depth", 0)
+        blocks = self._blocks
+        depth = blocks.depth
         if depth == 0:
-            st.objs = {}
-        with store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout, self.io):
-            st.depth = depth + 1
+            blocks.objs = {}
+        with self.shared_lock(timeout):
+            blocks.depth = depth + 1
             try:
                 yield
             except BaseException:
                 if depth == 0:
-                    st.objs = {}  # never named by a committed ref: nothing to keep
+                    blocks.objs = {}  # never named by a committed ref: nothing to keep
                 raise
             finally:
-                st.depth = depth
-            if depth == 0 and st.objs:
+                blocks.depth = depth
+            if depth == 0 and blocks.objs:
                 # Put in the block but taken by no transaction: written as
                 # they always were, loose, before the block ends.
-                objs, st.objs = list(st.objs.values()), {}
+                objs, blocks.objs = list(blocks.objs.values()), {}
                 with self.loose.batch():
                     for o in objs:
                         self._put_loose(o)

@@ -43,6 +43,7 @@ from kxen_agent.errors import KxenError
 from . import codec
 from .fsio import FileIO
 from .objects import ObjectId, RawObject, compress_loose, decompress_loose, parse_object
+from .refformat import clean_reason
 
 __all__ = [
     "RECORD_MAGIC",
@@ -214,8 +215,6 @@ def _parse_tx(data: memoryview, where: str) -> StepTx:
             or type(v.get("newFence", 0)) is not int or v.get("newFence", 0) < 0
             or ("deleted" in v and v["deleted"] is not None and (type(v["deleted"]) is not int or v["deleted"] < 0))):
         raise CorruptSteps(f"{where}: transaction map does not have the fields of §6.8")
-    from .refs import clean_reason
-
     if clean_reason(v["reason"]) != v["reason"]:
         raise CorruptSteps(f"{where}: the reason holds a control character or uncollapsed whitespace")
     ups = []

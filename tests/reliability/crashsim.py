@@ -154,17 +154,18 @@ class Commit:
 class Recorder:
     """Wraps a store's writes to learn what the workload was told was durable.
 
-    Ref transactions: the state each committed (returned, or read back from
-    the store if it failed after its commit point), the index of its commit
-    point (the append of its step-log record, or the rename of a new log),
-    and the index at which it returned (never, if it raised). Object
-    writes: a loose one (put outside any ``writing()`` block) at the index
-    at which it returned, or at which its outermost batch ended; one put
-    inside a ``writing()`` block is only staged for the block's next ref
-    transaction (§6.8): acknowledged when the transaction that took it into
-    its record returned, or, if none took it, when the outermost block
-    ended (it is written loose then, in one batch); never if the block
-    raised. :meth:`attach` wraps more store instances (a retry opens a new
+    Steps (``Store.step``; a ref transaction is one): the state each
+    committed (returned, or read back from the store if it failed after its
+    commit point), the index of its commit point (the append of its
+    step-log record, or the rename of a new log), and the index at which
+    its commit returned (never, if it raised); its objects are acknowledged
+    with it. Object writes: a loose one (put outside any ``writing()``
+    block) at the index at which it returned, or at which its outermost
+    batch ended; one put inside a (transitional) ``writing()`` block is
+    only staged for the block's next ref transaction (§6.8): acknowledged
+    when the step that took it into its record returned, or, if none took
+    it, when the outermost block ended (it is written loose then, in one
+    batch); never if the block raised. :meth:`attach` wraps more store instances (a retry opens a new
     one, as a new process would).
     """
 
@@ -182,29 +183,37 @@ class Recorder:
 
     def attach(self, store: Store) -> None:
         io = self.io
-        txn = store.refs.transaction
+        step = store.step
         put_raw = store.put_raw
         batch = store.batch
         writing = store.writing
 
         def in_block() -> bool:
-            return getattr(store._stage, "depth", 0) > 0
+            # Store.writing() is transitional: its blocks' objects wait for the next transaction's step.
+            return store._blocks.depth > 0
 
-        def transaction(group: str, updates: Any, **kw: Any) -> Any:
-            start = io.mark()
-            st = None
-            # What the store's transaction takes into its record: this thread's staged objects.
-            taken = [oid for oid in store._staged() if oid in self._staged]
-            try:
-                st = txn(group, updates, **kw)
-                return st
-            finally:
-                end = io.mark()
-                self._note_commit(store, group, start, end, st)
-                if st is not None:  # committed with the record, acknowledged with the transaction
-                    for oid in taken:
-                        self._staged.pop(oid, None)
-                        self.objects.append((oid, end))
+        def stepped(group: str, **kw: Any) -> Any:
+            # Every commit is a step's (a ref transaction is one step): the commit is noted here.
+            s = step(group, **kw)
+            commit = s.commit
+
+            def committed(reason: str) -> Any:
+                start = io.mark()
+                st = None
+                taken = list(s.objects)  # what the record carries: the step's objects
+                try:
+                    st = commit(reason)
+                    return st
+                finally:
+                    end = io.mark()
+                    self._note_commit(store, group, start, end, st)
+                    if st is not None:  # committed with the record, acknowledged with the commit
+                        for oid in taken:
+                            self._staged.pop(oid, None)
+                            self.objects.append((oid, end))
+
+            s.commit = committed
+            return s
 
         @contextmanager
         def written(*a: Any, **kw: Any) -> Iterator[None]:
@@ -249,7 +258,7 @@ class Recorder:
                 self.objects.extend((oid, end) for oid in self._batched)
                 self._batched.clear()
 
-        store.refs.transaction = transaction  # type: ignore[method-assign]
+        store.step = stepped  # type: ignore[method-assign]
         store.put_raw = put  # type: ignore[method-assign]
         store.batch = batched  # type: ignore[method-assign]
         store.writing = written  # type: ignore[method-assign]

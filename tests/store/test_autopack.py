@@ -43,8 +43,8 @@ def loose(store: Store) -> int:
 
 def step_ids(store: Store) -> set[bytes]:
     """The objects the step logs hold now (every log read again, as far as it has grown)."""
-    store.refs.steps.scan_all()
-    return set(store.refs.steps.iter_ids())
+    store.steps.scan_all()
+    return set(store.steps.iter_ids())
 
 
 def outside_ids(store: Store) -> set[bytes]:

@@ -331,7 +331,7 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     assert fsck(Store(dst.root)).clean
     # Format 3: the rebound object was put in the import's writing() block,
     # so ses/a's step-log record carries it (objects_spec.md §6.8).
-    assert dst.refs.steps.has(res.refs["ses/a"]["meta"])
+    assert dst.steps.has(res.refs["ses/a"]["meta"])
     assert res.refs["ses/a"]["meta"] not in set(dst.loose.iter_ids())
     # A repeated import writes nothing (§12.10): the transform's put of an
     # object the store holds (in a step log, then, once folded, in a pack)

@@ -170,7 +170,7 @@ def test_gc_aborts_and_changes_nothing_when_a_reachable_object_is_missing(tmp_pa
     with store.writing():  # a durable step: its object in its step-log record
         carried = store.put("blob", b"carried by a step record")
         store.refs.transaction("ses/d", [RefUpdate("head", None, carried)], reason="a step")
-    assert store.refs.steps.has(carried) and carried not in loose_ids(store)
+    assert store.steps.has(carried) and carried not in loose_ids(store)
 
     # Format 3: step records are pending (ses/d's carries its object); gc
     # aborts in phase 1, before its pack and before it folds the step logs
@@ -180,7 +180,7 @@ def test_gc_aborts_and_changes_nothing_when_a_reachable_object_is_missing(tmp_pa
         gc(store, prune="now", now=time.time() + 100 * DAY)
     assert snapshot(store.root) == before
     assert logical(store.root) == content
-    assert not packs(store) and store.refs.steps.has(carried)
+    assert not packs(store) and store.steps.has(carried)
 
     store.refs.transaction("ses/c", [RefUpdate("head", None, lost.id)], reason="broken too")
     store.refs.transaction("ses/b", [RefUpdate("head", msg, None)], reason="repair b")

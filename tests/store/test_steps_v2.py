@@ -194,7 +194,7 @@ def test_a_good_record_after_torn_bytes_is_never_cut_by_session_delete(tmp_path)
     group = f"sessions/{ses}"
     store = Store(root)
     st = store.refs.read(group)
-    log = store.refs.steps.load(group)
+    log = store.steps.load(group)
     path, end, line = log.path, log.end, log.line
     assert os.path.getsize(path) == end
     torn = encode_record(StepTx(1, "torn", st.fence, None, "leave", ()), [], end, line)[:60]

@@ -391,16 +391,153 @@ def test_a_transaction_waits_for_the_lock_and_compares_what_it_finds_then(repo: 
             out["error"] = e
 
     t = threading.Thread(target=late)
-    with repo.refs.lock(G, timeout=1):
-        # Started while the lock is held, so it can only commit after this
-        # block, and must compare against what the holder wrote in it.
+    with repo.step(G, timeout=1) as step:
+        # Started while the step holds the lock, so it can only commit after
+        # this block, and must compare against what the holder wrote in it.
         t.start()
-        repo.refs.transaction(G, [RefUpdate("head", None, a)], reason="holder", locked=True)
+        step.update("head", None, a)
+        step.commit("holder")
     t.join(30)
     assert not t.is_alive()
     assert isinstance(out.get("error"), RefConflict) and out["error"].found == a, out
     assert repo.refs.get(G, "head") == a
     assert [e.reason for e in repo.refs.reflog(G)] == ["holder"]
+
+
+# ==================================================================== steps (Store.step)
+
+
+def records(repo: Repository, group: str = G) -> int | None:
+    """How many records the group's step log holds (None for the memory store, which has no log)."""
+    if not isinstance(repo, Store):
+        return None
+    log = Store(repo.root).steps.load(group)  # a fresh instance reads what is on disk
+    return 0 if log is None else len(log.records)
+
+
+def test_a_step_puts_updates_and_commits_as_one(repo: Repository) -> None:
+    base = repo.put("blob", b"base")
+    repo.refs.transaction(G, [RefUpdate("head", None, base)], reason="first")
+    before = records(repo)
+    step = repo.step(G)
+    msg = step.put("message", {"seq": 0, "role": "user", "content": "in a step"})
+    blob = step.put("blob", b"out")
+    assert step.objects == (msg, blob)
+    # Nobody but the step sees its objects before the commit.
+    assert not repo.has(msg) and not repo.has(blob)
+    step.update("head", base, msg)
+    step.update("out", None, blob)
+    state = step.commit("one step")
+    assert state is step.state and state.refs == {"head": msg, "out": blob}
+    assert repo.refs.read(G).refs == {"head": msg, "out": blob}
+    assert repo.get(msg, "message")["content"] == "in a step" and repo.get(blob) == b"out"
+    log = repo.refs.reflog(G)
+    assert [(e.name, e.reason) for e in log] == [("head", "first"), ("head", "one step"), ("out", "one step")]
+    assert log[1].time_ns == log[2].time_ns, "one step, one time"
+    if before is not None:
+        assert records(repo) == before + 1, "one commit, one step-log record"
+    with pytest.raises(RuntimeError, match="has ended"):
+        step.update("head", msg, base)
+
+
+def test_a_refused_step_drops_its_objects(repo: Repository) -> None:
+    a = repo.put("blob", b"a")
+    repo.refs.transaction(G, [RefUpdate("head", None, a)], reason="first")
+    before = records(repo)
+    step = repo.step(G)
+    lost = step.put("blob", b"never stored")
+    step.update("head", None, lost)  # expects no head: there is one
+    with pytest.raises(RefConflict):
+        step.commit("refused")
+    assert not repo.has(lost) and lost not in set(repo.iter_ids())
+    assert repo.refs.read(G).refs == {"head": a} and len(repo.refs.reflog(G)) == 1
+    assert records(repo) == before
+    with pytest.raises(RuntimeError, match="has ended"):
+        step.commit("again")
+
+
+def test_a_refused_step_with_fail_loose_keeps_its_objects(repo: Repository) -> None:
+    a = repo.put("blob", b"a")
+    repo.refs.transaction(G, [RefUpdate("head", None, a)], reason="first")
+    with repo.step(G, fail="loose") as step:
+        kept = step.put("blob", b"kept")
+        step.update("head", None, kept)
+        with pytest.raises(RefConflict):
+            step.commit("refused")
+    assert repo.has(kept) and repo.get(kept) == b"kept"
+    assert repo.refs.read(G).refs == {"head": a}
+
+
+def test_a_step_left_without_commit_writes_nothing(repo: Repository) -> None:
+    with repo.step(G) as step:
+        oid = step.put("blob", b"undecided")
+    assert not repo.has(oid) and not repo.refs.read(G).exists
+    with pytest.raises(ValueError, match="fail="):
+        repo.step(G, fail="keep")
+
+
+def test_a_step_with_a_stale_fence_is_refused(repo: Repository) -> None:
+    a = repo.put("blob", b"a")
+    with repo.step(G) as grant:
+        grant.update("head", None, a)
+        grant.new_fence(3)
+        assert grant.commit("grant").fence == 3
+    stale = repo.step(G, fence=2)
+    oid = stale.put("blob", b"stale")
+    stale.update("head", a, oid)
+    with pytest.raises(StaleFence) as e:
+        stale.commit("stale holder")
+    assert (e.value.fence, e.value.current) == (2, 3)
+    assert not repo.has(oid) and repo.refs.read(G).refs == {"head": a}
+    ok = repo.step(G, fence=3)
+    ok.update("head", a, None)
+    ok.mark_deleted(12345)
+    state = ok.commit("holder")
+    assert state.refs == {} and state.deleted_ns == 12345 and state.fence == 3
+    assert repo.refs.reflog(G)[-1].fence == 3
+    lower = repo.step(G)
+    lower.new_fence(3)  # not higher than the group's
+    with pytest.raises(StaleFence):
+        lower.commit("no")
+
+
+def test_a_step_reads_its_own_objects_first(repo: Repository) -> None:
+    outside = repo.put("blob", b"stored before")
+    with repo.step(G) as step:
+        mine = step.put("message", {"seq": 0, "role": "user", "content": "mine"})
+        assert step.has(mine) and step.has(outside) and not repo.has(mine)
+        assert step.get(mine, "message")["content"] == "mine" and step.get(outside) == b"stored before"
+        assert step.read_raw(mine).id == mine
+        with pytest.raises(CorruptObject, match="expected a blob"):
+            step.get(mine, "blob")
+        # The session schema writes through any object store: a step is one.
+        child = schema.put(step, "message", {"seq": 1, "role": "user", "content": "child", "parent": mine})
+        step.update("head", None, child)
+        step.commit("two messages")
+    assert repo.get(child, "message")["parent"] == mine and repo.has(mine)
+
+
+def test_a_step_refuses_bad_names_and_values_before_anything(repo: Repository) -> None:
+    with pytest.raises(BadRefName):
+        repo.step("no-slash")
+    step = repo.step(G)
+    with pytest.raises(BadRefName):
+        step.update("bad..name", None, b"\x01" * 32)
+    with pytest.raises(BadRefValue):
+        step.update("head", None, b"short")
+    assert untouched(repo)
+
+
+def test_a_held_step_makes_others_wait(repo: Repository) -> None:
+    with repo.step(G, timeout=1):
+        with pytest.raises(LockBusy):
+            with repo.refs.lock(G, timeout=0):
+                pass
+        with pytest.raises(LockBusy):
+            repo.step(G, timeout=0).commit("x")
+    repo.step(G, timeout=0).commit("free again")
+    assert [e for e in repo.refs.reflog(G)] == []  # an empty step moves no ref
+    assert repo.refs.read(G).exists
 
 
 # ==================================================================== the same script, the same store
@@ -461,8 +598,6 @@ def test_memory_store_verifies_what_it_is_given_and_touches_no_file(tmp_path: Pa
     script(mem)
     assert os.listdir(tmp_path) == []
     assert list(MemoryStore().iter_ids()) == [], "two memory stores share nothing"
-    with pytest.raises(RuntimeError, match="nobody holds its lock"):
-        mem.refs.transaction(G, [], reason="x", locked=True)
 
 
 def test_memory_lock_busy_names_the_lock_and_a_thread() -> None:
@@ -480,3 +615,13 @@ def test_the_new_modules_name_their_public_surface() -> None:
     for mod in (memory, protocols):
         assert mod.__all__ == sorted(mod.__all__)
         assert all(hasattr(mod, name) for name in mod.__all__)
+
+
+def test_a_memory_step_verifies_a_raw_object_as_put_raw_does() -> None:
+    mem = MemoryStore("steps")
+    good = encode_object("blob", b"true")
+    lying = RawObject(encode_object("blob", b"other").id, good.kind, good.raw, good.body_offset)
+    step = mem.step(G)
+    with pytest.raises(CorruptObject, match="content hashes to"):
+        step.put_raw(lying)
+    assert step.objects == () and step.put_raw(good) is True and step.put_raw(good) is False

@@ -155,7 +155,7 @@ def import_bundle(
                 found_dirs: set[str] = set()
                 found_packed = False
                 found_steps: list = []
-                steps = store.refs.steps
+                steps = store.steps
                 steps.scan_all()
                 loose = LooseNames(store.loose, r.header.objects)
                 add_checked = None
@@ -189,7 +189,7 @@ def import_bundle(
             # names must be durable first (an earlier writer may have failed
             # before its directory fsync).
             for d in sorted(found_dirs):
-                store.loose._barrier(d)
+                store.loose.barrier(d)
             if found_packed:
                 store.sync_pack_dir_once()
             for oid in found_steps:
