@@ -45,12 +45,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kxen_agent.errors import KxenError
-from kxen_agent.session.sessions import SessionStore
+from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import Store
 
 from .answer_check import safe_provider_message
 from .history_bound import ViewBound
-from .history_index import INDEX_MIN_MESSAGES, Entry, index_path, read_index, write_index
+from .history_index import HISTORY, INDEX_MIN_MESSAGES, Entry, read_index, write_index
 
 __all__ = ["RunHistory"]
 
@@ -170,7 +170,7 @@ class RunHistory:
             # planted file, is not parsed past what the join could keep.
             limit = self._sessions.read_message(info.head).seq + 1
             for _ in range(_ANCESTORS + 1):
-                paths.append(index_path(store.root, cur))
+                paths.append(store.caches.path(HISTORY, f"{NS}/{cur}"))
                 parent = info.meta.get("parentId")
                 if not parent or parent == ses:
                     break
@@ -189,7 +189,7 @@ class RunHistory:
         if not isinstance(store, Store):
             return None
         try:
-            self.save_index(store.io, index_path(store.root, ses), head)
+            self.save_index(store.io, store.caches.path(HISTORY, f"{NS}/{ses}"), head)
         except (OSError, KxenError) as e:
             return f"history index of {ses} not written: {e}"
         return None

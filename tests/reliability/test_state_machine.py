@@ -284,7 +284,7 @@ class LibraryMachine(RuleBasedStateMachine):
             # A step record cut short by a crash in its append (objects_spec.md §6.8)...
             if os.path.exists(store.refs.steps_path(g)):
                 # (a writer cuts an earlier tail before it appends: as it would)
-                log = store.refs.steps.load(g)
+                log = store.steps.load(g)
                 rec = encode_record(StepTx(time.time_ns(), "crashed", 0, None, "leave",
                                            (TxUpdate("head", None, lost or b"\x07" * 32),)), [], log.end, log.line)
                 os.truncate(store.refs.steps_path(g), log.end)
