@@ -12,7 +12,7 @@ class KxenError(Exception):
     """An error with a message fit for one line on stderr.
 
     ``exit_code`` is what the CLI exits with (1 unless a subclass says
-    otherwise); see the README's exit-code table.
+    otherwise); see the exit-code table in docs/commands.md.
     """
 
     exit_code: int = 1

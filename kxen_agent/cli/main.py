@@ -2,8 +2,8 @@
 
 No command here decides anything about state: each one calls the library
 and renders its answer as text or ``--json``. Every :class:`KxenError` is
-printed as one line on stderr and mapped to its exit code; see the README's
-exit-code table.
+printed as one line on stderr and mapped to its exit code; see the exit-code
+table in docs/commands.md.
 """
 
 from __future__ import annotations

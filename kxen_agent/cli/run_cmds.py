@@ -337,7 +337,7 @@ def show_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
     run: Optional[str] = typer.Argument(None, metavar="[RUN]", help="A run id or unique prefix (default: the latest run)."),
     json_out: bool = typer.Option(
-        False, "--json", help="Print the run and its journal as JSON (README: JSON output)."),
+        False, "--json", help="Print the run and its journal as JSON (docs/commands.md: JSON output)."),
 ) -> None:
     """The run's status, model, turns, result and its tool journal.
 

@@ -11,7 +11,7 @@ over each text:
   :data:`LIBRARY_DETECTORS` (Stripe, JWT, npm, PyPI, GitLab, ...): formats
   the redaction rules do not know. ``bench/secret_scan.py`` measured
   every detector of the library against these rules on a labelled corpus
-  (README, "Secret scanning"; RELIABILITY.md): those listed add recall and
+  (docs/security.md, "Secret scanning"; RELIABILITY.md): those listed add recall and
   raised no false positive on 10,000 tool outputs full of kxen ids and Git
   SHAs; the library's entropy and keyword detectors, and the formats the
   rules already know, are left out (they flagged ids and SHAs, or found

@@ -5,7 +5,7 @@ hands to its ``listener`` as the run goes (:data:`RunEvent`: a turn
 started, a piece of the model's text, a retry, a tool started or
 finished, a progress note) and :class:`Activity`, what the run is waiting
 for at this moment (what a Ctrl-C will have to wait for). Each event's
-:meth:`to_json` is one line of ``kxen-agent --events`` (the README lists
+:meth:`to_json` is one line of ``kxen-agent --events`` (docs/commands.md lists
 the format). Texts in events are the redacted ones the run stores.
 
 It never renders, prints or stores anything: the CLI decides what a

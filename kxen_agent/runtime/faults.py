@@ -2,7 +2,7 @@
 
 At the N-th time (default: first) the process reaches POINT it kills itself
 with SIGKILL — no cleanup, no flush, exactly like a crash. Tests and anyone
-checking the guarantees use it; the points are listed in the README.
+checking the guarantees use it; the points are listed in docs/testing.md ("Fault injection").
 
 A spec naming an unknown point or a bad N is refused (:func:`check_spec`,
 called by the runner before it writes anything): a misspelt point would

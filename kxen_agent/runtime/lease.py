@@ -1,7 +1,7 @@
 """The run lease: at most one active run (or mutation) per Session.
 
 This is the library API that the CLI and any long-running server embedding
-kxen-agent must both use (``Lease.acquire``); the README's "One run at a
+kxen-agent must both use (``Lease.acquire``); docs/runs-and-recovery.md, "One run at a
 time: the run lease" section documents it for users and embedders.
 
 A lease is three things:

@@ -27,6 +27,7 @@ def _put_some(store: Store) -> list[tuple[bytes, bytes]]:
     return [(o.id, o.raw) for o in objs]
 
 
+@pytest.mark.tools("zstd", "b3sum")
 def test_loose_files_verify_with_zstd_and_b3sum(store: Store):
     for oid, raw in _put_some(store):
         h = oid.hex()

@@ -69,9 +69,8 @@ def test_new_log_for_a_new_group_costs_two_fsyncs(tmp_path):
     assert io.fsyncs - before == 2  # the new log's bytes, then its name
 
 
+@pytest.mark.tools("zstd", "b3sum")
 def test_the_id_of_an_object_in_a_log_is_provable_with_standard_tools(tmp_path):
-    if not (shutil.which("zstd") and shutil.which("b3sum")):
-        pytest.fail("zstd and b3sum are installed by .ci/run (apt-get install zstd b3sum)")
     store = _open(str(tmp_path / "s"))
     head = _step(store, 0, None)
     path = store.refs.steps_path(G)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -137,9 +136,8 @@ def test_the_reader_rule_case_by_case(name: str) -> None:
             assert e.value.offset == int(m[1])  # type: ignore[attr-defined]
 
 
+@pytest.mark.tools("zstd", "b3sum")
 def test_the_dd_recipes_of_the_spec_print_what_it_says(tmp_path: Path) -> None:
-    if not (shutil.which("zstd") and shutil.which("b3sum")):
-        pytest.fail("zstd and b3sum are installed by .ci/run (apt-get install zstd b3sum)")
     sec = _section()
     recipes = re.search(r"```sh\n(.*?)```", sec, re.S)
     assert recipes
