@@ -126,8 +126,14 @@ def jsonl_copy_prefix(src: str, dst: str, nbytes: int, *, durable: bool) -> None
 
 
 def jsonl_load_for_resume(path: str, system: str) -> list[dict]:
-    """Parse a session file into the provider's message list (what a resume sends)."""
-    out: list[dict] = [{"role": "system", "content": system}]
+    """Parse a session file into the provider's message list (what a resume sends).
+
+    The whole file is parsed (a JSONL session has no other way to its
+    newest messages); the list is then bounded as kxen-agent bounds what a
+    run holds (:func:`bound_view`), so both sides send the model the same
+    messages and the comparison checks it.
+    """
+    out: list[dict] = []
     with open(path, "rb") as f:
         for line in f:
             msg = json.loads(line)["message"]
@@ -137,7 +143,34 @@ def jsonl_load_for_resume(path: str, system: str) -> list[dict]:
             if msg.get("tool_call_id") is not None:
                 d["tool_call_id"] = msg["tool_call_id"]
             out.append(d)
-    return out
+    return [{"role": "system", "content": system}, *bound_view(out)]
+
+
+def bound_view(messages: list[dict]) -> list[dict]:
+    """The bounds of ``kxen_agent.runtime.history_bound`` over a parsed history (oldest first, no system
+    message), in place: newest first, each text cut to MESSAGE_CHARS; once HISTORY_CHARS are spent every
+    older message is the shared ELIDED stub, and so is a tool result left at the oldest end of what is
+    shown (its call is not). Without it a history past 8 Mi characters loads differently on the two sides."""
+    from kxen_agent.runtime.history_bound import ELIDED, HISTORY_CHARS, MESSAGE_CHARS, _cut
+
+    spent, first = 0, -1
+    for i in range(len(messages) - 1, -1, -1):
+        if spent >= HISTORY_CHARS:
+            first = i
+            break
+        m = messages[i]
+        text = m["content"] or ""
+        if len(text) > MESSAGE_CHARS:
+            m = messages[i] = {**m, "content": _cut(text)}
+        spent += len(m["content"] or "") + sum(len(c.get("name", "")) + len(c.get("arguments", ""))
+                                               for c in m.get("tool_calls") or ())
+    if first >= 0:
+        messages[: first + 1] = [ELIDED] * (first + 1)
+        k = first + 1
+        while k < len(messages) and messages[k]["role"] == "tool":
+            messages[k] = ELIDED
+            k += 1
+    return messages
 
 
 def jsonl_zstd_export(paths: Sequence[str], out_dir: str) -> list[str]:
