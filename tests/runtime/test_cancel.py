@@ -35,8 +35,8 @@ def gone(pid: int) -> bool:
 
 def session_and_run(b: Bench) -> tuple[str, str]:
     r = b.cli("session", "list", "--json")
-    assert r.returncode == 0, r.stderr
-    [s] = json.loads(r.stdout)["sessions"]
+    assert r.rc == 0, r.err
+    [s] = json.loads(r.out)["sessions"]
     return s["id"], s["runs"][-1]["id"]
 
 
@@ -60,9 +60,9 @@ def test_signal_during_cooperative_tool_ends_canceled_with_outcome_journaled(ben
 
     # The state is durable and the session goes on with a new task.
     r = b.cli("--resume", res["session"], "--task", "next", "--json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["result"] == "done"
-    assert b.cli("fsck").returncode == 0
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["result"] == "done"
+    assert b.cli("fsck").rc == 0
 
 
 def _ignoring_tool(tmp: Path) -> dict:
@@ -84,7 +84,7 @@ def test_sigint_during_tool_ignoring_signals_is_unknown_and_input_required(bench
     [op] = b.show_run(res["session"], res["run"])["journal"]
     assert (op["op"], op["state"], op["source"]) == (res["unknownOps"][0], "OutcomeUnknown", "cancel")
     assert op["outcome"] is None and "did not exit within 0.5s" in op["note"]
-    assert b.cli("fsck").returncode == 0
+    assert b.cli("fsck").rc == 0
 
 
 def test_second_signal_during_the_window_does_not_skip_the_journaling(bench_factory, tmp_path):
@@ -117,7 +117,7 @@ def test_second_signal_during_the_window_does_not_skip_the_journaling(bench_fact
     assert shown["status"] == "input_required"
     assert [j["state"] for j in shown["journal"]] == ["OutcomeUnknown"]
     assert shown["journal"][0]["op"] == first.group(1)
-    assert b.cli("fsck").returncode == 0
+    assert b.cli("fsck").rc == 0
 
 
 def _openai_agent(tmp_path: Path, server: FakeOpenAI) -> Path:
@@ -161,10 +161,10 @@ def test_ctrl_c_during_a_slow_model_call_aborts_it_within_a_second(bench_factory
         server.clear()
         server.reply_content("continued")
         r = b.cli("--resume", ses, "--retry", "--json")
-        assert r.returncode == 0, r.stderr
-        res = json.loads(r.stdout)
+        assert r.rc == 0, r.err
+        res = json.loads(r.out)
         assert (res["status"], res["result"], res["retryOf"]) == ("completed", "continued", run)
-    assert b.cli("fsck").returncode == 0
+    assert b.cli("fsck").rc == 0
 
 
 def test_ctrl_c_while_waiting_to_retry_after_a_429_is_canceled_not_failed(bench_factory, tmp_path):
