@@ -19,7 +19,7 @@ import pytest
 from kxen_agent.errors import UsageError
 from kxen_agent.runtime.approvals import REFUSED
 from kxen_agent.session.agent_def import AgentDefinitionError, parse_agent_definition
-from tests.helpers import KXEN_AGENT, Cli, write_agent
+from tests.helpers import Cli, run_kxen, spawn_kxen, write_agent
 
 PROMPT = b"[y]es / [n]o / [a]lways for this run: "
 
@@ -29,8 +29,8 @@ class PtyRun:
 
     def __init__(self, cli: Cli, *args: str, env: dict[str, str] | None = None) -> None:
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen([KXEN_AGENT, *args], stdin=slave, stderr=slave, stdout=subprocess.PIPE,
-                                     env={**cli.env, **(env or {})}, start_new_session=True)
+        self.proc = spawn_kxen(args, env={**cli.env, **(env or {})}, stdin=slave, stderr=slave,
+                               stdout=subprocess.PIPE, text=False, start_new_session=True)
         os.close(slave)
         self.screen = b""
 
@@ -166,11 +166,10 @@ def test_without_a_terminal_calls_are_refused_unless_yes(cli: Cli, workspace: Pa
 
 def test_piped_task_is_refused_without_yes(cli: Cli, workspace: Path, tmp_path: Path) -> None:
     agent = approving_agent(tmp_path, [shell_step("echo made > made.txt"), {"content": "done"}], ["shell"])
-    done = subprocess.run([KXEN_AGENT, "run", "--workspace", str(workspace), "--agent", str(agent), "--json"],
-                          input="a task piped in", capture_output=True, text=True, env=cli.env, timeout=60)
-    assert done.returncode == 0, done.stderr
+    done = run_kxen(["run", "--workspace", str(workspace), "--agent", str(agent), "--json"],
+                    input="a task piped in", env=cli.env, expect=0)
     assert not (workspace / "made.txt").exists()
-    res = json.loads(done.stdout)
+    res = done.json()
     assert [m["content"] for m in cli.log(res["session"]) if m["role"] == "tool"] == [REFUSED]
 
 
