@@ -318,10 +318,10 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     dst = Store(str(tmp_path / "dst"))
     seen = []
 
-    def rebind(group, refs):
+    def rebind(group, refs, step):
         meta = dst.get(refs["meta"], "session")  # only in the staged pack at this point
         seen.append(meta["workspace"])
-        new = dst.put("session", {**meta, "workspace": "/runner-b", "previous": refs["meta"]})
+        new = step.put("session", {**meta, "workspace": "/runner-b", "previous": refs["meta"]})
         return {**refs, "meta": new}
 
     res = import_bundle(dst, str(out), transform=rebind)
@@ -329,13 +329,14 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     meta = dst.get(dst.refs.get("ses/a", "meta"), "session")
     assert meta["workspace"] == "/runner-b" and res.refs["ses/a"]["meta"] == dst.refs.get("ses/a", "meta")
     assert fsck(Store(dst.root)).clean
-    # Format 3: the rebound object was put in the import's writing() block,
-    # so ses/a's step-log record carries it (objects_spec.md §6.8).
+    # Format 3: the rebound object was put in ses/a's step, so ses/a's
+    # step-log record carries it (objects_spec.md §6.8).
     assert dst.steps.has(res.refs["ses/a"]["meta"])
     assert res.refs["ses/a"]["meta"] not in set(dst.loose.iter_ids())
     # A repeated import writes nothing (§12.10): the transform's put of an
     # object the store holds (in a step log, then, once folded, in a pack)
-    # freshens at most; no file is added, removed or changes size.
+    # goes with the group's step, not committed (unchanged); no file is
+    # added, removed or changes size.
     for folded in (False, True):
         if folded:
             fold_step_logs(dst)
