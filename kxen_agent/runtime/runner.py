@@ -789,7 +789,7 @@ class _RunCtx(ToolTurn):
                 seen.add(cid)
                 calls.append({"id": cid, "name": c.name, "arguments": self.stored(c.arguments)})
             # The message and the state that counts its turn in one step (gc cannot prune the new objects
-            # before the head moves: Runner.commit writes them inside one writing() block).
+            # before the head moves: Runner.commit writes them in one Store.step).
             new_head = self.update({"turn": number, "model": turn.model, **counted},
                                    reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
                                    messages=[{"role": "assistant", "content": content, "tool_calls": calls,

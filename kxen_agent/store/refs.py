@@ -171,15 +171,6 @@ class RefStore:
         # group -> (base, log, records applied, state): see _apply.
         self._applied: dict[str, tuple] = {}
 
-    @property
-    def steps(self) -> StepLogs:
-        """TRANSITIONAL: the store's step logs; use ``Store.steps``, their owner.
-
-        Kept only for ``tests/reliability/test_state_machine.py`` (another
-        owner's file) until it reads ``store.steps``; then this goes.
-        """
-        return self._steps
-
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))
 

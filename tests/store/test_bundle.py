@@ -47,17 +47,17 @@ def chain(store: Store, group: str, n: int, *, tag: str, head: bytes | None = No
     """Append ``n`` messages (each with a blob) to ``group``'s head; return the new head."""
     old = store.refs.get(group, "head") if store.refs.read(group).exists else None
     prev = head if head is not None else old
-    with store.writing(), store.batch():
+    with store.step(group) as step:
         for i in range(n):
-            blob = store.put("blob", f"{tag}: tool output {i}\n".encode() * (1 + i % 5))
+            blob = step.put("blob", f"{tag}: tool output {i}\n".encode() * (1 + i % 5))
             v = {"role": "assistant" if i % 2 else "user", "text": f"{tag} says {i}", "out": blob}
             if prev is not None:
                 v["parent"] = prev
-            prev = store.put("message", v)
-        updates = [RefUpdate("head", old, prev)]
+            prev = step.put("message", v)
+        step.update("head", old, prev)
         if meta and store.refs.get(group, "meta") is None:
-            updates.append(RefUpdate("meta", None, store.put("session", {"name": group, "workspace": "/w"})))
-        store.refs.transaction(group, updates, reason="test")
+            step.update("meta", None, step.put("session", {"name": group, "workspace": "/w"}))
+        step.commit("test")
     return prev
 
 
@@ -421,15 +421,16 @@ def test_flipped_bits_in_a_compressed_bundle_with_a_dictionary_are_refused(tmp_p
 def _peaks(tmp_path: Path, mib: int) -> dict[str, int]:
     s = Store(str(tmp_path / f"s{mib}"))
     rng = random.Random(mib)
-    with s.writing(), s.batch():
+    with s.step("ses/big") as step:
         prev = None
         for i in range(mib):
-            blob = s.put("blob", rng.randbytes(1 << 20))  # incompressible
+            blob = step.put("blob", rng.randbytes(1 << 20))  # incompressible
             v = {"i": i, "out": blob, "note": "small messages between the big outputs " * 4}
             if prev:
                 v["parent"] = prev
-            prev = s.put("message", v)
-        s.refs.transaction("ses/big", [RefUpdate("head", None, prev)], reason="t")
+            prev = step.put("message", v)
+        step.update("head", None, prev)
+        step.commit("t")
     out = tmp_path / f"big{mib}.kxb"
     dst = Store(str(tmp_path / f"dst{mib}"))
     peaks = {}
@@ -513,7 +514,7 @@ def test_import_finds_loose_objects_by_listing_or_by_stat(src, tmp_path, monkeyp
     objs = list(iter_bundle_objects(str(out)))
     for cap in (None, 0):
         dst = Store(str(tmp_path / f"dst{cap}"))
-        with dst.writing():
+        with dst.batch():
             for o in objs[::3]:  # a third of them already here, loose
                 dst.put_raw(o)
         if cap is not None:  # every non-empty fan-out dir is "too big to list": a stat per lookup
