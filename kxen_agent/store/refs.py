@@ -163,8 +163,8 @@ class RefStore:
         # The store's step logs (``Store.steps``, which owns them): a group's
         # state is its ref file with its step log's records applied.
         self._steps = steps
-        # (group, fence) -> an entered Step of the owning Store: what
-        # transaction() commits with (the Store gives it).
+        # (group, fence) -> a Step of the owning Store, which transaction()
+        # enters and commits (the Store gives it).
         self._open_step = open_step
         # Called with a group's name once its files are gone (the store removes its caches).
         self._removed = removed
