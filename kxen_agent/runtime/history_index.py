@@ -43,7 +43,7 @@ import blake3
 import zstandard
 
 from kxen_agent.session.sessions import NS, SessionStore
-from kxen_agent.store import OS_IO, codec
+from kxen_agent.store import codec
 from kxen_agent.store.caches import CacheKind, Caches
 
 from .answer_check import safe_provider_message
@@ -58,7 +58,6 @@ __all__ = [
     "encode_entries",
     "encode_segment",
     "encode_segments",
-    "index_path",
     "parse_index",
     "read_index",
     "verify_indexes",
@@ -98,15 +97,6 @@ def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
 HISTORY = CacheKind("history", verify=_verify_store, problem="history-index", title="history index")
 #: The kinds of cache the run loop keeps: what a store opened for this program is given.
 CACHES = (HISTORY,)
-
-
-def index_path(root: str, ses: str) -> str:
-    """Where session ``ses``'s history index lives in state dir ``root`` (§14.12).
-
-    Prefer ``store.caches.path(HISTORY, f"sessions/{ses}")``: the same
-    path, asked of the store that owns it.
-    """
-    return Caches(root, OS_IO).path(HISTORY, f"{NS}/{ses}")
 
 
 # ---------------------------------------------------------------- bytes

@@ -2,11 +2,11 @@
 
 Every change a run makes to the store is one :class:`StepPlan`, built by the
 loop (or by :mod:`.approvals`, :mod:`.compaction`, :mod:`.trust`) and committed
-by :meth:`~kxen_agent.runtime.runner.Runner.commit`, the one place that opens
-``Store.writing()`` and moves refs (``objects_spec.md`` §14.6: every step writes
-its objects, then moves the refs in one transaction carrying the lease's
-fence). A reader sees in the plan the messages appended to ``head``, the
-journal entries and the run state a step adds — nothing else is written.
+by :meth:`~kxen_agent.runtime.runner.Runner.commit`, the one place that makes
+a ``Store.step`` and moves refs (``objects_spec.md`` §14.6: every step writes
+its objects and moves the refs in one step carrying the lease's fence). A
+reader sees in the plan the messages appended to ``head``, the journal
+entries and the run state a step adds — nothing else is written.
 
 Records only: building a plan reads and writes nothing.
 """

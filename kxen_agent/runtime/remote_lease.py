@@ -16,7 +16,7 @@ more ref there, ``refs/kxen/leases/<ses>`` (``objects_spec.md`` §16.6):
   only grows), the lease ref to a commit of the holder record (host, pid,
   run, fence, expiry). Of two machines claiming at once exactly one push
   lands.
-- **every durable step** of the run (every ref transaction carrying the
+- **every durable step** of the run (every store step carrying the
   local lease's fence on the session's group) is pushed at once, in one
   atomic push with a renewal of the lease ref, each a compare-and-swap on
   what this holder pushed last: the machine that takes over continues from
@@ -35,8 +35,8 @@ clocks within TTL/3 of each other (NTP), as hosts sharing a state dir must.
 A network failure while pushing a step is retried until the lease would
 expire, then stops the run (exit 1): what was durable here stays here.
 
-The runner is unchanged: it is given a store whose ref container calls this
-module around each transaction (:class:`RemoteLeaseScope.runner`).
+The runner is unchanged: it is given a store whose fenced steps of the
+session call this module around their commit (:class:`RemoteLeaseScope.runner`).
 """
 
 from __future__ import annotations
@@ -280,30 +280,6 @@ def _busy(ses: str, display: str, holder: RemoteHolder, now: int) -> RemoteLease
 # ---------------------------------------------------------------- the runner's side
 
 
-class _StepRefs:
-    """A ref container that pushes the leased session after each durable step (a transaction with a fence)."""
-
-    def __init__(self, inner: Any, scope: "RemoteLeaseScope") -> None:
-        self._inner = inner
-        self._scope = scope
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def transaction(self, group: str, updates: Any, *, reason: str, fence: int | None = None,
-                    new_fence: int | None = None, **kw: Any) -> Any:
-        # A run's steps carry the local lease's fence; a grant raises the
-        # fence in a step of its own, under the group lock, with no fence
-        # given: never a network call in there.
-        step = fence is not None and group.startswith(f"{NS}/")
-        if step:
-            self._scope.before_step(group[len(NS) + 1:])
-        state = self._inner.transaction(group, updates, reason=reason, fence=fence, new_fence=new_fence, **kw)
-        if step:
-            self._scope.after_step(group[len(NS) + 1:])
-        return state
-
-
 class _PushedStep:
     """A step of the leased session, pushed once committed (:meth:`_StepRepository.step`).
 
@@ -343,12 +319,11 @@ class _PushedStep:
 
 
 class _StepRepository:
-    """The store as the runner sees it: everything passes through, but ref transactions (:class:`_StepRefs`)."""
+    """The store as the runner sees it: everything passes through, but the leased session's fenced steps."""
 
     def __init__(self, store: Store, scope: "RemoteLeaseScope") -> None:
         self._store = store
         self._scope = scope
-        self.refs = _StepRefs(store.refs, scope)
 
     def step(self, group: str, *, fence: int | None = None, **kw: Any) -> Any:
         """The store's step; one of the leased session that carries the lease's fence is pushed once committed."""

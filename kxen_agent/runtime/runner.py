@@ -5,7 +5,7 @@ calls, a ``journal`` entry) named by the session's ``runs/<run_id>`` ref,
 moved by compare-and-swap with the run lease's fence. Each durable step is a
 :class:`~.plan.StepPlan` value (the messages it appends, the journal entries
 and the run state it writes) that :meth:`Runner.commit` makes durable, the one
-place a run opens ``Store.writing()`` and moves refs; it checks the §14.5 and
+place a run makes a ``Store.step`` and moves refs; it checks the §14.5 and
 §14.6 transition tables (:mod:`kxen_agent.session.status`) first. The journal
 is held per run (:class:`~.run_reader.JournalView`) and extended by what
 commit writes, so a step costs O(new entries). The order of durable steps is
@@ -59,7 +59,7 @@ from kxen_agent.session.status import OpSource, OpState, RunStatus, check_op_mov
 from kxen_agent.session.trust import TrustStore
 from kxen_agent.store import RefUpdate
 from kxen_agent.store.autopack import AutoPacker
-from kxen_agent.store.protocols import Repository
+from kxen_agent.store.protocols import ObjectStore, Repository
 
 from .approvals import Approver, refuse_without_terminal
 from .compaction import ask_summary, held_view, over_budget, plan_compaction, summary_interrupted
@@ -215,23 +215,23 @@ class Runner:
         if plan.changes is not None:
             check_run_move(None if cur is None else cur["status"], plan.changes.get("status", (cur or {}).get("status")))
         written: list[tuple[bytes, dict, str | None]] = []
-        with self.store.writing():
+        # One step of the session's group under the run's fence: its objects and
+        # ref change are one step-log record (§6.8), or nothing is written.
+        with self.store.step(plan.group, fence=plan.fence) as step:
             head = plan.head
             if plan.messages:
-                head = self.sessions.append_messages(plan.head, [dict(m) for m in plan.messages])
+                head = SessionStore(step).append_messages(plan.head, [dict(m) for m in plan.messages])
             journal = None if cur is None else cur.get("journal")
-            if plan.entries:
-                with self.store.batch():
-                    for w in plan.entries:
-                        e, text = _journal_entry(self.store, w, journal)
-                        journal = put(self.store, "journal", e)
-                        written.append((journal, e, text))
+            for w in plan.entries:
+                e, text = _journal_entry(step, w, journal)
+                journal = put(step, "journal", e)
+                written.append((journal, e, text))
             updates = [RefUpdate("head", plan.head, head)] if head != plan.head else []
             state = None
             if plan.changes is not None:
                 if cur is None:  # a run's first state: its startHead is the head this step makes
                     st = plain(dict(plan.changes, startHead=head))
-                    updates.append(RefUpdate(f"runs/{plan.run}", None, oid := put(self.store, "run", st)))
+                    updates.append(RefUpdate(f"runs/{plan.run}", None, oid := put(step, "run", st)))
                 else:
                     st = dict(cur)
                     st.update(plan.changes)
@@ -241,11 +241,13 @@ class Runner:
                         st["journal"] = journal
                     st = plain(st)  # the words as exact strings: what the encoder takes and a reader decodes
                     # The run's ref first, then head (the order of the steps' records since they exist).
-                    updates.insert(0, RefUpdate(f"runs/{plan.run}", cur_oid, oid := put(self.store, "run", st)))
+                    updates.insert(0, RefUpdate(f"runs/{plan.run}", cur_oid, oid := put(step, "run", st)))
                 state = (oid, st)
             if plan.meta is not None:
-                updates.append(RefUpdate("meta", plan.meta[0], put(self.store, "session", dict(plan.meta[1]))))
-            self.store.refs.transaction(plan.group, updates, reason=plan.reason, fence=plan.fence)
+                updates.append(RefUpdate("meta", plan.meta[0], put(step, "session", dict(plan.meta[1]))))
+            for u in updates:
+                step.update(u.name, u.old, u.new)
+            step.commit(plan.reason)
         if view is not None:
             for oid, e, text in written:
                 view.add(oid, e, output=text)
@@ -544,7 +546,7 @@ class Runner:
         return ([val] if val else []) + credential_env_values(os.environ)
 
 
-def _journal_entry(store: Repository, w: JournalWrite, previous: bytes | None) -> tuple[dict, str | None]:
+def _journal_entry(store: ObjectStore, w: JournalWrite, previous: bytes | None) -> tuple[dict, str | None]:
     """The journal entry ``w`` stands for, linked after ``previous``, with its output inline or in a blob by
     size (§14.6); and the output's text (None: none, or kept as the entry carries it)."""
     e = dict(w.entry)
@@ -787,7 +789,7 @@ class _RunCtx(ToolTurn):
                 seen.add(cid)
                 calls.append({"id": cid, "name": c.name, "arguments": self.stored(c.arguments)})
             # The message and the state that counts its turn in one step (gc cannot prune the new objects
-            # before the head moves: Runner.commit writes them inside one writing() block).
+            # before the head moves: Runner.commit writes them in one Store.step).
             new_head = self.update({"turn": number, "model": turn.model, **counted},
                                    reason=f"run {self.run}: turn {number} asks for {len(calls)} tool call(s)",
                                    messages=[{"role": "assistant", "content": content, "tool_calls": calls,

@@ -26,6 +26,7 @@ from kxen_agent.store import Store
 from kxen_agent.store.bundle import (BundleInfo, ImportResult, bundle_objects, export_bundle, import_bundle,
                                      verify_bundle_with_ref_targets)
 from kxen_agent.store.objects import RawObject, decode_stored
+from kxen_agent.store.step import Step
 
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
 from .sessions import NS, SessionStore, resolve_prefix
@@ -144,7 +145,7 @@ def import_sessions(store: Store, path: str, workspace: str, *,
                 field=e.field, recorded=e.recorded, current=e.current) from None
     sessions = SessionStore(store)
 
-    def transform(group: str, refs: dict[str, bytes]) -> dict[str, bytes]:
+    def transform(group: str, refs: dict[str, bytes], step: Step) -> dict[str, bytes]:
         current = chosen.get(group.partition("/")[2], default)
         meta_oid = refs["meta"]
         meta = store.get(meta_oid, "session")
@@ -159,7 +160,7 @@ def import_sessions(store: Store, path: str, workspace: str, *,
             base_oid, base = local, store.get(local, "session")
         if _same_binding(base["workspace"], current):
             return dict(refs, meta=base_oid)  # importing twice is a no-op
-        return dict(refs, meta=sessions.rebound_meta(base, base_oid, current, "import"))
+        return dict(refs, meta=sessions.rebound_meta(base, base_oid, current, "import", into=step))
 
     with ExitStack() as stack:
         if acquire_lease is not None:

@@ -267,9 +267,9 @@ class TrustStore:
                 return False
         rec = TrustRecord(rec.what, rec.endpoint, rec.key_env, rec.how, rec.lock, rec.session,
                           rec.accepted_ns or time.time_ns())
-        with self.store.writing():
-            oid = self.store.put("blob", rec.encode())
-            self.store.refs.transaction(TRUST_GROUP, [RefUpdate(name, current, oid)], reason=reason)
+        with self.store.step(TRUST_GROUP) as step:
+            step.update(name, current, step.put("blob", rec.encode()))
+            step.commit(reason)
         self._cache = None
         return True
 
@@ -284,9 +284,9 @@ class TrustStore:
             except UnicodeDecodeError:
                 pass
         text = "sd_" + os.urandom(10).hex()
-        with self.store.writing():
-            new = self.store.put("blob", text.encode("ascii"))
-            self.store.refs.transaction(TRUST_GROUP, [RefUpdate("id", oid, new)], reason="trust: state dir id")
+        with self.store.step(TRUST_GROUP) as step:
+            step.update("id", oid, step.put("blob", text.encode("ascii")))
+            step.commit("trust: state dir id")
         return text
 
     def known_origin(self) -> str | None:

@@ -237,7 +237,7 @@ class StoreLock:
     def exclusive(self, timeout: float | None, io: FileIO | None = None) -> Iterator[None]:
         """Hold the exclusive side (gc's prune): no other thread or process is inside the shared side."""
         if getattr(self._local, "depth", 0):
-            raise RuntimeError("the store's exclusive lock cannot be taken inside Store.writing(), a step or "
+            raise RuntimeError("the store's exclusive lock cannot be taken inside a step or "
                                "Store.shared_lock() (it would wait for itself)")
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout

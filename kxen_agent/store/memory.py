@@ -329,10 +329,6 @@ class MemoryStore:
         """Nothing to share: every put is complete when it returns."""
         return nullcontext()
 
-    def writing(self, timeout: float | None = None):
-        """TRANSITIONAL (as the disk store's; new writers make a :meth:`step`). Nothing to hold: no gc here."""
-        return nullcontext()
-
     # ------------------------------------------------------------ steps
 
     def step(self, group: str, *, fence: int | None = None, fail: str = "drop",

@@ -112,16 +112,6 @@ class ObjectStore(Protocol):
         """
         ...
 
-    def writing(self, timeout: float | None = None) -> AbstractContextManager[None]:
-        """TRANSITIONAL (new writers make a :meth:`Repository.step`): "put objects, then move refs" as a block.
-
-        Re-entrant. While any thread or process is inside, gc does not
-        prune, so an object put in the block survives until the ref that
-        makes it reachable has moved. ``LockBusy`` if that cannot be had in
-        ``timeout`` seconds (default: the store's lock timeout).
-        """
-        ...
-
 
 @runtime_checkable
 class RefContainer(Protocol):

@@ -163,22 +163,13 @@ class RefStore:
         # The store's step logs (``Store.steps``, which owns them): a group's
         # state is its ref file with its step log's records applied.
         self._steps = steps
-        # (group, fence) -> an entered Step of the owning Store: what
-        # transaction() commits with (the Store gives it).
+        # (group, fence) -> a Step of the owning Store, which transaction()
+        # enters and commits (the Store gives it).
         self._open_step = open_step
         # Called with a group's name once its files are gone (the store removes its caches).
         self._removed = removed
         # group -> (base, log, records applied, state): see _apply.
         self._applied: dict[str, tuple] = {}
-
-    @property
-    def steps(self) -> StepLogs:
-        """TRANSITIONAL: the store's step logs; use ``Store.steps``, their owner.
-
-        Kept only for ``tests/reliability/test_state_machine.py`` (another
-        owner's file) until it reads ``store.steps``; then this goes.
-        """
-        return self._steps
 
     def ref_path(self, group: str) -> str:
         return os.path.join(self.root, "refs", *validate_group(group).split("/"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
@@ -200,20 +199,6 @@ class _DiskSteps:
         return self._store.has(oid)
 
 
-class _WritingBlocks(threading.local):
-    """TRANSITIONAL, with :meth:`Store.writing`: this thread's open ``writing()`` blocks and their objects.
-
-    An object put (``Store.put``) inside a block waits here for the block's
-    next ref transaction, which makes it one of that transaction's step
-    (:meth:`Store._transaction_step`); what none took is written loose when
-    the outermost block ends. Goes once no caller uses ``writing()``.
-    """
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.objs: dict[ObjectId, RawObject] = {}
-
-
 def default_state_dir() -> str:
     env = os.environ.get("KXEN_AGENT_STATE_DIR")
     if env:
@@ -286,7 +271,6 @@ class Store:
         self._steps_engine = _DiskSteps(self)
         self.refs = RefStore(self.root, io, self.steps, lock_timeout, before_write=self.ensure_initialized,
                              open_step=self._transaction_step, removed=self.caches.remove)
-        self._blocks = _WritingBlocks()  # TRANSITIONAL, with writing()
         self._check_access()
         self._check_format()
         self.packs: list[ObjectSource] = []
@@ -531,13 +515,6 @@ class Store:
         never runs in the middle of a write. The objects of a durable step
         go in the step instead (:meth:`step`): one record, one fsync.
         """
-        blocks = self._blocks
-        if blocks.depth > 0:
-            # TRANSITIONAL (writing()): held for the block's next transaction.
-            if obj.id in blocks.objs:
-                return False
-            blocks.objs[obj.id] = obj
-            return True
         with self.shared_lock():
             return self._put_loose(obj)
 
@@ -591,9 +568,6 @@ class Store:
         return self.loose.batch()
 
     def read_raw(self, oid: ObjectId) -> RawObject:
-        staged = self._blocks.objs  # TRANSITIONAL (writing())
-        if staged and oid in staged:
-            return staged[oid]
         # Packs first (Git's order): an index lookup costs no system call,
         # while a failed open of a loose name costs one per packed object.
         # A corrupt copy is passed over while another copy is good (fsck
@@ -671,8 +645,7 @@ class Store:
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.
-        if (oid in self._blocks.objs or any(p.has(oid) for p in self.packs) or self.steps.has(oid)
-                or self.loose.has(oid)):
+        if any(p.has(oid) for p in self.packs) or self.steps.has(oid) or self.loose.has(oid):
             return True
         # Committed by another process since this one read the step logs?
         self.steps.scan_all()
@@ -724,67 +697,13 @@ class Store:
         self.ensure_initialized()
         return store_lock(self.root).shared(self.lock_timeout if timeout is None else timeout, self.io)
 
-    @contextmanager
-    def _transaction_step(self, group: str, fence: int | None) -> Iterator[Step]:
-        """The entered step ``refs.transaction`` commits with.
-
-        TRANSITIONAL (writing()): it takes the objects this thread put in its
-        open ``writing()`` block, and gives them back if it fails.
-        """
-        blocks = self._blocks
-        pending = list(blocks.objs.values())
-        if pending:
-            blocks.objs = {}
-        try:
-            with self.step(group, fence=fence) as step:
-                for o in pending:
-                    step.put_raw(o)
-                yield step
-        except BaseException:
-            if pending and blocks.depth > 0:
-                blocks.objs.update((o.id, o) for o in pending)
-            raise
-
-    @contextmanager
-    def writing(self, timeout: float | None = None) -> Iterator[None]:
-        """TRANSITIONAL: "put objects, then move refs" as a block; new code makes a :meth:`step`.
-
-        Holds the shared lock (:meth:`shared_lock`). An object put in the
-        block is held, by this thread, for the block's next
-        ``refs.transaction`` (whatever its group), which commits it in its
-        step record; what no transaction took is written loose when the
-        outermost block ends; nothing is written if the block raises.
-        Re-entrant. Kept while the runtime's writers still use it
-        (``runtime/runner.py``, ``compaction.py``, ``trust.py``,
-        ``session/trust.py``); remove it, :class:`_WritingBlocks` and the
-        lines marked TRANSITIONAL in this module once none does.
-        """
-        self.ensure_initialized()
-        blocks = self._blocks
-        depth = blocks.depth
-        if depth == 0:
-            blocks.objs = {}
-        with self.shared_lock(timeout):
-            blocks.depth = depth + 1
-            try:
-                yield
-            except BaseException:
-                if depth == 0:
-                    blocks.objs = {}  # never named by a committed ref: nothing to keep
-                raise
-            finally:
-                blocks.depth = depth
-            if depth == 0 and blocks.objs:
-                # Put in the block but taken by no transaction: written as
-                # they always were, loose, before the block ends.
-                objs, blocks.objs = list(blocks.objs.values()), {}
-                with self.loose.batch():
-                    for o in objs:
-                        self._put_loose(o)
+    def _transaction_step(self, group: str, fence: int | None) -> Step:
+        """The step ``refs.transaction`` commits with (entered there)."""
+        return self.step(group, fence=fence)
 
     @contextmanager
     def pruning(self, timeout: float | None = None) -> Iterator[None]:
-        """Hold the store's lock exclusively: no writer is inside :meth:`writing` (gc)."""
+        """Hold the store's lock exclusively: no writer holds :meth:`shared_lock` or is in a step (gc)."""
         self.ensure_initialized()
         with store_lock(self.root).exclusive(self.lock_timeout if timeout is None else timeout, self.io):
             yield

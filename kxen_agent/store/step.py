@@ -24,7 +24,7 @@ its locks and commits (:class:`StepEngine`). Nothing here does I/O.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any, Callable, Iterable, Protocol
 
 from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
@@ -161,6 +161,14 @@ class Step:
 
     def has(self, oid: ObjectId) -> bool:
         return oid in self._objects or self._engine.has(oid)
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Nothing to share: the step's objects are made durable by its commit's one fsync.
+
+        So a step stands for an object store to a writer that batches its
+        puts (``SessionStore(step).append_messages``).
+        """
+        return nullcontext()
 
     # ------------------------------------------------------------ the ref change
 

@@ -159,14 +159,10 @@ class Recorder:
     commit point), the index of its commit point (the append of its
     step-log record, or the rename of a new log), and the index at which
     its commit returned (never, if it raised); its objects are acknowledged
-    with it. Object writes: a loose one (put outside any ``writing()``
-    block) at the index at which it returned, or at which its outermost
-    batch ended; one put inside a (transitional) ``writing()`` block is
-    only staged for the block's next ref transaction (§6.8): acknowledged
-    when the step that took it into its record returned, or, if none took
-    it, when the outermost block ended (it is written loose then, in one
-    batch); never if the block raised. :meth:`attach` wraps more store instances (a retry opens a new
-    one, as a new process would).
+    with it (§6.8). Object writes outside a step (``Store.put``): loose,
+    acknowledged at the index at which the put returned, or at which its
+    outermost batch ended. :meth:`attach` wraps more store instances (a
+    retry opens a new one, as a new process would).
     """
 
     def __init__(self, store: Store, io: TracingIO) -> None:
@@ -177,8 +173,6 @@ class Recorder:
         self.problems: list[str] = []
         self._batch_depth = 0
         self._batched: list[bytes] = []
-        # Objects put inside a writing() block and not yet taken by a transaction (in order, once each).
-        self._staged: dict[bytes, None] = {}
         self.attach(store)
 
     def attach(self, store: Store) -> None:
@@ -186,11 +180,6 @@ class Recorder:
         step = store.step
         put_raw = store.put_raw
         batch = store.batch
-        writing = store.writing
-
-        def in_block() -> bool:
-            # Store.writing() is transitional: its blocks' objects wait for the next transaction's step.
-            return store._blocks.depth > 0
 
         def stepped(group: str, **kw: Any) -> Any:
             # Every commit is a step's (a ref transaction is one step): the commit is noted here.
@@ -208,34 +197,14 @@ class Recorder:
                     end = io.mark()
                     self._note_commit(store, group, start, end, st)
                     if st is not None:  # committed with the record, acknowledged with the commit
-                        for oid in taken:
-                            self._staged.pop(oid, None)
-                            self.objects.append((oid, end))
+                        self.objects.extend((oid, end) for oid in taken)
 
             s.commit = committed
             return s
 
-        @contextmanager
-        def written(*a: Any, **kw: Any) -> Iterator[None]:
-            outer = not in_block()
-            try:
-                with writing(*a, **kw):
-                    yield
-            except BaseException:
-                if outer:
-                    self._staged.clear()  # the store drops them: never written, never acknowledged
-                raise
-            if outer and self._staged:
-                end = io.mark()  # taken by no transaction: written loose, one batch, as the block ended
-                self.objects.extend((oid, end) for oid in self._staged)
-                self._staged.clear()
-
         def put(obj: Any) -> bool:
-            staged = in_block()
             out = put_raw(obj)
-            if staged:
-                self._staged.setdefault(obj.id, None)  # not durable yet: held for the block's step
-            elif self._batch_depth:
+            if self._batch_depth:
                 self._batched.append(obj.id)
             else:
                 self.objects.append((obj.id, io.mark()))
@@ -261,7 +230,6 @@ class Recorder:
         store.step = stepped  # type: ignore[method-assign]
         store.put_raw = put  # type: ignore[method-assign]
         store.batch = batched  # type: ignore[method-assign]
-        store.writing = written  # type: ignore[method-assign]
 
     def _note_commit(self, store: Store, group: str, start: int, end: int, st: Any) -> None:
         # A transaction's commit point is its step-log record reaching the

@@ -189,8 +189,6 @@ class ForkAfterDeathWorkload(ForkWorkload):
     name = "fork-after-death"
 
     def run(self, store: Store) -> Any:
-        from kxen_agent.store import RefUpdate
-
         io = store.io
         group = SessionStore(store).group(self.parent)
         log = os.path.abspath(store.refs.steps_path(group))
@@ -208,12 +206,13 @@ class ForkAfterDeathWorkload(ForkWorkload):
         dying = open_store(store.root, io=io)
         if self.recorder is not None:
             self.recorder.attach(dying)
-        ss = SessionStore(dying)
         io.hook = die_before_the_fsync
         try:
-            with dying.writing():
-                head = ss.append_messages(self.head, [{"role": "user", "content": "a question nobody answered"}])
-                dying.refs.transaction(group, [RefUpdate("head", self.head, head)], reason="message: user")
+            with dying.step(group) as step:
+                head = SessionStore(step).append_messages(
+                    self.head, [{"role": "user", "content": "a question nobody answered"}])
+                step.update("head", self.head, head)
+                step.commit("message: user")
             raise AssertionError("the parent's writer did not die")
         except _Interrupted:
             pass
@@ -241,7 +240,7 @@ class ForkAfterDeathWorkload(ForkWorkload):
 
 
 class LooseWorkload(Workload):
-    """Objects put outside any ``Store.writing()`` block (a library caller's "objects first, refs
+    """Objects put outside any step (a library caller's "objects first, refs
     last", §9.3 rule 1): written loose, one alone and three in a batch, then named by ref
     transactions of a namespace outside the skeleton, in a group that has a step log already
     (found, not made) and in a new one."""
@@ -324,15 +323,18 @@ class UpgradeWorkload(Workload):
         self.want = {"head": self.old[-1]}
 
     def _write(self, store: Store) -> None:
-        from kxen_agent.store import ANY, RefUpdate
+        from kxen_agent.store import ANY
 
-        with store.writing():
-            new = store.put("blob", b"the write that upgrades the log")
-            store.refs.transaction(self.G, [RefUpdate("head", ANY, new)], reason="upgrade")
-        with store.writing():
-            more = store.put("blob", b"an append to version 2")
-            store.refs.transaction(self.G, [RefUpdate("more", ANY, more)], reason="append",
-                                   new_fence=store.refs.read(self.G).fence + 1)
+        with store.step(self.G) as step:
+            new = step.put("blob", b"the write that upgrades the log")
+            step.update("head", ANY, new)
+            step.commit("upgrade")
+        fence = store.refs.read(self.G).fence + 1
+        with store.step(self.G) as step:
+            more = step.put("blob", b"an append to version 2")
+            step.update("more", ANY, more)
+            step.new_fence(fence)
+            step.commit("append")
         self.want = {"head": new, "more": more}
 
     def run(self, store: Store) -> Any:

@@ -124,7 +124,7 @@ def test_finish_writes_the_index_and_start_reads_only_what_it_lacks(tmp_path: Pa
     h = RunHistory(ss)
     assert h.start(ses) == 0  # no index yet
     assert h.finish(ses, head) is None
-    path = hi.index_path(store.root, ses)
+    path = store.caches.path(hi.HISTORY, f"sessions/{ses}")
     assert hi.read_index(store.io, path).entries == entries_of(ss, head)
     # A new process: the index gives all 600, the store is read for nothing else.
     h2 = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
@@ -152,7 +152,8 @@ def test_a_fork_starts_from_its_parents_index(tmp_path: Path) -> None:
     assert h.start(fork.id) == 600  # the parent's
     assert h.messages(fork_head) == full(ss, fork_head) and h.reads == 3
     h.finish(fork.id, fork_head)  # the fork's own index, written whole
-    assert hi.read_index(store.io, hi.index_path(store.root, fork.id)).entries == entries_of(ss, fork_head)
+    fork_index = store.caches.path(hi.HISTORY, f"sessions/{fork.id}")
+    assert hi.read_index(store.io, fork_index).entries == entries_of(ss, fork_head)
 
 
 def test_an_index_of_a_longer_branch_is_cut_to_the_head(tmp_path: Path) -> None:
@@ -173,7 +174,7 @@ def test_a_damaged_index_is_read_up_to_the_damage_then_rewritten(tmp_path: Path)
     ss = SessionStore(store)
     head = ss.get(ses).head
     RunHistory(ss).finish(ses, head)
-    path = hi.index_path(store.root, ses)
+    path = store.caches.path(hi.HISTORY, f"sessions/{ses}")
     parsed = hi.read_index(store.io, path)
     data = bytearray(open(path, "rb").read())
     assert len(parsed.entries) == 2000
@@ -192,7 +193,7 @@ def test_no_index_below_the_threshold(tmp_path: Path) -> None:
     store, ses = long_session(tmp_path, hi.INDEX_MIN_MESSAGES - 1)
     ss = SessionStore(store)
     RunHistory(ss).finish(ses, ss.get(ses).head)
-    assert not os.path.exists(hi.index_path(store.root, ses))
+    assert not os.path.exists(store.caches.path(hi.HISTORY, f"sessions/{ses}"))
 
 
 # ------------------------------------------------------------------ the runner
@@ -214,7 +215,7 @@ def resume(store_root: str, ses: str, calls: int) -> tuple[Tooling, Store]:
 def test_a_run_writes_the_index_and_the_next_process_starts_from_it(tmp_path: Path) -> None:
     store, ses = long_session(tmp_path)
     first, _ = resume(store.root, ses, 2)
-    path = hi.index_path(store.root, ses)
+    path = store.caches.path(hi.HISTORY, f"sessions/{ses}")
     ss = SessionStore(Store(store.root, namespaces=(NS,)))
     head = ss.get(ses).head
     assert hi.read_index(FileIO(), path).entries == entries_of(ss, head)  # written after the run, all of it
@@ -244,7 +245,7 @@ def test_fsck_checks_the_index_against_the_objects(tmp_path: Path) -> None:
     r = fsck(store.root)
     assert r.rc == 0, r.err + r.out
     assert "stray" not in r.out
-    path = hi.index_path(store.root, ses)
+    path = store.caches.path(hi.HISTORY, f"sessions/{ses}")
     # Checksums that hold over content that is not the messages': a problem, exit 1.
     entries = entries_of(ss, head)
     oid, p, t = entries[5]
@@ -268,7 +269,7 @@ def test_gc_removes_a_pruned_sessions_index(tmp_path: Path) -> None:
     store, ses = long_session(tmp_path)
     ss = SessionStore(store)
     RunHistory(ss).finish(ses, ss.get(ses).head)
-    path = hi.index_path(store.root, ses)
+    path = store.caches.path(hi.HISTORY, f"sessions/{ses}")
     assert os.path.exists(path)
     ss.delete(ses)
     gc(store, prune=0)
@@ -345,7 +346,7 @@ def test_start_reads_no_segment_past_the_heads_history(tmp_path: Path) -> None:
     head = ss.get(ses).head
     longer = ss.append_messages(head, chat(1500, start=600, tag="later"))
     RunHistory(ss).finish(ses, longer)  # 2,100 entries in several segments; the head is message 599
-    assert len(hi.read_index(store.io, hi.index_path(store.root, ses)).entries) == 2100
+    assert len(hi.read_index(store.io, store.caches.path(hi.HISTORY, f"sessions/{ses}")).entries) == 2100
     h = RunHistory(SessionStore(Store(store.root, namespaces=(NS,))))
     got = h.start(ses)
     assert 600 <= got < 2100
@@ -366,7 +367,7 @@ def test_an_entry_naming_an_object_that_is_not_a_message_is_a_problem(tmp_path: 
     blob = ss.store.put("blob", b"not a message at all")
     _oid, p, t = entries[3]
     entries[3] = (blob, p, t)
-    hi.write_index(FileIO(), hi.index_path(ss.store.root, ses), entries)
+    hi.write_index(FileIO(), ss.store.caches.path(hi.HISTORY, f"sessions/{ses}"), entries)
     problems, notes = hi.verify_indexes(SessionStore(Store(ss.store.root, namespaces=(NS,))))
     assert len(problems) == 1 and "entry 3" in problems[0][1] and "a blob object, not a message" in problems[0][1]
     assert notes == []
@@ -375,7 +376,7 @@ def test_an_entry_naming_an_object_that_is_not_a_message_is_a_problem(tmp_path: 
 def test_an_entry_of_another_shape_ends_the_good_prefix_and_is_no_problem(tmp_path: Path) -> None:
     """§14.12: shape (types, keys) is the reader's check, ending the prefix; fields that differ are fsck's."""
     ss, ses, entries = small_session(tmp_path)
-    path = hi.index_path(ss.store.root, ses)
+    path = ss.store.caches.path(hi.HISTORY, f"sessions/{ses}")
     good = hi.encode_segments(None, entries[:3])
     bad = hi.encode_entries(entries[3:])
     bad[0]["role"] = "system"  # no message has that role

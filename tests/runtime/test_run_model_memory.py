@@ -26,7 +26,6 @@ from kxen_agent.runtime.runner import NothingToRetry, RunError, Runner, sum_usag
 from kxen_agent.session.agent_def import default_agent_definition
 from kxen_agent.session.schema import check, put
 from kxen_agent.session.sessions import SessionStore
-from kxen_agent.store import RefUpdate
 from kxen_agent.store.memory import MemoryStore
 
 LOCK = dict(default_agent_definition([{"content": "unused"}]), provider="openai", model="gpt-lock",
@@ -369,9 +368,10 @@ def test_a_run_state_written_before_the_new_keys_still_reads_and_resumes(bench: 
     old = {k: v for k, v in st.items() if k not in ("requestedModel", "baseUrl", "retryOf", "usage", "turnUsage")}
     old["previous"] = oid
     check("run", old)
-    with bench.store.writing():
-        new_oid = put(bench.store, "run", old)
-        bench.store.refs.transaction(info.group, [RefUpdate(f"runs/{run}", oid, new_oid)], reason="older writer")
+    with bench.store.step(info.group) as step:
+        new_oid = put(step, "run", old)
+        step.update(f"runs/{run}", oid, new_oid)
+        step.commit("older writer")
     r = Runner(bench.store)
     shown = r.result_of(sessions.get(info.id), run, new_oid, old)
     assert (shown.requested_model, shown.base_url, shown.usage, shown.retry_of) == (

@@ -22,7 +22,7 @@ from kxen_agent.session.schema import put, read
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.session.status import (OP_MOVES, RUN_MOVES, IllegalTransition, OpState, RunStatus, check_op_move,
                                        check_run_move)
-from kxen_agent.store import RefUpdate, Store
+from kxen_agent.store import Store
 from kxen_agent.store.memory import MemoryStore
 from tests.helpers import Cli, write_agent
 
@@ -120,9 +120,10 @@ def crafted(cli: Cli, workspace: Path, tmp_path: Path, how: str) -> tuple[str, s
         changes = {"journal": put(store, "journal", dict(e, state="Decided", source="human", approval="yes",
                                                          approver="user", previous=st["journal"],
                                                          timeNs=time.time_ns()))}
-    with store.writing():
-        new = put(store, "run", dict(st, previous=oid, updatedNs=time.time_ns(), **changes))
-        store.refs.transaction(info.group, [RefUpdate(f"runs/{run}", oid, new)], reason="crafted")
+    with store.step(info.group) as step:
+        new = put(step, "run", dict(st, previous=oid, updatedNs=time.time_ns(), **changes))
+        step.update(f"runs/{run}", oid, new)
+        step.commit("crafted")
     return ses, (new if how == "run" else changes["journal"]).hex()
 
 

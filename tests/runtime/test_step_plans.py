@@ -93,7 +93,7 @@ def test_a_resume_reads_each_journal_entry_once_and_judges_a_rerun_once(tmp_path
 
 
 def commit_owners(tree: ast.AST) -> list[tuple[str, int]]:
-    """(enclosing function, line) of each ``X.writing()`` or ``X.refs.transaction(...)`` call."""
+    """(enclosing function, line) of each ``X.store.step(...)`` or ``X.refs.transaction(...)`` call."""
     out = []
 
     def walk(node: ast.AST, fn: str) -> None:
@@ -101,7 +101,8 @@ def commit_owners(tree: ast.AST) -> list[tuple[str, int]]:
             name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                 f = child.func
-                if f.attr == "writing" or (f.attr == "transaction" and isinstance(f.value, ast.Attribute)
+                on = f.value.attr if isinstance(f.value, ast.Attribute) else getattr(f.value, "id", None)
+                if (f.attr == "step" and on == "store") or (f.attr == "transaction" and isinstance(f.value, ast.Attribute)
                                            and f.value.attr == "refs"):
                     out.append((fn, child.lineno))
             walk(child, name)
@@ -115,7 +116,7 @@ def test_runner_commit_is_the_one_place_the_runtime_writes_a_step() -> None:
     found = {p.name: commit_owners(ast.parse(p.read_text())) for p in RUNTIME.glob("*.py")
              if p.name not in ("lease.py", "remote_lease.py", "history_index.py")}
     found = {k: v for k, v in found.items() if v}
-    assert {k: [fn for fn, _ in v] for k, v in found.items()} == {"runner.py": ["commit", "commit"]}, found
+    assert {k: [fn for fn, _ in v] for k, v in found.items()} == {"runner.py": ["commit"]}, found
 
 
 def test_an_approval_is_a_plan_and_writes_nothing() -> None:

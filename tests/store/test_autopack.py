@@ -240,7 +240,7 @@ def test_busy_writers_keep_the_loose_copies_until_the_next_pass(tmp_path: Path) 
     in_logs = step_ids(store)
     assert in_files and in_logs
     other = fast_store(Path(store.root))
-    with held_in_a_thread(other.writing):  # a writer between its objects and its ref
+    with held_in_a_thread(other.shared_lock):  # a writer between its objects and its ref
         rep = AutoPacker(store, 1).after_run()
     assert rep is not None and rep.packed == len(in_files | in_logs) and rep.loose_removed == 0
     assert "writers" in (rep.skipped or "")

@@ -47,17 +47,17 @@ def chain(store: Store, group: str, n: int, *, tag: str, head: bytes | None = No
     """Append ``n`` messages (each with a blob) to ``group``'s head; return the new head."""
     old = store.refs.get(group, "head") if store.refs.read(group).exists else None
     prev = head if head is not None else old
-    with store.writing(), store.batch():
+    with store.step(group) as step:
         for i in range(n):
-            blob = store.put("blob", f"{tag}: tool output {i}\n".encode() * (1 + i % 5))
+            blob = step.put("blob", f"{tag}: tool output {i}\n".encode() * (1 + i % 5))
             v = {"role": "assistant" if i % 2 else "user", "text": f"{tag} says {i}", "out": blob}
             if prev is not None:
                 v["parent"] = prev
-            prev = store.put("message", v)
-        updates = [RefUpdate("head", old, prev)]
+            prev = step.put("message", v)
+        step.update("head", old, prev)
         if meta and store.refs.get(group, "meta") is None:
-            updates.append(RefUpdate("meta", None, store.put("session", {"name": group, "workspace": "/w"})))
-        store.refs.transaction(group, updates, reason="test")
+            step.update("meta", None, step.put("session", {"name": group, "workspace": "/w"}))
+        step.commit("test")
     return prev
 
 
@@ -318,10 +318,10 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     dst = Store(str(tmp_path / "dst"))
     seen = []
 
-    def rebind(group, refs):
+    def rebind(group, refs, step):
         meta = dst.get(refs["meta"], "session")  # only in the staged pack at this point
         seen.append(meta["workspace"])
-        new = dst.put("session", {**meta, "workspace": "/runner-b", "previous": refs["meta"]})
+        new = step.put("session", {**meta, "workspace": "/runner-b", "previous": refs["meta"]})
         return {**refs, "meta": new}
 
     res = import_bundle(dst, str(out), transform=rebind)
@@ -329,13 +329,14 @@ def test_transform_rewrites_refs_and_reads_the_bundles_objects(src, tmp_path):
     meta = dst.get(dst.refs.get("ses/a", "meta"), "session")
     assert meta["workspace"] == "/runner-b" and res.refs["ses/a"]["meta"] == dst.refs.get("ses/a", "meta")
     assert fsck(Store(dst.root)).clean
-    # Format 3: the rebound object was put in the import's writing() block,
-    # so ses/a's step-log record carries it (objects_spec.md §6.8).
+    # Format 3: the rebound object was put in ses/a's step, so ses/a's
+    # step-log record carries it (objects_spec.md §6.8).
     assert dst.steps.has(res.refs["ses/a"]["meta"])
     assert res.refs["ses/a"]["meta"] not in set(dst.loose.iter_ids())
     # A repeated import writes nothing (§12.10): the transform's put of an
     # object the store holds (in a step log, then, once folded, in a pack)
-    # freshens at most; no file is added, removed or changes size.
+    # goes with the group's step, not committed (unchanged); no file is
+    # added, removed or changes size.
     for folded in (False, True):
         if folded:
             fold_step_logs(dst)
@@ -420,15 +421,16 @@ def test_flipped_bits_in_a_compressed_bundle_with_a_dictionary_are_refused(tmp_p
 def _peaks(tmp_path: Path, mib: int) -> dict[str, int]:
     s = Store(str(tmp_path / f"s{mib}"))
     rng = random.Random(mib)
-    with s.writing(), s.batch():
+    with s.step("ses/big") as step:
         prev = None
         for i in range(mib):
-            blob = s.put("blob", rng.randbytes(1 << 20))  # incompressible
+            blob = step.put("blob", rng.randbytes(1 << 20))  # incompressible
             v = {"i": i, "out": blob, "note": "small messages between the big outputs " * 4}
             if prev:
                 v["parent"] = prev
-            prev = s.put("message", v)
-        s.refs.transaction("ses/big", [RefUpdate("head", None, prev)], reason="t")
+            prev = step.put("message", v)
+        step.update("head", None, prev)
+        step.commit("t")
     out = tmp_path / f"big{mib}.kxb"
     dst = Store(str(tmp_path / f"dst{mib}"))
     peaks = {}
@@ -512,7 +514,7 @@ def test_import_finds_loose_objects_by_listing_or_by_stat(src, tmp_path, monkeyp
     objs = list(iter_bundle_objects(str(out)))
     for cap in (None, 0):
         dst = Store(str(tmp_path / f"dst{cap}"))
-        with dst.writing():
+        with dst.batch():
             for o in objs[::3]:  # a third of them already here, loose
                 dst.put_raw(o)
         if cap is not None:  # every non-empty fan-out dir is "too big to list": a stat per lookup

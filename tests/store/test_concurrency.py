@@ -18,7 +18,7 @@ GROUP = "bench/counter"
 
 _WRITER = r"""
 import os, sys, time
-from kxen_agent.store import RefConflict, RefUpdate, Store
+from kxen_agent.store import RefConflict, Store
 root, group, who, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 print("ready", flush=True)
 assert sys.stdin.readline() == "go\n"
@@ -35,10 +35,10 @@ for i in range(n):
         cur = store.refs.get(group, "counter")
         count = store.get(cur, "message")["n"] if cur is not None else 0
         # A durable step (objects_spec.md §6.8): the object and the ref change in one step-log record.
-        with store.writing():
-            new = store.put("message", {"n": count + 1, "by": who, "prev": cur})
+        with store.step(group) as step:
+            step.update("counter", cur, step.put("message", {"n": count + 1, "by": who, "prev": cur}))
             try:
-                store.refs.transaction(group, [RefUpdate("counter", cur, new)], reason=f"{who} {count + 1}")
+                step.commit(f"{who} {count + 1}")
                 break
             except RefConflict:
                 conflicts += 1

@@ -83,7 +83,7 @@ def test_broken_link_is_a_problem(state_dir, store, populated):
 
 def test_edited_reflog_is_a_mismatch(state_dir, store, populated):
     # The reflog file is written by a checkpoint (objects_spec.md §6.8); the
-    # objects the ref names are loose (put outside a writing() block).
+    # objects the ref names are loose (put outside any step).
     assert store.refs.checkpoint(G)
     path = store.refs.log_path(G)
     with open(path, "rb") as f:

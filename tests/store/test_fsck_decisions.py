@@ -42,10 +42,12 @@ def _stale_log_holding_meta(tmp_path):
     lost too, so the stale log is the object's only copy.
     """
     store = _open(tmp_path / "s")
-    with store.writing():
-        meta = store.put("blob", b"meta " + b"m" * 500)
-        head = store.put("blob", b"head 0")
-        store.refs.transaction(G, [RefUpdate("meta", None, meta), RefUpdate("head", None, head)], reason="start")
+    with store.step(G) as step:
+        meta = step.put("blob", b"meta " + b"m" * 500)
+        head = step.put("blob", b"head 0")
+        step.update("meta", None, meta)
+        step.update("head", None, head)
+        step.commit("start")
     path = store.refs.steps_path(G)
     stale = open(path, "rb").read()
     fold_step_logs(store)
@@ -64,18 +66,20 @@ def test_a_ref_to_an_object_only_a_stale_log_holds_is_a_problem(tmp_path):
     assert meta.hex() not in rep.dangling and rep.objects == 0 and rep.in_steps == 2
     # What fsck warned of: the group's next transaction replaces the stale log, and meta is gone.
     fresh = _open(store.root)
-    with fresh.writing():
-        new = fresh.put("blob", b"head 1")
-        fresh.refs.transaction(G, [RefUpdate("head", head, new)], reason="next")
+    with fresh.step(G) as step:
+        new = step.put("blob", b"head 1")
+        step.update("head", head, new)
+        step.commit("next")
     after = fsck(_open(store.root))
     assert ("missing-object", f"{G}/meta") in [(p.kind, p.where) for p in after.problems]
 
 
 def test_a_leftover_log_of_a_removed_group_holds_nothing_either(tmp_path):
     store = _open(tmp_path / "s")
-    with store.writing():
-        obj = store.put("blob", b"only in the leftover")
-        store.refs.transaction(G, [RefUpdate("head", None, obj)], reason="one")
+    with store.step(G) as step:
+        obj = step.put("blob", b"only in the leftover")
+        step.update("head", None, obj)
+        step.commit("one")
     fold_step_logs(store)
     for name in os.listdir(store.pack_dir):
         os.unlink(os.path.join(store.pack_dir, name))
@@ -103,9 +107,10 @@ def test_a_writer_does_not_count_on_a_stale_logs_copy(tmp_path):
     assert fresh.put("blob", b"meta " + b"m" * 500) == meta
     assert fresh.loose.has(meta)  # written loose, not taken for present
     fresh.refs.transaction(other, [RefUpdate("head", None, meta)], reason="names it")
-    with fresh.writing():
-        new = fresh.put("blob", b"head 1")
-        fresh.refs.transaction(G, [RefUpdate("head", head, new)], reason="replaces the stale log")
+    with fresh.step(G) as step:
+        new = step.put("blob", b"head 1")
+        step.update("head", head, new)
+        step.commit("replaces the stale log")
     rep = fsck(_open(store.root))
     assert ("missing-object", f"{other}/head") not in [(p.kind, p.where) for p in rep.problems]
     assert [(p.kind, p.where) for p in rep.problems] == []  # G/meta is loose now too
@@ -309,10 +314,11 @@ def test_the_report_counts_as_section_11_defines(tmp_path):
 
     store = _open(tmp_path / "s")
     a = store.put("blob", b"loose and packed and in a log")
-    with store.writing():
-        store.put("blob", b"loose and packed and in a log")
-        b = store.put("blob", b"only in the log")
-        store.refs.transaction(G, [RefUpdate("head", None, b)], reason="one")
+    with store.step(G) as step:
+        step.put("blob", b"loose and packed and in a log")
+        b = step.put("blob", b"only in the log")
+        step.update("head", None, b)
+        step.commit("one")
     store.refs.transaction("sessions/ses_two", [RefUpdate("head", None, a), RefUpdate("meta", None, a)], reason="a")
     with store.pack_writer(None) as w:
         w.add(encode_object("blob", b"loose and packed and in a log"))

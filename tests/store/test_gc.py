@@ -35,7 +35,7 @@ def gc(store: Store, **kw):
 def history(store: Store, group: str, n: int, *, tag: str = "", head: bytes | None = None) -> list[bytes]:
     """``n`` messages chained by ``parent``, each with a blob; the group's head moved to the last."""
     ids = []
-    with store.writing(), store.batch():
+    with store.batch():  # loose objects, named by the ref below
         prev = head
         for i in range(n):
             blob = store.put("blob", f"{tag} output {i}\n".encode() * 3)
@@ -167,9 +167,10 @@ def test_gc_aborts_and_changes_nothing_when_a_reachable_object_is_missing(tmp_pa
     lost = encode_object("blob", b"never written")
     msg = store.put("message", {"text": "points at nothing", "out": lost.id})
     store.refs.transaction("ses/b", [RefUpdate("head", None, msg)], reason="broken")
-    with store.writing():  # a durable step: its object in its step-log record
-        carried = store.put("blob", b"carried by a step record")
-        store.refs.transaction("ses/d", [RefUpdate("head", None, carried)], reason="a step")
+    with store.step("ses/d") as step:  # a durable step: its object in its step-log record
+        carried = step.put("blob", b"carried by a step record")
+        step.update("head", None, carried)
+        step.commit("a step")
     assert store.steps.has(carried) and carried not in loose_ids(store)
 
     # Format 3: step records are pending (ses/d's carries its object); gc
@@ -297,18 +298,18 @@ def test_gc_does_not_create_a_state_dir(tmp_path):
 WRITER = r"""
 import json, os, sys
 from kxen_agent.store import Store
-from kxen_agent.store.refs import RefUpdate
 root, n = sys.argv[1], int(sys.argv[2])
 s = Store(root)
 head, heads = None, []
 for i in range(n):
-    with s.writing():  # write objects, then move the ref: gc's prune cannot fall in between
-        blob = s.put("blob", os.urandom(32) + b" output %d" % i)
+    with s.step("ses/w") as step:  # objects and the ref in one step: gc's prune cannot fall in between
+        blob = step.put("blob", os.urandom(32) + b" output %d" % i)
         v = {"i": i, "out": blob}
         if head:
             v["parent"] = head
-        m = s.put("message", v)
-        s.refs.transaction("ses/w", [RefUpdate("head", head, m)], reason="w")
+        m = step.put("message", v)
+        step.update("head", head, m)
+        step.commit("w")
     head = m
     heads.append(m.hex())
     s.put("blob", b"garbage %d " % i + os.urandom(8))  # never referenced: prunable
@@ -398,7 +399,7 @@ from kxen_agent.store.locks import file_lock
 root, mode = sys.argv[1], sys.argv[2]
 s = Store(root)
 if mode == "shared":
-    cm = s.writing()
+    cm = s.shared_lock()
 elif mode == "exclusive":
     cm = s.pruning()
 elif mode == "gc-run":
@@ -407,7 +408,7 @@ elif mode == "churn":  # back-to-back writers, as a busy agent
     import select
     n = 0
     while not select.select([sys.stdin], [], [], 0)[0]:
-        with s.writing():
+        with s.shared_lock():
             s.put("blob", b"churn %d" % n)
             n += 1
         if n == 20:
@@ -438,7 +439,7 @@ def test_pruning_waits_for_writers_and_writers_wait_for_pruning(tmp_path):
     store = Store(root, lock_timeout=0.3)
     store.ensure_initialized()
     p = _hold(root, "shared")
-    with store.writing():  # writers share
+    with store.shared_lock():  # writers share
         pass
     with pytest.raises(LockBusy, match="gc.lock"):
         with store.pruning(timeout=0.3):
@@ -496,8 +497,8 @@ def test_the_store_lock_between_threads_of_one_process(tmp_path):
     inside, leave = threading.Event(), threading.Event()
 
     def writer():
-        with store.writing():
-            with store.writing():  # re-entrant
+        with store.shared_lock():
+            with store.step("ses/t"):  # re-entrant: a step takes the shared lock again
                 inside.set()
                 leave.wait(10)
 
@@ -507,8 +508,8 @@ def test_the_store_lock_between_threads_of_one_process(tmp_path):
     with pytest.raises(LockBusy):
         with store.pruning(timeout=0.2):
             pass
-    with store.writing(timeout=1):  # another thread shares
-        with pytest.raises(RuntimeError, match="inside Store.writing"):
+    with store.shared_lock(timeout=1):  # another thread shares
+        with pytest.raises(RuntimeError, match="inside a step or Store.shared_lock"):
             with store.pruning(timeout=0.2):
                 pass
     leave.set()

@@ -96,7 +96,7 @@ def test_an_object_found_present_has_its_name_synced(state_dir):
     io = TracingIO()
     store = Store(str(state_dir), io=io)
     store.ensure_initialized()
-    with store.writing():  # the store lock's files exist now (their creation is a "create" too)
+    with store.shared_lock():  # the store lock's files exist now (their creation is a "create" too)
         pass
     # Another process renamed it in and has not fsynced the directory yet.
     _touch(store.loose.path(obj.id), compress_loose(obj.raw))

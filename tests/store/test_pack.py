@@ -598,10 +598,11 @@ def test_the_seam_sees_the_packs_mappings_and_the_bundles_open(tmp_path):
     assert io.trace and not [op for op in io.trace if op.kind in READ_OPS]
 
     src = Store(str(tmp_path / "src"), io=io)
-    with src.writing():
-        blob = src.put("blob", b"tool output\n" * 40)
-        head = src.put("message", {"role": "tool", "text": "ran it", "out": blob})
-        src.refs.transaction("ses/a", [RefUpdate("head", None, head)], reason="test")
+    with src.step("ses/a") as step:
+        blob = step.put("blob", b"tool output\n" * 40)
+        head = step.put("message", {"role": "tool", "text": "ran it", "out": blob})
+        step.update("head", None, head)
+        step.commit("test")
     bundle = str(tmp_path / "a.kxb")
     export_bundle(src, ["ses/a"], bundle)
     reads.clear()

@@ -26,10 +26,11 @@ def _open(root: str, io: FileIO | None = None) -> Store:
 
 def _step(store: Store, n: int, old: bytes | None) -> bytes:
     """One durable step as the runner makes it: objects put, then the ref that names them."""
-    with store.writing():
-        blob = store.put("blob", b"output %d " % n + b"x" * 2000)
-        msg = store.put("message", {"role": "tool", "content": f"step {n}", "blob": blob})
-        store.refs.transaction(G, [RefUpdate("head", old, msg)], reason=f"step {n}")
+    with store.step(G) as step:
+        blob = step.put("blob", b"output %d " % n + b"x" * 2000)
+        msg = step.put("message", {"role": "tool", "content": f"step {n}", "blob": blob})
+        step.update("head", old, msg)
+        step.commit(f"step {n}")
     return msg
 
 
@@ -63,9 +64,10 @@ def test_new_log_for_a_new_group_costs_two_fsyncs(tmp_path):
     store = _open(str(tmp_path / "s"), io)
     _step(store, 0, None)  # state dir made, first log
     before = io.fsyncs
-    with store.writing():
-        oid = store.put("blob", b"fork")
-        store.refs.transaction("sessions/ses_other", [RefUpdate("head", None, oid)], reason="new group")
+    with store.step("sessions/ses_other") as step:
+        oid = step.put("blob", b"fork")
+        step.update("head", None, oid)
+        step.commit("new group")
     assert io.fsyncs - before == 2  # the new log's bytes, then its name
 
 
@@ -208,28 +210,23 @@ def test_a_format_2_state_dir_upgrades_on_first_write(tmp_path):
     assert fsck(again).clean
 
 
-def test_a_refused_transaction_writes_nothing_and_keeps_its_objects_for_a_retry(tmp_path):
+def test_a_refused_step_writes_nothing_and_a_retry_is_a_new_step(tmp_path):
     store = _open(str(tmp_path / "s"))
     head = _step(store, 0, None)
     path = store.refs.steps_path(G)
     size = os.path.getsize(path)
     from kxen_agent.store import RefConflict
 
-    with store.writing():
-        oid = store.put("blob", b"retry me")
+    with store.step(G) as step:
+        oid = step.put("blob", b"retry me")
+        step.update("head", oid, oid)
         with pytest.raises(RefConflict):
-            store.refs.transaction(G, [RefUpdate("head", oid, oid)], reason="wrong expectation")
-        assert os.path.getsize(path) == size
-        store.refs.transaction(G, [RefUpdate("head", head, oid)], reason="right one")
+            step.commit("wrong expectation")
+    assert os.path.getsize(path) == size and not _open(store.root).has(oid)  # dropped with the step
+    with store.step(G) as step:
+        step.update("head", head, step.put("blob", b"retry me"))
+        step.commit("right one")
     assert _open(store.root).get(oid) == b"retry me"
-
-
-def test_objects_no_transaction_took_are_written_loose(tmp_path):
-    store = _open(str(tmp_path / "s"))
-    with store.writing():
-        oid = store.put("blob", b"left over")
-    assert oid in set(store.loose.iter_ids())
-    assert _open(store.root).get(oid) == b"left over"
 
 
 def test_removing_a_group_leaves_nothing_that_reads_as_it(tmp_path):
@@ -276,15 +273,17 @@ def test_a_damaged_group_does_not_stop_the_others_from_folding(tmp_path):
     store = _open(str(tmp_path / "s"))
     heads = {}
     for g in ("sessions/ses_a", "sessions/ses_b"):
-        with store.writing():
-            oid = store.put("blob", g.encode())
-            store.refs.transaction(g, [RefUpdate("head", None, oid)], reason="one")
+        with store.step(g) as step:
+            oid = step.put("blob", g.encode())
+            step.update("head", None, oid)
+            step.commit("one")
         heads[g] = oid
     fold_step_logs(store)
     for g in heads:
-        with store.writing():
-            oid = store.put("blob", g.encode() + b" 2")
-            store.refs.transaction(g, [RefUpdate("head", heads[g], oid)], reason="two")
+        with store.step(g) as step:
+            oid = step.put("blob", g.encode() + b" 2")
+            step.update("head", heads[g], oid)
+            step.commit("two")
     log = store.refs.log_path("sessions/ses_a")
     with open(log, "r+b") as f:
         f.truncate(os.path.getsize(log) - 10)  # damage: shorter than its ref file records
@@ -299,8 +298,7 @@ def test_a_damaged_group_does_not_stop_the_others_from_folding(tmp_path):
 def test_putting_again_what_a_step_log_holds_writes_nothing(tmp_path):
     store = _open(str(tmp_path / "s"))
     _step(store, 0, None)
-    with store.writing():
-        store.put("blob", b"output 0 " + b"x" * 2000)  # already in the log's record
+    assert store.put_raw(encode_object("blob", b"output 0 " + b"x" * 2000)) is False  # already in the log's record
     assert list(store.loose.iter_ids()) == []
 
 

@@ -39,9 +39,11 @@ def _build(root: str, n: int) -> list[bytes]:
     heads: list[bytes] = []
     old = None
     for i in range(n):
-        with store.writing():
-            oid = store.put("blob", b"record %d" % i)
-            store.refs.transaction(G, [RefUpdate("head", old, oid)], reason=f"step {i}", new_fence=i + 1)
+        with store.step(G) as step:
+            oid = step.put("blob", b"record %d" % i)
+            step.update("head", old, oid)
+            step.new_fence(i + 1)
+            step.commit(f"step {i}")
         heads.append(oid)
         old = oid
     return heads

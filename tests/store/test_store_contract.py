@@ -131,12 +131,11 @@ def test_put_raw_and_iter_ids(repo: Repository) -> None:
     assert sorted(listed) == sorted(set(ids)) and len(listed) == len(set(listed))
 
 
-def test_batch_and_writing_nest(repo: Repository) -> None:
-    with repo.writing():
-        with repo.writing(), repo.batch():
-            with repo.batch():
-                a = repo.put("blob", b"a")
-        repo.refs.transaction(G, [RefUpdate("head", None, a)], reason="inside writing")
+def test_batches_nest(repo: Repository) -> None:
+    with repo.batch():
+        with repo.batch():
+            a = repo.put("blob", b"a")
+    repo.refs.transaction(G, [RefUpdate("head", None, a)], reason="after the batch")
     assert repo.refs.get(G, "head") == a
 
 

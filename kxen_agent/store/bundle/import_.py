@@ -24,8 +24,9 @@ from kxen_agent.errors import KxenError
 from ..loose import LooseNames
 from ..objects import ObjectId, Schema, decode_stored, links_of
 from ..pack import PackWriter
-from ..refs import RefUpdate, validate_ref_name
+from ..refs import validate_ref_name
 from ..repo import MissingObject, Store
+from ..step import Step
 from .header import BundleInfo, BundleLimits, Progress, _set_total
 from .verify import _reading
 
@@ -101,7 +102,7 @@ def _check_fast_forward(store: Store, group: str, local: Mapping[str, bytes], ne
         raise BundleRefused(group, name, lv, nv, "the histories diverged")
 
 
-def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
+def _check_transformed(store: Store, step: Step, group: str, refs: Any) -> dict[str, bytes]:
     if not isinstance(refs, Mapping):
         raise TypeError(f"transform must return a mapping of ref names to ids, not {type(refs).__name__}")
     out = {}
@@ -109,7 +110,7 @@ def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
         validate_ref_name(name)
         if not isinstance(oid, bytes) or len(oid) != 32:
             raise TypeError(f"transform returned a non-id for {group}/{name}")
-        if not store.has(oid):
+        if not step.has(oid):
             raise MissingObject(oid.hex(), f"{store.root} (transform's ref {group}/{name})")
         out[name] = oid
     if not out:
@@ -117,7 +118,7 @@ def _check_transformed(store: Store, group: str, refs: Any) -> dict[str, bytes]:
     return out
 
 
-Transform = Callable[[str, dict[str, bytes]], Mapping[str, bytes]]
+Transform = Callable[[str, dict[str, bytes], Step], Mapping[str, bytes]]
 
 
 def import_bundle(
@@ -134,10 +135,11 @@ def import_bundle(
     Streaming: objects the store lacks are staged, verbatim, into a
     temporary pack while every check runs; the pack's index is committed
     only after the whole bundle verified and every ref update is known to
-    be a fast-forward. ``transform(group, refs) -> refs`` may rewrite the
-    refs (it may ``store.put`` new objects, and can read the bundle's).
-    Then one transaction per group moves its refs (CAS against what was
-    checked), so objects are durable before any ref names them.
+    be a fast-forward. ``transform(group, refs, step) -> refs`` may rewrite
+    the refs (it may ``step.put`` new objects, and can read the bundle's):
+    ``step`` is the group's. Then one step per group moves its refs (CAS
+    against what was checked) with the objects put in it, so objects are
+    durable before any ref names them.
 
     Importing the same bundle twice is a no-op. A local ref that the
     bundle's value does not descend from refuses the import
@@ -149,7 +151,7 @@ def import_bundle(
     """
     with _reading(path, schema, store.io, limits=limits) as r:
         _set_total(progress, r.header.objects)
-        with store.writing():  # gc must not prune (or take our temp pack) meanwhile
+        with store.shared_lock():  # gc must not prune (or take our temp pack) meanwhile
             writer: PackWriter | None = None
             try:
                 found_dirs: set[str] = set()
@@ -211,20 +213,25 @@ def _apply_refs(store: Store, info: BundleInfo, refs, sealed, transform) -> Impo
         plan = []
         for group in sorted(refs):
             new = dict(refs[group])
+            # Not entered: its commit below takes the group's lock for itself.
+            step = store.step(group)
             if transform is not None:
-                new = _check_transformed(store, group, transform(group, dict(new)))
+                new = _check_transformed(store, step, group, transform(group, dict(new), step))
             local = store.refs.read(group)
             _check_fast_forward(store, group, local.refs, new)
-            plan.append((group, local, new))
+            plan.append((group, local, new, step))
         pack = sealed.commit().name if sealed is not None else None
     statuses: dict[str, str] = {}
     written: dict[str, dict[str, bytes]] = {}
-    for group, local, new in plan:
+    for group, local, new, step in plan:
         written[group] = new
         if local.exists and local.refs == new and local.deleted_ns is None:
-            statuses[group] = "unchanged"
+            statuses[group] = "unchanged"  # what the transform put is named by no ref: dropped with the step
             continue
-        updates = [RefUpdate(n, local.refs.get(n), v) for n, v in sorted(new.items()) if local.refs.get(n) != v]
-        store.refs.transaction(group, updates, reason=f"import bundle {info.content_digest[:16]}", deleted_ns=None)
+        for n, v in sorted(new.items()):
+            if local.refs.get(n) != v:
+                step.update(n, local.refs.get(n), v)
+        step.mark_deleted(None)
+        step.commit(f"import bundle {info.content_digest[:16]}")
         statuses[group] = "created" if not local.exists else ("restored" if local.refs == new else "updated")
     return ImportResult(info, sealed.count if sealed is not None else 0, pack, statuses, written)
