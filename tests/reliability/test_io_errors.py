@@ -93,7 +93,7 @@ def test_the_seam_sees_the_reads_and_metadata_of_loose_refs_gc_and_fsck(tmp_path
         store = open_store(os.path.join(prepared.top, "state"), io=io)
         with quiet_lease():
             w.run(store)
-        # Outside any writing() block: a loose object (no step record takes it), whose file fsck reads.
+        # Outside any step: a loose object (no step record takes it), whose file fsck reads.
         oid = store.put("blob", b"written twice")
         store.put("blob", b"written twice")  # found present: its mtime is freshened (gc's grace period)
         gc(store, prune="never")
