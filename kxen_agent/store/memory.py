@@ -46,7 +46,7 @@ from typing import Any, Iterable, Iterator
 
 from .fsio import OS_IO, FileIO
 from .locks import LockBusy
-from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object, parse_object
+from .objects import ObjectId, RawObject, decode_kind, encode_object, parse_object
 from .refs import (
     ANY,
     CorruptRef,
@@ -303,10 +303,7 @@ class MemoryStore:
 
     def get(self, oid: ObjectId, kind: str | None = None) -> Any:
         """The decoded value of object ``oid``, checking its kind if given."""
-        obj = self.read_raw(oid)
-        if kind is not None and obj.kind != kind:
-            raise CorruptObject(oid.hex(), f"is a {obj.kind} object, expected a {kind}")
-        return decode_stored(obj)  # a fresh value each time: callers may change it
+        return decode_kind(self.read_raw(oid), kind)  # a fresh value each time: callers may change it
 
     def has(self, oid: ObjectId) -> bool:
         return oid in self._objects

@@ -37,6 +37,7 @@ __all__ = [
     "check_frame_parameters",
     "compress_loose",
     "decode_body",
+    "decode_kind",
     "decode_stored",
     "decompress_loose",
     "encode_object",
@@ -223,6 +224,14 @@ def decode_stored(obj: RawObject) -> Any:
         return codec.decode_admitted(raw[at:] if len(raw) - at <= 65536 else memoryview(raw)[at:])
     except codec.DecodeError as e:
         raise CorruptObject(obj.hex, f"body is not strict CBOR: {e}") from None
+
+
+def decode_kind(obj: RawObject, kind: str | None) -> Any:
+    """:func:`decode_stored`, refusing an object of another kind than ``kind`` (None: any kind):
+    what every store's ``get`` returns."""
+    if kind is not None and obj.kind != kind:
+        raise CorruptObject(obj.hex, f"is a {obj.kind} object, expected a {kind}")
+    return decode_stored(obj)
 
 
 def links_of(kind: str, value: Any) -> list[ObjectId]:

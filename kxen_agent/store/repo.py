@@ -26,7 +26,7 @@ from .fsio import OS_IO, FileIO
 # their home, so that existing imports from .repo keep working.
 from .locks import GATE_WAIT_S, StoreLock, store_lock  # noqa: F401
 from .loose import LooseObjects
-from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
+from .objects import CorruptObject, ObjectId, RawObject, decode_kind, encode_object
 from .refs import RefGroupState, RefStore, RefUpdate, validate_namespace
 from .step import Step
 from .steps import StepLogs
@@ -638,10 +638,7 @@ class Store:
 
     def get(self, oid: ObjectId, kind: str | None = None) -> Any:
         """The decoded value of object ``oid``, checking its kind if given."""
-        obj = self.read_raw(oid)
-        if kind is not None and obj.kind != kind:
-            raise CorruptObject(oid.hex(), f"is a {obj.kind} object, expected a {kind}")
-        return decode_stored(obj)
+        return decode_kind(self.read_raw(oid), kind)
 
     def has(self, oid: ObjectId) -> bool:
         # Open packs first (an index lookup, no syscall): same answer either way.

@@ -27,7 +27,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any, Callable, Iterable, Protocol
 
-from .objects import CorruptObject, ObjectId, RawObject, decode_stored, encode_object
+from .objects import ObjectId, RawObject, decode_kind, encode_object
 from .refformat import ANY, RefGroupState, RefUpdate, _Any, validate_group, validate_update
 
 __all__ = ["FAIL_MODES", "Step", "StepEngine", "transaction"]
@@ -154,10 +154,7 @@ class Step:
 
     def get(self, oid: ObjectId, kind: str | None = None) -> Any:
         """The decoded value of ``oid`` (this step's or the store's), checking its kind if given."""
-        obj = self.read_raw(oid)
-        if kind is not None and obj.kind != kind:
-            raise CorruptObject(oid.hex(), f"is a {obj.kind} object, expected a {kind}")
-        return decode_stored(obj)
+        return decode_kind(self.read_raw(oid), kind)
 
     def has(self, oid: ObjectId) -> bool:
         return oid in self._objects or self._engine.has(oid)
