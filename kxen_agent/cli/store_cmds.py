@@ -190,6 +190,12 @@ def gc_cmd(
     )
     for g in rep.groups_removed:
         out(f"removed deleted group {t(g)}")
+    if rep.damaged:
+        for what in rep.damaged[:20]:
+            err(t(f"damaged: {what}", quote=False))
+        more = f" (and {len(rep.damaged) - 20} more)" if len(rep.damaged) > 20 else ""
+        err(f"gc packed what reads and pruned nothing{more}: the damaged part might reach any unreachable "
+            "object; `kxen-agent repair` (a dry run) says what it would mend")
 
 
 @bundle_app.command("verify")

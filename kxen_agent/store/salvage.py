@@ -185,7 +185,7 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
         verify_pack_trailer(pack, pack[-TRAILER_SIZE:], pack_path)
     except BadPack as e:
         if not out.damaged:
-            out.frame.append(f"pack {e.reason}")
+            out.frame.append(e.reason)
     if layout is not None and idx is not None and pack[-TRAILER_SIZE:] != layout.trailer:
         if not out.damaged:
             out.frame.append("the pack's trailer does not match its index's")
