@@ -255,7 +255,8 @@ def _damage(where: str, at: int, what: str, last: tuple[int, int] | None) -> Cor
     else:
         held = f"the last committed record is the one at offset {last[0]} (ending at {last[1]})"
     e = CorruptSteps(f"step log {where} is damaged at offset {at}: {what}; {held}; no writer cuts it: "
-                     f"run fsck, and keep a copy of the file before any repair")
+                     f"`kxen-agent fsck` names every record that still checks, `kxen-agent repair` keeps them "
+                     f"(the session's other commands: `session export --salvage`, `session delete --force`)")
     e.offset = at  # type: ignore[attr-defined]
     return e
 
