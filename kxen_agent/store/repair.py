@@ -311,15 +311,25 @@ def _repack(store: Store, found: FsckReport, rep: RepairReport, lost: _LostFound
         sal = salvage_pack(store.io, path, raws=raws)
         elsewhere = [p for p in store.packs if getattr(p, "path", None) != path]
         keep = [oid for oid in raws if not any(p.has(oid) for p in elsewhere if not hasattr(p, "error"))]
-        if keep:
-            pack_objects(store, keep, raws.get)
-        # The index first (§12.6: a pack without its index does not exist), then the pack.
+        # Copies first: the new pack may have the old one's very name (the same entries: a damaged
+        # index alone), and its commit then replaces the damaged files.
         lost.note({"pack": os.path.relpath(path, store.root),
                    "damaged": [{"id": d.oid.hex() if d.oid else None, "offset": d.offset, "reason": d.reason}
                                for d in sal.damaged], "frame": sal.frame})
+        why = "a pack with damage, replaced by a new pack of every entry that reads"
+        for f in (idx, path):
+            data = _read_or_none(store, f)
+            if data is not None and data != b"\x00unreadable":
+                lost.copy(f, data, why)
+        info = pack_objects(store, keep, raws.get)[1] if keep else None
+        if info is not None and os.path.basename(path) == f"pack-{info.name}.pack":
+            store.reload_packs()
+            continue  # rewritten whole in place
+        # The index first (§12.6: a pack without its index does not exist), then the pack.
         for f in (idx, path):
             if store.io.lexists(f):
-                lost.move(f, "a pack with damage, replaced by a new pack of every entry that reads")
+                store.io.unlink(f)
+                store.io.fsync_dir(os.path.dirname(f))
         store.reload_packs()
 
 
