@@ -250,6 +250,21 @@ def repair(store: Store, *, sources: Iterable[tuple[str, Callable[[ObjectId], Ra
         rep.left = [p.line() for p in again.problems]
     else:
         rep.left = [p.line() for p in found.problems]
+        # What step 4 would do: groups reaching an object that neither the store nor a source holds.
+        restored = {a.target for a in rep.actions if a.kind == "restore"}
+        done = {a.target for a in rep.actions if a.kind in ("quarantine", "rebuild")}
+        lost_groups: dict[str, set[str]] = {}
+        for oid in found.bad_ids:
+            if oid.hex() in restored:
+                continue
+            for where in found.reached_from.get(oid, []):
+                parts = where.split("/")
+                lost_groups.setdefault("/".join(parts[:2]), set()).add("/".join(parts[2:]))
+        for group, names in sorted(lost_groups.items()):
+            if group not in done:
+                rep.actions.append(Action("quarantine", group, f"its refs {', '.join(sorted(names))} reach an "
+                                          "object that no file and no source holds (a session: a new branch at "
+                                          "its last intact message)"))
     if lost._made:
         rep.lost_found = lost.dir
     return rep
