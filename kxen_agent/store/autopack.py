@@ -66,8 +66,8 @@ from .objects import ObjectId
 from .fold import fold_step_logs, pack_objects, step_objects
 from .repo import Store
 
-__all__ = ["AUTOPACK_ENV", "AutoPackReport", "AutoPacker", "CHECKPOINT_RECORDS", "DEFAULT_THRESHOLD", "MERGE_PACKS",
-           "PACK_LIMIT", "threshold_from_env"]
+__all__ = ["AUTOPACK_ENV", "AutoPackReport", "AutoPacker", "CHECKPOINT_ENV", "CHECKPOINT_RECORDS", "DEFAULT_THRESHOLD",
+           "MERGE_PACKS", "PACK_LIMIT", "checkpoint_from_env", "threshold_from_env"]
 
 #: The environment variable that sets the loose-object threshold (``0``: never pack automatically).
 AUTOPACK_ENV = "KXEN_AGENT_AUTOPACK"
@@ -90,9 +90,25 @@ UNLINK_WAIT_S = 1.0
 #: ~200 ms; a checkpoint costs a small pack and ~10 fsyncs in the background, once every ~32 tool calls.
 CHECKPOINT_RECORDS = 128
 
+#: The environment variable that sets :data:`CHECKPOINT_RECORDS` (tests and torture runs set it low).
+CHECKPOINT_ENV = "KXEN_AGENT_CHECKPOINT_RECORDS"
+
 #: Packs of fewer objects than this count as small (a checkpoint's); MERGE_PACKS of them are merged into one.
 SMALL_PACK = DEFAULT_THRESHOLD
 MERGE_PACKS = 8
+
+
+def checkpoint_from_env(environ: "os._Environ[str] | dict[str, str] | None" = None) -> int:
+    """The bound ``KXEN_AGENT_CHECKPOINT_RECORDS`` sets (default :data:`CHECKPOINT_RECORDS`; 0: no checkpoint
+    but the threshold's); a bad value is a UsageError."""
+    env = os.environ if environ is None else environ
+    text = env.get(CHECKPOINT_ENV, "").strip()
+    if not text:
+        return CHECKPOINT_RECORDS
+    if not text.isdigit() or len(text) > 12:
+        raise UsageError(f"{CHECKPOINT_ENV}={text[:40]!r} is not a whole number of step-log records (0 turns the "
+                         f"checkpoint policy off; unset, {CHECKPOINT_RECORDS})")
+    return int(text)
 
 
 def threshold_from_env(environ: "os._Environ[str] | dict[str, str] | None" = None) -> int:
@@ -171,7 +187,7 @@ class AutoPacker:
         store (a memory store has no files) or when ``KXEN_AGENT_AUTOPACK=0``."""
         if not isinstance(store, Store):
             return None
-        packer = cls(store)
+        packer = cls(store, checkpoint_records=checkpoint_from_env())
         return packer if packer.threshold > 0 else None
 
     def estimate(self) -> int:
