@@ -43,7 +43,7 @@ from typing import Any
 
 from ._content import Conversation, safe_fork_point
 
-__all__ = ["build_session", "cli", "main", "run_process", "w_reads", "w_run"]
+__all__ = ["build_sessions", "cli", "main", "run_process", "w_reads", "w_run"]
 
 #: Tool calls of the run that leaves each session's step log as runs leave it.
 TAIL_CALLS = 324  # ~1,300 records: the log the issue measured (1,296 records since its last checkpoint)
@@ -155,22 +155,56 @@ def _bulk(cache: str, n: int, bulk: int, tail_calls: int, ws: str) -> tuple[str,
     return root, ses
 
 
-def build_session(work: str, n: int, tail: int = TAIL_CALLS, cache: str | None = None) -> tuple[str, str, str]:
-    """A state dir with one session of about ``n`` messages (see the module doc): (state dir, session, MSG)."""
+def _plan(n: int, tail: int) -> tuple[int, int]:
+    """(tool calls of the tail run, messages of the bulk) of a session of about ``n`` messages."""
+    tail_calls = min(tail, max(1, (n - 2) // 2))
+    return tail_calls, n - (2 * tail_calls + 2)
+
+
+def _shared_bulk(cache: str, sizes: list[int], tail: int, ws: str) -> tuple[str, dict[int, str]]:
+    """One state dir holding the bulk of every size's session (the largest's reused from :func:`_bulk`)."""
+    from kxen_agent.store.autopack import AutoPacker
+
+    from ._kxen import Builder
+
+    root = os.path.join(cache, "bulk-shared-" + "-".join(map(str, sizes)) + f"-{tail}")
+    meta = os.path.join(root, ".bench-sessions")
+    if os.path.exists(meta):
+        with open(meta) as f:
+            return root, {int(k): v for k, v in json.load(f).items()}
+    big = max(sizes)
+    tc, bulk = _plan(big, tail)
+    src, ses = _bulk(cache, big, bulk, tc, ws)
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(src, root, symlinks=True)
+    os.unlink(os.path.join(root, ".bench-session"))
+    b = Builder(root, ws)
+    b.lock["policy"]["max_turns"] = tail + 5
+    out = {big: ses}
+    for n in sizes:
+        if n == big:
+            continue
+        tc, bulk = _plan(n, tail)
+        if bulk > 0:
+            msgs = list(Conversation(2 + n, 1 << 20).messages(bulk))
+            k = safe_fork_point(msgs, bulk)
+            out[n] = b.session(b.chain(msgs[:k], [])[k])
+        else:
+            out[n] = b.sessions.create(b.lock, b.ws).id
+    AutoPacker(b.store, 1, background=False).pack_now()
+    with open(meta, "w") as f:
+        json.dump(out, f)
+    return root, out
+
+
+def _tail(root: str, ses: str, tail_calls: int, ws: str) -> str:
+    """The tail run of ``ses`` (its step log left as a run leaves it); MSG of the session."""
     from kxen_agent.runtime import runner as rmod
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Store
     from kxen_agent.store.autopack import AutoPacker
     from kxen_agent.store.fsio import FaultyIO
 
-    ws = _workspace(cache or work)
-    tail_calls = min(tail, max(1, (n - 2) // 2))
-    bulk = n - (2 * tail_calls + 2)
-    src, ses = _bulk(cache or work, n, bulk, tail_calls, ws)
-    root = os.path.join(work, f"S{n}")
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.copytree(src, root, symlinks=True)
-    os.unlink(os.path.join(root, ".bench-session"))
     store = Store(root, io=FaultyIO(None, sync=False), namespaces=("sessions",))
     runner = rmod.Runner(store, providers=lambda agent, endpoint: _Calls(tail_calls))
     runner.autopack = AutoPacker.for_store(store)  # as the CLI has it
@@ -181,33 +215,57 @@ def build_session(work: str, n: int, tail: int = TAIL_CALLS, cache: str | None =
     info = sessions.get(ses)
     # MSG: a message half-way back that splits no tool turn (a user task or a final answer).
     want = (sessions.message_count(info) - 1) // 2
-    point = None
     for m in sessions.iter_back(info.head):
         if m.seq <= want and (m.role == "user" or (m.role == "assistant" and not m.tool_calls)):
-            point = m
-            break
-    assert point is not None
-    return root, ses, "msg_" + point.oid.hex()[:16]
+            return "msg_" + m.oid.hex()[:16]
+    raise RuntimeError(f"no fork point in {ses}")
+
+
+def build_sessions(work: str, sizes: list[int], tail: int = TAIL_CALLS, cache: str | None = None,
+                   shared: bool = True) -> dict[int, tuple[str, str, str]]:
+    """Each size's session (see the module doc): {n: (state dir, session, MSG)}. ``shared``: all in one
+    state dir, as a user's sessions are (else one state dir each: the smallest then holds no pack)."""
+    ws = _workspace(cache or work)
+    out = {}
+    if shared:
+        src, ses = _shared_bulk(cache or work, sizes, tail, ws)
+        root = os.path.join(work, "S")
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(src, root, symlinks=True)
+        os.unlink(os.path.join(root, ".bench-sessions"))
+        for n in sizes:
+            out[n] = (root, ses[n], _tail(root, ses[n], _plan(n, tail)[0], ws))
+        return out
+    for n in sizes:
+        tc, bulk = _plan(n, tail)
+        src, ses1 = _bulk(cache or work, n, bulk, tc, ws)
+        root = os.path.join(work, f"S{n}")
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(src, root, symlinks=True)
+        os.unlink(os.path.join(root, ".bench-session"))
+        out[n] = (root, ses1, _tail(root, ses1, tc, ws))
+    return out
 
 
 # ================================================================== workloads
 
 
-def w_reads(work: str, sizes: list[int], repeats: int, tail: int, out: dict, cache: str | None = None) -> None:
+def w_reads(work: str, sizes: list[int], repeats: int, tail: int, out: dict, cache: str | None = None,
+            shared: bool = True) -> None:
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Store
 
-    built = {}
+    t = time.perf_counter()
+    built = build_sessions(work, sizes, tail, cache, shared)
+    log(f"reads: sessions built ({time.perf_counter() - t:.1f} s), {'one state dir' if shared else 'a state dir each'}")
+    out["shared"] = shared
     for n in sizes:
-        t = time.perf_counter()
-        built[n] = build_session(work, n, tail, cache)
         st = Store(built[n][0])
         g = f"sessions/{built[n][1]}"
         _, lg = st.refs.read_with_log(g)
         recs = len(lg.records) if lg is not None else 0
         msgs = SessionStore(st).message_count(SessionStore(st).get(built[n][1]))
-        log(f"reads: session of {msgs:,} messages built ({time.perf_counter() - t:.1f} s), {recs} step-log records, "
-            f"{len(st.packs)} packs")
+        log(f"reads: session of {msgs:,} messages, {recs} step-log records, {len(st.packs)} packs")
         out.setdefault("setup", {})[n] = {"messages": msgs, "records": recs, "packs": len(st.packs)}
     res: dict[str, dict[int, dict[str, list[float]]]] = {op: {n: {"wall": [], "cpu": []} for n in sizes}
                                                          for op in ("show", "fork")}
@@ -280,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--cache", default=None, help="keep the sessions' packed bulk here between runs")
+    ap.add_argument("--separate", action="store_true", help="a state dir per size (default: one for all)")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in (args.sizes or ("10,60,300" if args.quick else "10,5000,100000")).split(",")]
     calls = [int(x) for x in (args.calls or ("5,20" if args.quick else "50,500,2000")).split(",")]
@@ -290,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         only = args.only.split(",")
         if "reads" in only:
-            w_reads(work, sizes, repeats, tail, out, args.cache)
+            w_reads(work, sizes, repeats, tail, out, args.cache, not args.separate)
         if "run" in only:
             w_run(work, calls, args.run_repeats or (1 if args.quick else 3), out)
     finally:

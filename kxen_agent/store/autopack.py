@@ -22,7 +22,7 @@ packing off); a pass packs the loose objects, then folds the step logs
 A pass that finds ``gc-run.lock`` busy is not tried again before a tenth
 of the threshold's worth of new objects.
 
-The checkpoint policy (``objects_spec.md`` §6.8.3): every read of a group
+The checkpoint policy (``objects_spec.md`` §6.8.2): every read of a group
 replays its step log's records since the last checkpoint, and a pass over
 the threshold is the only other checkpoint, so a session's reads grew with
 its history (1,625 records, 75 ms a read, before the threshold came).

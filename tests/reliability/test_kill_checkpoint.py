@@ -1,4 +1,4 @@
-"""Kill torture of the checkpoint policy's path (issue #32, item 3; objects_spec.md §6.8.3).
+"""Kill torture of the checkpoint policy's path (issue #32, item 3; objects_spec.md §6.8.2).
 
 Real ``kxen-agent run`` processes whose bound is set low
 (``KXEN_AGENT_CHECKPOINT_RECORDS=4``: a checkpoint pass every tool call or

@@ -1,4 +1,4 @@
-"""The checkpoint policy's path under power loss and I/O errors (issue #32, item 3; objects_spec.md §6.8.3).
+"""The checkpoint policy's path under power loss and I/O errors (issue #32, item 3; objects_spec.md §6.8.2).
 
 The policy's pass (:class:`CheckpointWorkload`): a session whose step log
 is past the bound and a state dir holding small packs one short of

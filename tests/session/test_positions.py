@@ -7,6 +7,7 @@ Real state dirs; counts of message reads (the seam's read counter), never times.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import pytest
 
 from kxen_agent.errors import UsageError
@@ -126,3 +127,23 @@ def test_the_cli_fork_at_uses_and_keeps_the_file(cli, built) -> None:
     path = _store(root).caches.path(POSITIONS, f"{NS}/{ses}")
     with open(path, "rb") as f:
         assert f.read() == MAGIC + b"".join(m.oid for m in hist)
+
+
+def test_the_spec_vector_is_the_format_the_code_writes_and_reads(tmp_path) -> None:
+    import re
+
+    spec = (Path(__file__).resolve().parents[2] / "objects_spec.md").read_text()
+    m = re.search(r"```\npositions: two-messages\nbytes: ([0-9a-f]+)\n```", spec)
+    assert m, "objects_spec.md §11a.1 has no positions block"
+    data = bytes.fromhex(m.group(1))
+    ids = [b"\x11" * 32, b"\x22" * 32]
+    assert data == MAGIC + b"".join(ids) and len(data) == 81
+    store = _store(str(tmp_path / "s"))
+    store.ensure_initialized()
+    from kxen_agent.session import positions
+
+    path = store.caches.path(POSITIONS, f"{NS}/ses_x")
+    positions._write(store.io, path, ids)
+    with open(path, "rb") as f:
+        assert f.read() == data
+        assert positions._read_entry(f, 1) == ids[1]

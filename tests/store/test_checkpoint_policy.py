@@ -2,7 +2,7 @@
 
 Real state dirs and the real runner; record and pack counts, never times.
 Automatic packing checkpoints a log this store has read once it holds
-``checkpoint_records`` records (objects_spec.md §6.8.3): its objects go into
+``checkpoint_records`` records (objects_spec.md §6.8.2): its objects go into
 a small pack, its records into the ref file; small packs are merged once
 there are ``MERGE_PACKS`` of them. Every object stays readable, every ref
 where it was, fsck clean.
