@@ -11,6 +11,7 @@ Modules, one line each:
 
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
+- :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
