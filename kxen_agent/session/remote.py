@@ -72,6 +72,7 @@ __all__ = [
     "RemoteSessionBusy",
     "SESSION_REFS",
     "lease_ref",
+    "holder_from",
     "pull_first",
     "push_sessions",
     "read_holder",
@@ -279,7 +280,12 @@ def read_holder(bench: Workbench, commit: bytes, ses: str, where: str) -> Remote
     if blob_id not in sizes or sizes[blob_id][1] > 1 << 16:
         raise BadGitImage(where, "the lease record is missing or larger than 64 KiB")
     blob = next(b for _, _, b in bench.read([blob_id]))
-    parse_lease_commit(got[commit][1], tree[c.tree][1], blob, f"{NS}/{ses}", where)
+    return holder_from(got[commit][1], tree[c.tree][1], blob, ses, where)
+
+
+def holder_from(commit_body: bytes, tree_body: bytes, blob: bytes, ses: str, where: str) -> RemoteHolder:
+    """The holder record of a lease commit of ``ses``, from the bytes of the commit, its tree and its blob, checked."""
+    parse_lease_commit(commit_body, tree_body, blob, f"{NS}/{ses}", where)
     holder = RemoteHolder.from_bytes(blob, where)
     if holder.session != ses:
         raise BadGitImage(where, f"the lease record is session {holder.session}'s")
