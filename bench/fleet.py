@@ -376,6 +376,140 @@ def _init_state(state: str) -> None:
     Store(state, namespaces=(NS,)).put_raw(encode_object("blob", b"fleet"))
 
 
+def _cpu_all() -> float:
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _timed(fn, *a, **kw) -> tuple[float, float, Any]:
+    c0, t0 = _cpu_all(), time.perf_counter()
+    v = fn(*a, **kw)
+    return time.perf_counter() - t0, _cpu_all() - c0, v
+
+
+def _conversation(n: int, tag: str) -> list[dict]:
+    out = []
+    for i in range(n):
+        out.append({"role": "user" if i % 2 == 0 else "assistant",
+                    "content": f"{tag} message {i}: " + "fleet work in progress. " * 8})
+    return out
+
+
+def push_pull_figures(work: str, sizes: Sequence[int], repeats: int, messages: int = 200, log=print) -> dict:
+    """Push (first, then 10 more messages) and pull of one session against remotes of each size."""
+    from kxen_agent.session.remote import push_sessions
+    from kxen_agent.session.remote_pull import pull_sessions
+    from kxen_agent.store import RefUpdate
+
+    from ._kxen import Builder, measuring_store
+
+    res: dict[int, dict] = {}
+    for n in sizes:
+        src = os.path.join(work, f"fleet-{n}.git")
+        if not os.path.exists(src):
+            build_remote(src, n)
+        remote = os.path.join(work, f"pp-{n}.git")
+        shutil.rmtree(remote, ignore_errors=True)
+        shutil.copytree(src, remote)
+        refs = _git("for-each-ref", "--format=%(objectname) %(refname)", cwd=remote)
+        rounds = []
+        for r in range(repeats):
+            ws = _workspace(os.path.join(work, f"pp-ws-{n}-{r}"), remote)
+            state = os.path.join(work, f"pp-state-{n}-{r}")
+            shutil.rmtree(state, ignore_errors=True)
+            b = Builder(state, ws)
+            msgs = _conversation(messages + 10, f"pp{n}-{r}")
+            head = b.chain(msgs[:messages], [messages])[messages]
+            ses = b.session(head)
+            row: dict[str, float] = {}
+            row["push"], row["push_cpu"], _ = _timed(push_sessions, measuring_store(state), [ses])
+            more = b.chain(msgs[messages:], [10], parent=head)[10]
+            b.store.refs.transaction(f"sessions/{ses}", [RefUpdate("head", head, more)], reason="bench: 10 more")
+            row["inc"], row["inc_cpu"], _ = _timed(push_sessions, measuring_store(state), [ses])
+            dest = os.path.join(work, f"pp-pulled-{n}-{r}")
+            shutil.rmtree(dest, ignore_errors=True)
+            clone = os.path.join(work, f"pp-clone-{n}-{r}")
+            shutil.rmtree(clone, ignore_errors=True)
+            _git("clone", "-q", ws, clone)  # the same code commit, another checkout
+            _git("remote", "set-url", "origin", remote, cwd=clone)
+            row["pull"], row["pull_cpu"], _ = _timed(pull_sessions, measuring_store(dest), [ses], clone)
+            rounds.append(row)
+        med = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
+        med["refs"] = len(refs.splitlines())
+        med["advert_bytes"] = len(refs) + 4 * med["refs"]  # a v0 advertisement: a pkt-line per ref
+        res[n] = med
+        log(f"push/pull against {n:,} sessions: {json.dumps(med)}")
+    lo, hi = min(sizes), max(sizes)
+    for k in ("push", "inc", "pull"):
+        res.setdefault("ratios", {})[k] = res[hi][k] / res[lo][k]
+        res["ratios"][k + "_cpu"] = res[hi][k + "_cpu"] / res[lo][k + "_cpu"]
+    log(f"ratios {hi:,} / {lo:,}: {json.dumps(res['ratios'])}")
+    return res
+
+
+def _pusher(state: str, ws: str, rounds: int, start_at: float, out: str) -> None:
+    """One runner: a session of its own, then ``rounds`` times 5 more messages and a push; results as JSON lines."""
+    from kxen_agent.session.remote import push_sessions
+    from kxen_agent.store import RefUpdate
+
+    from ._kxen import Builder, measuring_store
+
+    b = Builder(state, ws)
+    tag = os.path.basename(state)
+    msgs = _conversation(4 + 5 * rounds, tag)
+    head = b.chain(msgs[:4], [4])[4]
+    ses = b.session(head)
+    while time.time() < start_at:
+        time.sleep(0.005)  # a common start, so that the pushes overlap
+    with open(out, "a") as f:
+        for r in range(rounds):
+            if r:
+                new = b.chain(msgs[4 + 5 * r: 9 + 5 * r], [5], parent=head)[5]
+                b.store.refs.transaction(f"sessions/{ses}", [RefUpdate("head", head, new)], reason="bench: more")
+                head = new
+            t0 = time.perf_counter()
+            try:
+                push_sessions(measuring_store(state), [ses])
+                f.write(json.dumps({"ses": ses, "round": r, "ok": True, "s": time.perf_counter() - t0}) + "\n")
+            except Exception as e:  # every failure is a figure: say which
+                f.write(json.dumps({"ses": ses, "round": r, "ok": False, "error": str(e)[:400]}) + "\n")
+            f.flush()
+
+
+def concurrent_pushers(work: str, remote: str, pushers: int, rounds: int, log=print) -> dict:
+    """``pushers`` processes push ``rounds`` times each, at once, to ``remote``: how many landed."""
+    procs = []
+    out = os.path.join(work, "pushers.jsonl")
+    if os.path.exists(out):
+        os.unlink(out)
+    start_at = time.time() + 3.0 + 0.3 * pushers
+    for i in range(pushers):
+        ws = _workspace(os.path.join(work, f"pusher-ws-{i}"), remote)
+        state = os.path.join(work, f"pusher-state-{i}")
+        shutil.rmtree(state, ignore_errors=True)
+        code = (f"from bench.fleet import _pusher; _pusher({state!r}, {ws!r}, {rounds}, {start_at!r}, "
+                f"{out + '.' + str(i)!r})")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+    for p in procs:
+        p.wait()
+    results = []
+    for i in range(pushers):
+        path = out + "." + str(i)
+        if os.path.exists(path):
+            results += [json.loads(line) for line in open(path)]
+    ok = sum(1 for x in results if x["ok"])
+    failed = [x for x in results if not x["ok"]]
+    # Every pushed session's ref names the commit of its last round.
+    remote_refs = _git("for-each-ref", "--format=%(refname)", "refs/kxen/sessions/", cwd=remote).decode().split()
+    landed = {x["ses"] for x in results} <= {r.rsplit("/", 1)[1] for r in remote_refs}
+    res = {"pushers": pushers, "rounds": rounds, "pushes": len(results), "landed": ok, "failed": failed,
+           "all_refs_present": landed, "exit_codes": [p.returncode for p in procs],
+           "median_push_s": statistics.median(x["s"] for x in results if x["ok"]) if ok else None}
+    log(f"concurrent pushers: {json.dumps(res)[:2000]}")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,500,10000")
@@ -395,6 +529,17 @@ def main(argv: list[str] | None = None) -> int:
         print("template: the builder's image of a real push is identical:", figures["template"])
     if "ls" in only:
         figures["ls_remote"] = ls_remote_figures(work, [int(x) for x in a.sizes.split(",")], a.repeats)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    if "pushpull" in only:
+        figures["push_pull"] = push_pull_figures(work, [min(sizes), max(sizes)], a.repeats)
+    if "pushers" in only:
+        src = os.path.join(work, f"fleet-{max(sizes)}.git")
+        if not os.path.exists(src):
+            build_remote(src, max(sizes))
+        remote = os.path.join(work, "pushers.git")
+        shutil.rmtree(remote, ignore_errors=True)
+        shutil.copytree(src, remote)
+        figures["pushers"] = concurrent_pushers(work, remote, a.pushers, a.rounds)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(figures, f, indent=1)
