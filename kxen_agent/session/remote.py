@@ -545,7 +545,9 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
             alternates.append(objdir.stdout.decode("utf-8", "surrogateescape").strip() + "/objects")
     with Workbench(r, mirror=mirror, alternates=alternates) as bench:
         names = [session_ref(i.id) for i in infos] + [lease_ref(i.id) for i in infos] + list(branches)
-        live = bench.ls_remote(names, what="pushed")
+        # The refs named, alone (protocol v2 ref prefixes), and their tips (already in the
+        # mirror unless the remote moved): not `git ls-remote`, which lists every ref.
+        live = bench.fetch_named(names, what="pushed")
         seen = mirror.seen(r.key, [i.group for i in infos])
         plans: list[GroupPlan] = []
         statuses: dict[str, str] = {}
@@ -556,7 +558,6 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
             # steps move the ref, so "pull first" would only send the user in circles).
             held = live.get(lease_ref(info.id))
             if held is not None:
-                bench.fetch([f"+{lease_ref(info.id)}:{lease_ref(info.id)}"], what="pushed")
                 holder = read_holder(bench, held, info.id, f"{r.display} {lease_ref(info.id)}")
                 if not holder.expired(time.time_ns()):
                     raise RemoteSessionBusy(

@@ -95,16 +95,16 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
     r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
     mirror = Mirror(store.root)
     with Workbench(r, mirror=mirror) as bench:
-        live = bench.ls_remote([session_ref(s) for s in ids], what="pulled")
+        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
+        # One fetch of the named sessions' refs alone (protocol v2 ref prefixes: a remote of
+        # 10,000 sessions sends these, not 10,000 ref lines); what the mirror holds is not sent.
+        live = bench.fetch_named([session_ref(s) for s in ids], what="pulled",
+                                 negotiation_tips=[v for v in seen.values()])
         absent = [s for s in ids if session_ref(s) not in live]
         if absent:
             raise RemoteRefused(f"session {absent[0]} is not on {r.display}; nothing was pulled "
                                 "(`kxen-agent session ls-remote` lists the sessions there)")
-        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
         fetch = [s for s in ids if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
-        if fetch:
-            bench.fetch([f"+{session_ref(s)}:{session_ref(s)}" for s in fetch], what="pulled",
-                        negotiation_tips=[v for v in seen.values()])
         objs = _Objects(store)
         try:
             images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
