@@ -20,7 +20,8 @@ Modules, one line each:
 - :mod:`.transfer` — export to a bundle and import with a binding;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
 - :mod:`.remote` — ``session push`` and the readers push and pull share;
-- :mod:`.remote_pull` — ``session pull`` and ``ls-remote``;
+- :mod:`.remote_pull` — ``session pull``;
+- :mod:`.remote_listing` — ``session ls-remote``, incremental (its cache of what each remote's refs said);
 - :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
 - :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 
