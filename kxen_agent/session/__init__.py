@@ -18,6 +18,8 @@ Modules, one line each:
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.damage` — sessions intact, damaged or unreadable, and the branch repair makes;
+- :mod:`.repair` — repair's sources (bundles, the Git remote) and the branches of lost sessions;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
 - :mod:`.remote` — ``session push`` and the readers push and pull share;
 - :mod:`.remote_pull` — ``session pull``;
