@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
             "Create a Session bound to a workspace and run its first task to a terminal state."),
     "session": ("kxen_agent.cli.session_cmds", "session_app",
                 "List, inspect, fork, delete, export and import sessions."),
+    "chat": ("kxen_agent.cli.chat", "chat_cmd", "Talk with the agent at the terminal: each message a new run of one session."),
     "fsck": ("kxen_agent.cli.store_cmds", "fsck_cmd", "Verify every object, ref and reflog, and the closure between them."),
     "gc": ("kxen_agent.cli.store_cmds", "gc_cmd",
            "Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."),
@@ -46,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("kxen_agent.cli.demo", "demo_cmd",
              "Run the guided offline demo: a session run, forked, exported, imported and resumed."),
 }
-DAILY = ("run", "session")
+DAILY = ("run", "session", "chat")
 
 
 def _plain_help(cmd: Any) -> None:
@@ -186,6 +187,11 @@ def root(
             raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes/--agent/"
                              "--api-key-env at the top level need --resume SES or --continue (or use `kxen-agent run` "
                              "for a new session)")
+        if sys.stdin.isatty() and sys.stdout.isatty():  # `kxen-agent` alone at a terminal: the interactive session
+            from .chat import open_chat
+
+            open_chat()
+            return
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     from .run_cmds import resume_cmd
