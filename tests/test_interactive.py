@@ -31,6 +31,8 @@ STEPS = [
     {"content": "Let me look.", "tool_calls": [{"name": "list_files", "arguments": {}}]},
     {"content": "There is one file: README.md."},
     {"content": "Second answer, no tool."},
+    {"content": "Cleaning up.", "tool_calls": [{"name": "shell", "arguments": {"command": "rm README.md"}}]},
+    {"content": "Left as it is."},
 ]
 
 
@@ -59,7 +61,7 @@ def command(child: pexpect.spawn, line: str, *shown: str) -> None:
 
 def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, workspace: Path,
                                                                      tmp_path: Path) -> None:
-    agent = write_agent(tmp_path / "agent", STEPS)
+    agent = write_agent(tmp_path / "agent", STEPS, policy={"approve": ["shell"]})
     child = spawn(cli, workspace, "chat", "--agent", str(agent))
     child.expect("a new session in")
     child.expect(PROMPT)
@@ -93,8 +95,13 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     child.send("2\r")
     child.expect(f"session {first}")
     child.expect(PROMPT)
-    # A third run, on the model /model chose: past the script's last step.
-    command(child, "thanks", "script finished")
+    # A third run, on the model /model chose; its call waits for a yes: the question reads the terminal.
+    child.send("clean up\r")
+    child.expect(r"allow shell\?")
+    child.send("n\r")
+    child.expect("Left as it is.")
+    child.expect(PROMPT)
+    assert (workspace / "README.md").exists()
     command(child, "/show", r"#2 completed")
     child.send("/quit\r")
     child.expect(f"session {first}: `kxen-agent chat -c` continues it here")
@@ -107,6 +114,7 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     assert runs[0]["task"] == "what files are there?\nuse [REDACTED] if you must"
     third = cli.run_show(first, runs[2]["id"])
     assert third["requestedModel"] == "gpt-x"
+    assert [(j["tool"], j["approval"]) for j in third["journal"]] == [("shell", {"answer": "no", "by": "user"})]
     assert cli.session_show(fork)["parentId"] == first
 
     # The prompt history: one 0600 file for this workspace, redacted, oldest first.
@@ -227,3 +235,10 @@ def test_provider_sdk_and_key_are_checked_before_anything_is_written(cli: Cli, w
     assert child.exitstatus == 2
     assert _tree(cli.state_dir) == before
     assert re.search("chat", cli("--help", expect=0).out)
+
+
+def test_the_interactive_bench_runs(tmp_path: Path) -> None:
+    from bench.interactive import measure
+
+    rows = measure(1, 1, tmp_path)
+    assert len(rows) == 3 and all(r["cpuMs"] > 0 and r["wallMs"] > 0 for r in rows.values()), rows
