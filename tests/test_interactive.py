@@ -36,12 +36,15 @@ STEPS = [
 ]
 
 
-def spawn(cli: Cli, cwd: Path, *args: str, env: dict | None = None) -> pexpect.spawn:
+def spawn(cli: Cli, cwd: Path, *args: str, env: dict | None = None, stderr: Path | None = None) -> pexpect.spawn:
+    """``kxen-agent ARGS`` on a pseudo-terminal (with ``stderr``: standard error redirected to that file)."""
     # No cursor position requests: pexpect's terminal answers none (a real one does).
     e = dict(cli.env, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", **(env or {}))
-    child = pexpect.spawn(KXEN_AGENT, list(args), cwd=str(cwd), env=e, encoding="utf-8", timeout=30,
-                          dimensions=(50, 200))
-    return child
+    if stderr is None:
+        return pexpect.spawn(KXEN_AGENT, list(args), cwd=str(cwd), env=e, encoding="utf-8", timeout=30,
+                             dimensions=(50, 200))
+    return pexpect.spawn("/bin/sh", ["-c", 'exec "$@" 2>"$LOG"', "sh", KXEN_AGENT, *args], cwd=str(cwd),
+                         env=dict(e, LOG=str(stderr)), encoding="utf-8", timeout=30, dimensions=(50, 200))
 
 
 def wait_for(cond, what: str, timeout: float = 30.0) -> None:
@@ -62,7 +65,9 @@ def command(child: pexpect.spawn, line: str, *shown: str) -> None:
 def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, workspace: Path,
                                                                      tmp_path: Path) -> None:
     agent = write_agent(tmp_path / "agent", STEPS, policy={"approve": ["shell"]})
-    child = spawn(cli, workspace, "chat", "--agent", str(agent))
+    # Standard error redirected (`2>log`): what the person must see still reaches the terminal.
+    log = tmp_path / "stderr.log"
+    child = spawn(cli, workspace, "chat", "--agent", str(agent), stderr=log)
     child.expect("a new session in")
     child.expect(PROMPT)
     # Alt-Enter (Esc, Enter) adds a line; Enter sends.
@@ -108,6 +113,7 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+    assert log.read_text() == ""
 
     runs = cli.session_show(first)["runs"]
     assert [r["status"] for r in runs] == ["completed"] * 3

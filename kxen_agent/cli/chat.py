@@ -28,7 +28,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import typer
@@ -68,7 +68,6 @@ class Chat:
     model: Optional[str] = None  # /model, --model: the next runs' model
     yes: bool = False
     store: Any = None
-    notes: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         return self.ses or "new session"
@@ -137,7 +136,7 @@ def open_chat(*, resume: Optional[str] = None, continue_: bool = False, workspac
         lock = _load_lock(chat.agent)
         chat.lock = lock
     if model is not None:
-        _check_model(lock, model)
+        _check_model(model)
     # Before the prompt: what the first run needs (its SDK is imported by the run, not here: start-up time).
     check_provider(lock, None, import_sdk=False)
     _loop(chat, lock)
@@ -149,7 +148,7 @@ def _load_lock(path: str) -> dict:
     return load_agent_definition(path)
 
 
-def _check_model(lock: dict, model: str) -> None:
+def _check_model(model: str) -> None:
     if not model.strip() or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
         raise UsageError(f"--model {model!r} is not a model name (one line of text, not empty)")
 
@@ -205,6 +204,7 @@ def _loop(chat: Chat, lock: dict) -> None:
     session: Any = PromptSession(history=history, multiline=True, key_bindings=keys,
                                  prompt_continuation=lambda width, n, soft: "." * (width - 1) + " ")
     _greet(chat)
+    warned = False
     while True:
         try:
             text = session.prompt(f"{_short(chat.label())}> ")
@@ -213,8 +213,9 @@ def _loop(chat: Chat, lock: dict) -> None:
         except EOFError:  # Ctrl-D
             break
         if history.problem:
-            err(f"kxen-agent: warning: {t(history.problem, quote=False)}")
-            history.problem = None
+            if not warned:  # once: a state dir that refuses one write refuses the next
+                _tell(f"kxen-agent: warning: {t(history.problem, quote=False)}")
+            warned, history.problem = True, None
         if not text.strip():
             continue
         try:
@@ -224,17 +225,26 @@ def _loop(chat: Chat, lock: dict) -> None:
             else:
                 _message(chat, text)
         except KeyboardInterrupt:
-            err("kxen-agent: interrupted")
+            _tell("kxen-agent: interrupted")
         except typer.Exit:
             pass
         except KxenError as e:
-            err(f"kxen-agent: error: {t(str(e), quote=False)}")
+            _tell(f"kxen-agent: error: {t(str(e), quote=False)}")
         except OSError as e:  # a failing disk: every write is atomic, what was acknowledged is intact
             where = f" on {os.fsdecode(e.filename)}" if e.filename else ""
-            err(f"kxen-agent: error: {t(f'I/O error{where}: {e.strerror or e}', quote=False)}; nothing acknowledged "
+            _tell(f"kxen-agent: error: {t(f'I/O error{where}: {e.strerror or e}', quote=False)}; nothing acknowledged "
                 "was lost — check the disk, then try again (`kxen-agent fsck` verifies the state dir)")
     if chat.ses is not None:
         out(f"session {chat.ses}: `kxen-agent chat -c` continues it here")
+
+
+def _tell(line: str) -> None:
+    """An error or warning line: on standard error, unless that is not the terminal (``2>log``): the person
+    at the prompt is who must read it."""
+    if sys.stderr.isatty():
+        err(line)
+    else:
+        out(line)
 
 
 def _short(ses: str) -> str:
@@ -302,11 +312,12 @@ def _drive(chat: Chat, call: Callable[[Any], Any]) -> None:
     from kxen_agent.session.sessions import NS
     from kxen_agent.store import Store
 
-    from ._live import cancel_note, make_view
+    from ._live import _Live, cancel_note
     from ._prompt import KeyWatch
     from .run_cmds import cancellation, configured_locks
 
-    view = make_view(json_out=False, events=False, quiet=False)
+    # run --task's live view, on the terminal the prompt is on (standard error may be redirected: `2>log`).
+    view = _Live(signal_notes=True, stream=sys.stdout)
     shown = view.note
     # Each message is a run: its start and end are what the prompt's coming back says already.
     view.note = lambda line: None if _ROUTINE.match(line) else shown(line)  # type: ignore[method-assign]
@@ -330,7 +341,7 @@ def _drive(chat: Chat, call: Callable[[Any], Any]) -> None:
         with KeyWatch(sys.stdin.fileno(), on_esc) as keys:
             store = Store.open(namespaces=(NS,))
             runner = Runner(store, cancel=cancel, on_event=view.note, listener=view.event, stream=view.wants_text)
-            asker = TerminalApprover(assume_yes=chat.yes)
+            asker = TerminalApprover(assume_yes=chat.yes, write=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
 
             def approver(request: Any, cancel_: Any) -> Any:
                 with keys.paused():  # the question's reader owns the terminal while it asks
@@ -401,7 +412,7 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         if not args:
             out(f"model: {chat.model}" if chat.model else "model: the agent's (or what the last run recorded)")
             return None
-        _check_model(chat.lock or {}, args[0])
+        _check_model(args[0])
         chat.model = args[0]
         out(f"model {t(args[0])} from the next run on")
         return None

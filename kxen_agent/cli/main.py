@@ -164,6 +164,7 @@ def root(
 
     \b
     Examples:
+      kxen-agent                                        # at a terminal: an interactive session here
       kxen-agent run --task "fix the failing test"      # a new session bound to this directory
       kxen-agent --continue --task "now the docs"       # the latest session here, a new task
       kxen-agent --resume ses_6508                      # continue an unfinished run (id or prefix)
