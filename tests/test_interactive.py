@@ -85,7 +85,12 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
                                            "/show [RUN]", "/help", "/quit")), shown
     assert "/rewind" not in shown and "/diff" not in shown
     child.expect(PROMPT)
-    command(child, "/show", r"#0 completed", r"#1 completed\s+turns 1\s+task: and now\?")
+    child.send("/show\r")
+    child.expect(r"(run_[0-9a-f]+)  #0 completed")
+    run0 = child.match.group(1)
+    child.expect(r"#1 completed\s+turns 1\s+task: and now\?")
+    child.expect(PROMPT)
+    command(child, f"/show {run0[:10]}", f"run {run0} ", r"journal \(1 operation", r"list_files")
     command(child, "/model gpt-x", "model gpt-x from the next run on")
     command(child, "/compact", "uses the script provider, which cannot summarize")
     command(child, "/resume", "nothing to resume")
