@@ -16,6 +16,7 @@ Modules, one line each:
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
+- :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
 - :mod:`.transfer` — export to a bundle and import with a binding;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
 - :mod:`.remote` — ``session push`` and the readers push and pull share;
