@@ -68,6 +68,10 @@ NEXT = {
     "reflog-mismatch": "kxen-agent repair --apply",
     "skeleton": "any write makes the directory again (kxen-agent gc)",
     "schema": "kxen-agent repair --from BUNDLE or --remote NAME (an object of the right shape)",
+    "history-index": "kxen-agent repair --apply (a cache: moved to lost-found/, the session's next run "
+                     "writes it again)",
+    "run-state": "kxen-agent run show SES names the run; kxen-agent session fork SES --at MSG goes on from "
+                 "before it",
 }
 NEXT_OTHER = "kxen-agent repair (a dry run first: it says what it would change)"
 

@@ -239,7 +239,7 @@ def repair(store: Store, *, sources: Iterable[tuple[str, Callable[[ObjectId], Ra
             store.reload_packs()
             store.steps.scan_all()
         _groups(store, found, rep, lost, apply, on_lost, src)
-        _skeleton(store, found, rep, apply)
+        _skeleton(store, found, rep, apply, lost)
     if apply:
         store.reload_packs()
         # What still reaches an object that nothing holds: quarantined, the layer above branches.
@@ -348,8 +348,15 @@ def _repack(store: Store, found: FsckReport, rep: RepairReport, lost: _LostFound
         store.reload_packs()
 
 
-def _skeleton(store: Store, found: FsckReport, rep: RepairReport, apply: bool) -> None:
+def _skeleton(store: Store, found: FsckReport, rep: RepairReport, apply: bool, lost: "_LostFound") -> None:
+    cache = os.path.join(store.root, "cache") + os.sep
     for p in found.problems:
+        if p.where.startswith(cache) and store.io.lexists(p.where):
+            # A derived cache (§11a) that does not check: out of the way; its owner writes it again.
+            rep.actions.append(Action("lost-found", p.where, "a cache that does not check"))
+            if apply:
+                lost.move(p.where, f"{p.kind}: {p.message}")
+            continue
         if p.kind == "skeleton" and "missing" in p.message:
             rep.actions.append(Action("skeleton", p.where, "made again"))
             if apply:
