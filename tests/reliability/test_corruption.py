@@ -126,6 +126,8 @@ class Tally:
     by_file: dict[str, int] = field(default_factory=dict)
     undetected: dict[str, int] = field(default_factory=dict)
     no_change: int = 0
+    #: Undetectable cuts of a step log that took a fence raise with the records they cut.
+    fence_lost_with_cut: int = 0
     failures: list[str] = field(default_factory=list)
 
 
@@ -265,8 +267,15 @@ def _one(rng: random.Random, seed: int, name: str, template: str, sessions: list
         if not undetected and fixed_store.refs.read(g).refs != refs:
             tally.failures.append(f"{tag}: repair --from changed group {g}: {fixed_store.refs.read(g).refs}")
             return
-    # Repair with no source: clean, every record that checked still reads, no fence lowered.
+    # Repair with no source: clean, every record that checked still reads, no fence lowered. Where the
+    # format cannot tell the damage (a step log cut at or in its last records: a torn append, §6.8), the
+    # cut took its records' fence raises with it, invisibly: repair is then held to the fences it found.
     kept = _record_objects(open_store(state, io=FastIO()))
+    if undetected:
+        found = _fences(open_store(state, io=FastIO()))
+        if any(g in found and found[g] < f for g, f in fences.items()):
+            tally.fence_lost_with_cut += 1
+        fences = {**fences, **found}
     try:
         store = open_store(state, io=FastIO())
         r = repair(store, apply=True, on_lost=_on_lost, schema=SESSION_SCHEMA)
@@ -327,5 +336,6 @@ def test_corruption_torture() -> None:
     seed = int(os.environ.get("KXEN_CORRUPTION_SEED") or 20261205)
     tally = run_torture(trials, seed)
     print(f"corruption torture: {tally.trials} trials, files {tally.by_file}, unchanged {tally.no_change}, "
-          f"undetectable by the format {tally.undetected}, failures {len(tally.failures)}")
+          f"undetectable by the format {tally.undetected} (of which a cut took a fence raise: "
+          f"{tally.fence_lost_with_cut}), failures {len(tally.failures)}")
     assert not tally.failures, "\n".join(tally.failures[:20])
