@@ -193,11 +193,13 @@ def test_damage_stays_local_gc_export_salvage_delete_force(templates, tmp_path):
     # Others still read, fork and export.
     k("session", "fork", sessions[0], expect=0)
     k("session", "export", sessions[2], "--output", str(tmp_path / "c.bundle"), expect=0)
-    # gc packs what reads, prunes nothing, says so.
+    # gc packs what reads, prunes nothing (an unreachable object the damaged part might need), says so.
+    stray = Store(str(state), namespaces=CLI_NAMESPACES).put("blob", b"unreachable, maybe the damaged part's")
     p = k("gc", "--prune=now")
     assert p.rc == 0, str(p)
     assert "pruned nothing" in p.err and f"group sessions/{sessions[1]} does not read" in p.err
     assert _logs(k, [sessions[0], sessions[2]]) == {s: want[s] for s in (sessions[0], sessions[2])}
+    assert Store(str(state), namespaces=CLI_NAMESPACES).read_raw(stray).body == b"unreachable, maybe the damaged part's"
     # The damaged session: refused as it is, moved out whole with --force.
     p = k("session", "delete", sessions[1])
     assert p.rc != 0 and "repair" in p.err and "Traceback" not in p.err
