@@ -77,6 +77,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first, the rest in their order: with ``-n auto`` the workers take the long
+    tests while the queue is full and finish on short ones, instead of one worker running a
+    half-minute torture alone at the end. (xdist hands tests out in this order; every worker
+    computes the same order.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("tools"):
         require_tools(*mark.args)
