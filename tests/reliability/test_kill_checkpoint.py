@@ -24,7 +24,7 @@ from kxen_agent.store import Store, fsck
 from tests.helpers import cli_env, depth, git_workspace, run_kxen, spawn_kxen, write_agent
 
 CALLS = 16
-TRIALS = depth(fast=3, long=16)
+TRIALS = depth(fast=2, long=16)
 
 
 @pytest.mark.slow
