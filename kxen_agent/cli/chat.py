@@ -41,6 +41,8 @@ from ._render import err, out, term_text as t
 __all__ = ["chat_cmd", "open_chat"]
 
 #: The slash commands, in the order /help lists them: (arguments, what it does, the command it is).
+#: ``/rewind MSG`` and ``/diff`` come with the workspace checkpoints (issue #29): an entry here and a
+#: branch in :func:`_slash` calling their commands, as the others do.
 SLASH: dict[str, tuple[str, str, str]] = {
     "/sessions": ("", "pick a session to continue (name, last task, status, age)", "session list"),
     "/resume": ("[SES]", "continue an unfinished run (of SES: switch to it first)", "kxen-agent --resume SES"),
