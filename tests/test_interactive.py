@@ -85,6 +85,8 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
                                            "/show [RUN]", "/help", "/quit")), shown
     assert "/rewind" not in shown and "/diff" not in shown
     child.expect(PROMPT)
+    command(child, "/nope", r"no command /nope; /help lists them")
+    command(child, "/show\x1b\rmore", "a slash command is one line")
     child.send("/show\r")
     child.expect(r"(run_[0-9a-f]+)  #0 completed")
     run0 = child.match.group(1)

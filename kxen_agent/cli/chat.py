@@ -223,7 +223,11 @@ def _loop(chat: Chat, lock: dict) -> None:
         if not text.strip():
             continue
         try:
-            if text.lstrip().startswith("/"):
+            # A message that must begin with "/" (a path) is sent with a space before it.
+            if text.startswith("/"):
+                if "\n" in text.strip():
+                    raise UsageError("a slash command is one line; to send a message that begins with /, "
+                                     "put a space before it")
                 if _slash(chat, text.strip()) == "quit":
                     break
             else:
@@ -420,6 +424,7 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         width = max(len(f"{n} {a[0]}") for n, a in SLASH.items())
         for n, (arg, what, cmd) in SLASH.items():
             out(f"  {(n + ' ' + arg).strip():<{width}}  {what}" + (f"  [{cmd}]" if cmd else ""))
+        out("  A message that begins with / is sent with a space before it.")
         out("  Enter sends; Alt-Enter or \\ at the end adds a line; Esc or Ctrl-C cancels a run; Ctrl-D leaves")
         return None
     if name == "/sessions":
