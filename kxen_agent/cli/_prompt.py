@@ -58,10 +58,9 @@ class PromptHistory(History):
         self.problem: str | None = None  # the last write that failed, said once by the caller
 
     def _read(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError:
+        try:  # through the store's file seam, as every state dir read (tracing, fault injection)
+            lines = self.store.io.read(self.path).decode("utf-8", "replace").splitlines()
+        except Exception:  # noqa: BLE001 - none yet, or unreadable: the prompt works without a history
             return []
         entries = []
         for line in lines:
