@@ -16,7 +16,9 @@ Modules, one line each:
 - :mod:`.session_cmds` — ``session list, show, log, compact, tree, fork,
   delete, undelete, export, import``;
 - :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
+- :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
 - :mod:`.store_cmds` — ``fsck``, ``gc``, ``cat-object`` and ``bundle verify``;
+- :mod:`.repair_cmds` — ``kxen-agent repair`` (dry run, ``--apply``, ``--from``, ``--remote``);
 - :mod:`.demo` — ``kxen-agent demo``, the README's main job, offline;
 - :mod:`.secret_scan` — the look for credentials in what leaves the machine;
 - :mod:`._args` — option parsers the command modules share (``--workspace``);

@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fsck": ("kxen_agent.cli.store_cmds", "fsck_cmd", "Verify every object, ref and reflog, and the closure between them."),
     "gc": ("kxen_agent.cli.store_cmds", "gc_cmd",
            "Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."),
+    "repair": ("kxen_agent.cli.repair_cmds", "repair_cmd",
+               "Mend what fsck names: good copies from bundles or a remote, the rest kept in lost-found/."),
     "cat-object": ("kxen_agent.cli.store_cmds", "cat_object_cmd", "Print one object (plumbing, like git cat-file -p)."),
     "bundle": ("kxen_agent.cli.store_cmds", "bundle_app", "Check bundles (session export/import files)."),
     "demo": ("kxen_agent.cli.demo", "demo_cmd",

@@ -338,8 +338,13 @@ def show_cmd(
     run: Optional[str] = typer.Argument(None, metavar="[RUN]", help="A run id or unique prefix (default: the latest run)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print the run and its journal as JSON (docs/commands.md: JSON output)."),
+    full_diff: bool = typer.Option(
+        False, "--diff", help="For an UNKNOWN operation, the whole diff since its before checkpoint (default: --stat)."),
 ) -> None:
     """The run's status, model, turns, result and its tool journal.
+
+    An UNKNOWN operation shows what changed in the workspace since the
+    checkpoint taken before it started (docs/checkpoints.md).
 
     \b
     Examples:
@@ -366,7 +371,16 @@ def show_cmd(
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
             "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
+            "checkpointBefore": e.get("checkpointBefore"), "checkpointAfter": e.get("checkpointAfter"),
         })
+    evidence: dict[str, list[str]] = {}
+    if any(j["state"] == OpState.OUTCOME_UNKNOWN for j in journal):
+        from .checkpoint_cmds import unknown_op_evidence
+
+        for j in journal:
+            if j["state"] == OpState.OUTCOME_UNKNOWN:
+                evidence[j["op"]] = unknown_op_evidence(runner.sessions, info, ops[j["op"]], full=full_diff)
+                j["workspaceChanges"] = evidence[j["op"]]
     endpoint = runner.endpoint_of(info, st)
     doc = {
         "session": ses, "run": run, "index": st["index"], "status": status, "settled": st.get("settled", False),
@@ -403,6 +417,8 @@ def show_cmd(
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
         elif j["state"] == OpState.OUTCOME_UNKNOWN:
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
+            for line in evidence.get(j["op"], []):
+                out(f"      {t(line, quote=False)}")
 
 
 def approval_line(approval: dict) -> str:
