@@ -31,6 +31,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -58,7 +59,9 @@ __all__ = [
     "delete_checkpoint_refs",
     "diff",
     "for_session",
+    "file_at",
     "fork_base",
+    "left_out_of",
     "numstat",
     "open_repo",
     "session_checkpoints",
@@ -224,7 +227,7 @@ class Checkpointer:
             shutil.copy2(self.index_path, work)
         try:
             with _Quarantine(self.repo) as q:
-                left_out, tree = stage(self.repo, work, self.bounds, env=q.env)
+                left_out, tree = stage(self.repo, work, self.bounds, env=q.env, config=q.config)
                 reuse = tip is not None and tip[1] == tree and (head is None or self._recorded_head(tip[0]) == head)
                 if not reuse:
                     parents = [p for p in ((tip[0] if tip else self.base), head) if p]
@@ -233,7 +236,7 @@ class Checkpointer:
                     for p in dict.fromkeys(parents):
                         args += ["-p", p]
                     commit = self.repo.git([*args, "-F", "-"], input=msg.encode("utf-8", "surrogateescape"),
-                                           env=q.env).decode().strip()
+                                           env=q.env, config=q.config).decode().strip()
                 q.persist()
             os.replace(work, self.index_path)
         finally:
@@ -313,12 +316,32 @@ class _Quarantine:
         self.dir = ""
 
     def __enter__(self) -> _Quarantine:
+        self._sweep()
         self.dir = tempfile.mkdtemp(prefix=_QUARANTINE, dir=self.objects)
         return self
+
+    def _sweep(self) -> None:
+        """Remove quarantines a killed checkpoint left (Git never looks at them), once they are an hour old:
+        a younger one may be another session's checkpoint at work."""
+        old = time.time() - 3600
+        try:
+            names = [n for n in os.listdir(self.objects) if n.startswith(_QUARANTINE)]
+        except OSError:
+            return
+        for n in names:
+            path = os.path.join(self.objects, n)
+            try:
+                if os.stat(path).st_mtime < old:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
 
     @property
     def env(self) -> dict[str, str]:
         return {"GIT_OBJECT_DIRECTORY": self.dir, "GIT_ALTERNATE_OBJECT_DIRECTORIES": self.objects}
+
+    #: Loose objects here are read once, by pack-objects: not compressing them saves a zlib pass.
+    config = ("core.looseCompression=0",)
 
     def persist(self) -> None:
         """Pack what was written here into the repository's ``objects/pack``, fsynced (nothing when nothing was)."""
@@ -332,7 +355,8 @@ class _Quarantine:
         os.makedirs(pack_dir, exist_ok=True)
         self.repo.git(["pack-objects", "-q", "--window=0", os.path.join(pack_dir, "pack")],
                       input="".join(i + "\n" for i in ids).encode(), env=self.env,
-                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false"))
+                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false",
+                              "pack.compression=1"))
         Checkpointer._fsync_dir(pack_dir)
 
     def __exit__(self, *exc: object) -> None:
@@ -340,14 +364,15 @@ class _Quarantine:
 
 
 def stage(repo: Repo, index_path: str, bounds: Bounds, *,
-          env: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], str]:
+          env: Mapping[str, str] | None = None, config: Sequence[str] = ()) -> tuple[list[tuple[str, str]], str]:
     """Stage the workspace into the index at ``index_path`` within ``bounds``: (the files left out, the tree).
 
     Every command that reads the work tree or writes the index runs with the repository's command-running
     keys made inert (:func:`.gitproc.repository_overrides`): ``ls-files`` hashes a racily clean entry to
     compare it and ``write-tree``, writing the index back, does too — both through the clean filter.
     """
-    cfg, cenv = gitproc.repository_overrides(repo.root)
+    overrides, cenv = gitproc.repository_overrides(repo.root)
+    cfg = [*overrides, *config]
     env = {**(env or {}), "GIT_INDEX_FILE": index_path, **cenv}
     raw = repo.git(["ls-files", "-z", "-t", "-m", "-o", "-d", "--exclude-standard"], env=env, config=cfg)
     new: list[str] = []
@@ -377,11 +402,11 @@ def stage(repo: Repo, index_path: str, bounds: Bounds, *,
             keep.append(path)
     if not left:
         if keep:
-            repo.git(["add", "-A", "--", "."], env=env)
+            repo.git(["add", "-A", "--", "."], env=env, config=config)
     elif keep:
         repo.git(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
                  input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in keep),
-                 env={**env, "GIT_LITERAL_PATHSPECS": "1"})
+                 env={**env, "GIT_LITERAL_PATHSPECS": "1"}, config=config)
     tree = repo.git(["write-tree"], env=env, config=cfg).decode().strip()
     return left, tree
 
@@ -530,6 +555,31 @@ def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
         else:
             Checkpointer(repo, "-", tmp, bounds)._seed_index()
         return stage(repo, tmp, bounds)[1]
+
+
+def file_at(repo: Repo, commit: str, path: str) -> bytes | None:
+    """The bytes of ``path`` (relative to the repository's top) in checkpoint ``commit``; None if it has none
+    there or it is not a file."""
+    p = gitproc.run(["cat-file", "--batch"], cwd=repo.root, input=f"{commit}:{path}\n".encode("utf-8",
+                    "surrogateescape"), env=_IDENT)
+    head, _, rest = p.stdout.partition(b"\n")
+    parts = head.split()
+    if p.returncode != 0 or len(parts) != 3 or parts[1] != b"blob":
+        return None
+    return rest[: int(parts[2])]
+
+
+def left_out_of(repo: Repo, commit: str) -> set[str]:
+    """The paths (relative to the bound directory) checkpoint ``commit`` lists as left out (§14.14)."""
+    msg = repo.git(["log", "-1", "--format=%B", commit]).decode("utf-8", "surrogateescape")
+    out = set()
+    listing = False
+    for line in msg.splitlines():
+        if line.startswith("left out ("):
+            listing = True
+        elif listing and line.startswith("  "):
+            out.add(line[2:].rpartition(": ")[0])
+    return out
 
 
 _DIFF_SAFE = ("--no-ext-diff", "--no-textconv")

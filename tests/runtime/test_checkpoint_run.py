@@ -167,3 +167,56 @@ def test_a_kill_in_a_tool_turn_leaves_only_checkpoints_that_exist(point: str, cl
         assert op["checkpointAfter"] is None
         d = cli("session", "diff", ses, "--op", op["op"], "--json", expect=0)
         assert "has no after checkpoint" in d.err and [f["path"] for f in d.json()["files"]] == ["made.txt"]
+
+
+def test_a_forks_checkpoints_chain_onto_its_parents_at_the_fork_point(cli: Cli, workspace: Path,
+                                                                      tmp_path: Path) -> None:
+    steps = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "first\n"}}]},
+             {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "second\n"}}]},
+             {"content": "done"}]
+    p = cli("run", "--workspace", str(workspace), "--task", "t",
+            "--agent", str(write_agent(tmp_path / "parent", steps)), expect=0)
+    ses, run = session_of(p)
+    first, second = cli.run_show(ses, run)["journal"]
+    point = next(m["id"] for m in cli.log(ses) if m["role"] == "tool")  # the results of the first call
+    fork = cli("session", "fork", ses, "--at", point, "--json", expect=0).json()["id"]
+    # The script provider answers by the number of assistant messages it is shown: the fork's history has one.
+    fork_steps = [{"content": "(the parent's first turn)"},
+                  {"tool_calls": [{"name": "write_file", "arguments": {"path": "c.txt", "content": "fork\n"}}]},
+                  {"content": "done"}]
+    cli("--resume", fork, "--task", "in the fork", "--agent", str(write_agent(tmp_path / "fork", fork_steps)),
+        expect=0)
+    chain = git_out(workspace, "rev-list", "--first-parent", f"refs/kxen/checkpoints/{fork}").split()
+    # The fork's own checkpoints come first, then its parent's at the fork point (the first call's after).
+    assert first["checkpointAfter"] in chain and second["checkpointAfter"] not in chain
+    own = chain[:chain.index(first["checkpointAfter"])]
+    # Its before (the workspace holds b.txt, which the parent wrote after the fork point) and its after.
+    [fork_op] = cli.run_show(fork, cli.session_show(fork)["runs"][0]["id"])["journal"]
+    assert own == [fork_op["checkpointAfter"], fork_op["checkpointBefore"]], (own, fork_op)
+    assert cli("session", "show", fork, "--json", expect=0).json()["checkpoints"]["count"] == 2
+    # The fork's diff starts at the checkpoint before the parent's first call (its history holds that call).
+    d = cli("session", "diff", fork, "--json", expect=0).json()
+    assert (d["from"], d["to"]) == (first["checkpointBefore"], own[0])
+    # b.txt, which the parent wrote after the fork point, is in the workspace too: the fork's checkpoint holds it.
+    assert [f["path"] for f in d["files"]] == ["a.txt", "b.txt", "c.txt"]
+
+
+@pytest.mark.parametrize("point,proven", [("tool:after-effect", True), ("tool:after-started", False)])
+def test_a_file_write_the_workspace_proves_is_settled_without_asking(point: str, proven: bool, cli: Cli,
+                                                                     workspace: Path, tmp_path: Path) -> None:
+    steps = [{"tool_calls": [{"name": "edit_file", "arguments": {"path": "README.md", "old": "test workspace",
+                                                                 "new": "edited workspace"}}]},
+             {"content": "done"}]
+    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(write_agent(tmp_path / "a", steps)),
+            env={"KXEN_AGENT_FAULT": point})
+    assert p.killed, str(p)
+    ses, run = session_of(p)
+    resumed = cli.resume(ses)
+    [op] = cli.run_show(ses, run)["journal"]
+    if proven:
+        assert resumed.rc == 0, str(resumed)
+        assert (op["state"], op["outcome"]["output"]) == ("Settled", "edited 'README.md': replaced 1 occurrence")
+        assert op["source"] == "recovery"  # settled by the resume from the workspace, no question asked
+    else:  # killed before the edit: the file is as it was, which proves nothing
+        assert resumed.rc == 3 and op["state"] == "OutcomeUnknown", str(resumed)
+        assert (workspace / "README.md").read_text() == "# test workspace\n"
