@@ -22,6 +22,25 @@ It never touches the user's index, working tree, branches or ``HEAD``: the
 only Git state it changes is the objects it adds and the refs under
 ``refs/kxen/checkpoints/``. It reads the store only to find where a session
 forked (:func:`fork_base`) and the journal fields (:func:`session_checkpoints`).
+
+The API (what ``session diff``, ``run show`` and a rewind or a fork with
+code build on):
+
+- :func:`open_repo` (or :func:`unavailable_reason`): the workspace
+  repository, or :class:`NoCheckpoints` saying why there are none;
+- :func:`for_session`: a session's :class:`Checkpointer` (kept index,
+  bounds, fork base); :meth:`Checkpointer.take` records the workspace now;
+- :func:`session_checkpoints`: the operations naming checkpoints, in
+  history order (a fork's parent's up to the fork point included);
+  :func:`checkpoint_at`: the checkpoint at a message;
+- :meth:`Repo.tip`, :func:`checkpoints_of`, :meth:`Repo.exists`,
+  :func:`file_at`, :func:`left_out_of`: reading them back;
+  :func:`snapshot_tree`: the workspace now as a tree, no commit (compare it
+  with a checkpoint's tree to find changes no checkpoint holds);
+- :func:`diff`, :func:`numstat`: Git's diff between two of them;
+- :func:`delete_checkpoint_refs`: the refs of pruned sessions;
+  :func:`checkpoint_roots` (before a gc) and :func:`delete_pruned` (after
+  it, with the groups it removed) wire that into gc.
 """
 
 from __future__ import annotations
@@ -53,10 +72,13 @@ __all__ = [
     "OpCheckpoints",
     "REF_PREFIX",
     "Repo",
+    "checkpoint_at",
     "checkpoint_ref",
+    "checkpoint_roots",
     "chain_size",
     "checkpoints_of",
     "delete_checkpoint_refs",
+    "delete_pruned",
     "diff",
     "for_session",
     "file_at",
@@ -493,6 +515,23 @@ def session_checkpoints(sessions: Any, info: Any) -> list[OpCheckpoints]:
     return out
 
 
+def checkpoint_at(sessions: Any, info: Any, message: bytes) -> str | None:
+    """The checkpoint of session ``info`` at ``message`` (a message of its history): the last one named by an
+    operation asked for at or before it (its after, else its before), or None when no tool changed files
+    before it. What ``session diff --at``, a rewind and a fork with code start from."""
+    from kxen_agent.session.schema import read
+
+    history = set()
+    cur: bytes | None = message
+    while cur is not None:
+        history.add(cur)
+        cur = read(sessions.store, cur, "message").get("parent")
+    for o in reversed(session_checkpoints(sessions, info)):
+        if o.message in history:
+            return o.after or o.before
+    return None
+
+
 def fork_base(sessions: Any, info: Any) -> str | None:
     """Where a session's first checkpoint chains on: the last checkpoint named in its history (for a fork,
     its parent's at the fork point), or None."""
@@ -624,3 +663,32 @@ def for_session(store: Any, sessions: Any, info: Any, policy: Mapping[str, Any])
         base = fork_base(sessions, info)
         cp.base = base if base is not None and repo.exists(base) else None
     return cp, None
+
+
+def checkpoint_roots(sessions: Any) -> dict[str, str]:
+    """``{ses: repository top}`` of every deleted session bound to a Git workspace: what a gc must read before
+    it removes their groups (their metadata, which names the repository, goes with them)."""
+    out: dict[str, str] = {}
+    for info in sessions.list(include_deleted=True):
+        if info.deleted_ns is not None and info.workspace.repo_root is not None:
+            out[info.id] = info.workspace.repo_root
+    return out
+
+
+def delete_pruned(roots: Mapping[str, str], removed_groups: Iterable[str]) -> list[str]:
+    """Delete the checkpoint refs of the sessions whose groups a gc removed (``sessions/<ses>``), in the
+    repositories :func:`checkpoint_roots` named before it; the refs deleted. A repository that is gone or
+    fails is skipped: its refs only keep objects, and the next gc is no better placed to find it."""
+    by_repo: dict[str, list[str]] = {}
+    for group in removed_groups:
+        ses = group.partition("/")[2]
+        if ses in roots:
+            by_repo.setdefault(roots[ses], []).append(ses)
+    gone: list[str] = []
+    for repo_root, ids in sorted(by_repo.items()):
+        if os.path.isdir(repo_root):
+            try:
+                gone += delete_checkpoint_refs(repo_root, ids)
+            except (CheckpointError, gitproc.GitTimeout):
+                continue
+    return gone

@@ -100,6 +100,15 @@ def test_session_diff_per_op_is_what_the_tools_did(cli: Cli, workspace: Path, tm
     show = cli("session", "show", ses, "--json", expect=0).json()["checkpoints"]
     assert show["count"] == 4 and show["bytes"] > 0 and show["ref"] == ref, show
     assert "checkpoints:  4 (" in cli("session", "show", ses, expect=0).out
+    # Up to a message: the results of the first turn hold the shell's and write_file's changes, not the edit.
+    first_results = [m["id"] for m in cli.log(ses) if m["role"] == "tool"][1]
+    at = cli("session", "diff", ses, "--at", first_results, "--json", expect=0).json()
+    assert (at["from"], at["to"]) == (sh["checkpointBefore"], wr["checkpointAfter"])
+    # A journal naming a checkpoint the repository does not have (refs deleted, objects pruned): said, exit 1.
+    git(workspace, "update-ref", "-d", ref)
+    git(workspace, "-c", "gc.reflogExpire=now", "gc", "-q", "--prune=now")
+    msg = cli.refused("session", "diff", ses, "--op", ed["op"], code=1)
+    assert f"checkpoint {ed['checkpointBefore']} ({ed['op']}, before) is not in the repository" in msg, msg
 
 
 def test_no_checkpoints_when_off_or_outside_git(cli: Cli, tmp_path: Path) -> None:
@@ -220,3 +229,14 @@ def test_a_file_write_the_workspace_proves_is_settled_without_asking(point: str,
     else:  # killed before the edit: the file is as it was, which proves nothing
         assert resumed.rc == 3 and op["state"] == "OutcomeUnknown", str(resumed)
         assert (workspace / "README.md").read_text() == "# test workspace\n"
+    # Retention: once a gc removes the deleted fork's group, its checkpoint ref goes (the parent's stays).
+    from kxen_agent.session import checkpoints as ckpt
+    from kxen_agent.session.sessions import NS, SessionStore
+    from kxen_agent.store import Store
+
+    cli("session", "delete", fork, expect=0)
+    roots = ckpt.checkpoint_roots(SessionStore(Store.open(str(cli.state_dir), namespaces=(NS,))))
+    assert roots == {fork: str(workspace.resolve())}
+    assert ckpt.delete_pruned(roots, [f"sessions/{fork}"]) == [f"refs/kxen/checkpoints/{fork}"]
+    assert git_out(workspace, "for-each-ref", "--format=%(refname)", "refs/kxen/").split() == [
+        f"refs/kxen/checkpoints/{ses}"]
