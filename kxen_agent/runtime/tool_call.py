@@ -279,7 +279,7 @@ class ToolTurn:
         if "_ckpt" not in self.__dict__:
             try:
                 self._ckpt, why = ckpt.for_session(self.store, self.sessions, self.info, self.agent.get("policy", {}))
-            except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout) as ex:
+            except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout, OSError) as ex:
                 self._ckpt, why = None, str(ex)
             if why is not None:
                 self.r.on_event(f"run {self.run}: no workspace checkpoints: {why}")
@@ -288,7 +288,7 @@ class ToolTurn:
             return None
         try:
             taken = cp.before(label) if before else cp.take(label)
-        except (ckpt.CheckpointError, GitTimeout) as ex:
+        except (ckpt.CheckpointError, GitTimeout, OSError) as ex:  # a read-only .git/objects, a full disk...
             self.r.on_event(f"warning: run {self.run}: no checkpoint {label}: {ex}")
             return None
         if taken.left_out and not taken.reused:

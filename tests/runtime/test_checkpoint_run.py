@@ -209,6 +209,18 @@ def test_a_forks_checkpoints_chain_onto_its_parents_at_the_fork_point(cli: Cli, 
     # b.txt, which the parent wrote after the fork point, is in the workspace too: the fork's checkpoint holds it.
     assert [f["path"] for f in d["files"]] == ["a.txt", "b.txt", "c.txt"]
 
+    # Retention: once a gc removes the deleted fork's group, its checkpoint ref goes (the parent's stays).
+    from kxen_agent.session import checkpoints as ckpt
+    from kxen_agent.session.sessions import NS, SessionStore
+    from kxen_agent.store import Store
+
+    cli("session", "delete", fork, expect=0)
+    roots = ckpt.checkpoint_roots(SessionStore(Store.open(str(cli.state_dir), namespaces=(NS,))))
+    assert roots == {fork: str(workspace.resolve())}
+    assert ckpt.delete_pruned(roots, [f"sessions/{fork}"]) == [f"refs/kxen/checkpoints/{fork}"]
+    assert git_out(workspace, "for-each-ref", "--format=%(refname)", "refs/kxen/").split() == [
+        f"refs/kxen/checkpoints/{ses}"]
+
 
 @pytest.mark.parametrize("point,proven", [("tool:after-effect", True), ("tool:after-started", False)])
 def test_a_file_write_the_workspace_proves_is_settled_without_asking(point: str, proven: bool, cli: Cli,
@@ -229,14 +241,3 @@ def test_a_file_write_the_workspace_proves_is_settled_without_asking(point: str,
     else:  # killed before the edit: the file is as it was, which proves nothing
         assert resumed.rc == 3 and op["state"] == "OutcomeUnknown", str(resumed)
         assert (workspace / "README.md").read_text() == "# test workspace\n"
-    # Retention: once a gc removes the deleted fork's group, its checkpoint ref goes (the parent's stays).
-    from kxen_agent.session import checkpoints as ckpt
-    from kxen_agent.session.sessions import NS, SessionStore
-    from kxen_agent.store import Store
-
-    cli("session", "delete", fork, expect=0)
-    roots = ckpt.checkpoint_roots(SessionStore(Store.open(str(cli.state_dir), namespaces=(NS,))))
-    assert roots == {fork: str(workspace.resolve())}
-    assert ckpt.delete_pruned(roots, [f"sessions/{fork}"]) == [f"refs/kxen/checkpoints/{fork}"]
-    assert git_out(workspace, "for-each-ref", "--format=%(refname)", "refs/kxen/").split() == [
-        f"refs/kxen/checkpoints/{ses}"]
