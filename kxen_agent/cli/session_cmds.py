@@ -373,6 +373,8 @@ def fork_cmd(
     workspace: Optional[str] = typer.Option(
         None, "--workspace", "-w", metavar="DIR",
         help="Bind the fork to DIR: a checkout of the same repository on any branch (after `git switch -c feature-x`)."),
+    with_code: bool = typer.Option(
+        False, "--with-code", help="With --worktree: start the worktree at the workspace checkpoint of the fork point."),
     json_out: bool = typer.Option(False, "--json", help="Print the new session as `session show --json` does."),
 ) -> None:
     """A new complete Session sharing SES's history up to the fork point.
@@ -390,14 +392,24 @@ def fork_cmd(
     """
     sessions = _sessions()
     ses = sessions.resolve_id(ses)
-    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace)
+    start = None
+    if with_code:
+        if worktree is None:
+            raise UsageError("--with-code goes with --worktree NAME (the worktree starts at the checkpoint)")
+        from kxen_agent.session.worktrees import checkpoint_for_fork
+
+        start, note = checkpoint_for_fork(sessions, sessions.get(ses), at)
+        if note and not json_out:
+            err(f"note: {t(note, quote=False)}")
+    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace, worktree_at=start)
     if json_out:
         emit_json(info.to_json())
         return
     out(f"{info.id}")
     ws = info.workspace
     if worktree:
-        extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}"
+        extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}" + (
+            f" at checkpoint {start[:12]}" if start else "")
     elif workspace is not None:
         extra = f", bound to {t(ws.root)} on {t('branch ' + ws.branch if ws.branch else 'a detached HEAD')}"
     else:
@@ -600,6 +612,9 @@ _register_remote_cmds(session_app)
 from .checkpoint_cmds import register as _register_checkpoint_cmds  # noqa: E402
 
 _register_checkpoint_cmds(session_app)
+from .rewind_cmds import register as _register_rewind_cmds  # noqa: E402
+
+_register_rewind_cmds(session_app)
 
 
 @session_app.command("trust")
