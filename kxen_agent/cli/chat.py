@@ -41,8 +41,8 @@ from ._render import err, out, term_text as t
 __all__ = ["chat_cmd", "open_chat"]
 
 #: The slash commands, in the order /help lists them: (arguments, what it does, the command it is).
-#: ``/rewind MSG`` and ``/diff`` come with the workspace checkpoints (issue #29): an entry here and a
-#: branch in :func:`_slash` calling their commands, as the others do.
+#: ``/rewind MSG`` comes when the workspace checkpoints have a rewind command: an entry here and a
+#: branch in :func:`_slash` calling it, as the others do.
 SLASH: dict[str, tuple[str, str, str]] = {
     "/sessions": ("", "pick a session to continue (name, last task, status, age)", "session list"),
     "/resume": ("[SES]", "continue an unfinished run (of SES: switch to it first)", "kxen-agent --resume SES"),
@@ -50,6 +50,8 @@ SLASH: dict[str, tuple[str, str, str]] = {
     "/compact": ("", "summarize the history for the model from now on", "session compact SES"),
     "/model": ("[NAME]", "the model of the next runs (alone: which one)", "--resume SES --model NAME"),
     "/show": ("[RUN]", "the session (with RUN: that run and its tool journal)", "session show / run show"),
+    "/diff": ("[--run RUN|--op OP|--at MSG] [--stat]", "what the agent changed in the workspace (checkpoints)",
+              "session diff SES"),
     "/help": ("", "this list", ""),
     "/quit": ("", "leave (as Ctrl-D)", ""),
 }
@@ -458,6 +460,15 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
             from . import session_cmds
 
             session_cmds.show_cmd(ses=ses, json_out=False)
+    elif name == "/diff":
+        from .checkpoint_cmds import diff_cmd
+
+        opts = _options(name, args, values=("--run", "--op", "--at"), flags=("--stat",))
+        # Its text, printed here: no pager between two prompts (the command pages on a terminal).
+        sys.stdout.write(_captured(lambda: diff_cmd(ses=ses, run=opts.get("--run"), at=opts.get("--at"),
+                                                    op=opts.get("--op"), stat=bool(opts.get("--stat")),
+                                                    json_out=False)))
+        sys.stdout.flush()
     elif name == "/compact":
         from . import session_cmds
 
@@ -473,6 +484,24 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         chat.ses = lines[0].strip()
         out(f"now in the fork {chat.ses}; /resume {ses} goes back")
     return None
+
+
+def _options(name: str, args: list[str], *, values: tuple[str, ...], flags: tuple[str, ...]) -> dict[str, Any]:
+    """``--opt VALUE`` and ``--flag`` words of a slash command, as its command's options."""
+    got: dict[str, Any] = {}
+    words = iter(args)
+    for w in words:
+        if w in flags:
+            got[w] = True
+        elif w in values:
+            value = next(words, None)
+            if value is None:
+                raise UsageError(f"{name} {w} needs a value")
+            got[w] = value
+        else:
+            raise UsageError(f"{name} takes {' '.join(f'[{v} X]' for v in values)} {' '.join(f'[{f}]' for f in flags)}"
+                             f", not {w!r}")
+    return got
 
 
 def _need_session(chat: Chat, name: str) -> str:
