@@ -2,8 +2,9 @@
 
 Registered on the ``session`` group by :func:`register` (main.py calls it;
 this module must not import main.py). Each command calls
-:mod:`kxen_agent.session.remote` (push) or
-:mod:`kxen_agent.session.remote_pull` (pull, ls-remote) and renders text or
+:mod:`kxen_agent.session.remote` (push),
+:mod:`kxen_agent.session.remote_pull` (pull) or
+:mod:`kxen_agent.session.remote_listing` (ls-remote) and renders text or
 ``--json``; its errors are :class:`~kxen_agent.errors.KxenError`
 subclasses that main.py prints as one line and maps to an exit code (1:
 refused or unreachable, 75: another machine holds the session's remote
