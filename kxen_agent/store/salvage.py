@@ -25,20 +25,6 @@ from kxen_agent.errors import KxenError
 
 from .fsio import FileIO
 from .objects import CorruptObject, ObjectId, RawObject, parse_object
-from .pack.compress import Decompressor
-from .pack.format import (
-    _ENTRY,
-    END_SIZE,
-    ENTRY_HEADER_SIZE,
-    PACK_PREFIX_SIZE,
-    TRAILER_SIZE,
-    BadPack,
-    parse_index,
-    parse_pack_header_prefix,
-    scan_entries,
-    verify_index,
-    verify_pack_trailer,
-)
 from .steps import (
     _FRAME,
     RECORD_MAGIC,
@@ -107,6 +93,22 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
     re-packs them). Reading whole files is fine here: this runs on damage
     only, never on the hot path.
     """
+    # The pack code, imported only here: a store opens (and a step log is salvaged) without it.
+    from .pack.compress import Decompressor
+    from .pack.format import (
+        _ENTRY,
+        END_SIZE,
+        ENTRY_HEADER_SIZE,
+        PACK_PREFIX_SIZE,
+        TRAILER_SIZE,
+        BadPack,
+        parse_index,
+        parse_pack_header_prefix,
+        scan_entries,
+        verify_index,
+        verify_pack_trailer,
+    )
+
     idx_path = pack_path[: -len(".pack")] + ".idx"
     out = PackSalvage(pack_path, idx_path)
     pack = _read_all(io, pack_path)

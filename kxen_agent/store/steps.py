@@ -529,6 +529,9 @@ class StepLogs:
         self._synced: dict[tuple[str, tuple[int, int], int], int] = {}
         # Damaged logs whose checking records' objects are indexed: path -> ((size, mtime, inode), log).
         self._salvaged: dict[str, tuple[tuple[int, int, int], _Log]] = {}
+        #: Reads a damaged log's records that check (store.salvage.salvage_log, which imports this
+        #: module: the store hands it in); None: a damaged log serves nothing.
+        self.salvager: Any = None
 
     def path(self, group: str) -> str:
         ns, gid = group.split("/")
@@ -653,10 +656,10 @@ class StepLogs:
         with self._mu:
             if self._salvaged.get(path, (None,))[0] == key:
                 return
-        from .salvage import salvage_log  # it reads logs with this module's format: imported late
-
+        if self.salvager is None:
+            return
         try:
-            sal = salvage_log(self.io, path, group)
+            sal = self.salvager(self.io, path, group)
         except (KxenError, ValueError, OSError):
             return
         if sal is None or not sal.records:
