@@ -170,9 +170,9 @@ def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) ->
         if not repo.exists(before):
             return [f"checkpoint {before} (before) is not in the repository {repo.root}: nothing to compare"]
         index = sessions.store.caches.path(ckpt.INDEX_CACHE, info.group)
-        now = ckpt.snapshot_tree(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {})))
-        text = ckpt.diff(repo, before, now, stat=not full)
-    except (ckpt.CheckpointError, ckpt.NoCheckpoints) as ex:
+        with ckpt.snapshot(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {}))) as (now, env):
+            text = ckpt.diff(repo, before, now, stat=not full, env=env)
+    except (ckpt.CheckpointError, ckpt.NoCheckpoints, OSError) as ex:
         return [f"the workspace's changes cannot be shown: {ex}"]
     head = f"changes in the workspace since checkpoint {before[:12]} (before it started):"
     return [head] + (text.rstrip("\n").splitlines() or ["(none)"])
