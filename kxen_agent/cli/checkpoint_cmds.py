@@ -110,7 +110,8 @@ def diff_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
     run: Optional[str] = typer.Option(None, "--run", metavar="RUN", help="What this run changed."),
     at: Optional[str] = typer.Option(None, "--at", metavar="MSG", help="What the session changed up to this message."),
-    op: Optional[str] = typer.Option(None, "--op", metavar="OP", help="What this one operation changed."),
+    op: Optional[str] = typer.Option(None, "--op", metavar="ID",
+                                     help="What this one operation changed: an op_ id or a unique prefix of one."),
     stat: bool = typer.Option(False, "--stat", help="Only the files and their counts of lines (git diff --stat)."),
     json_out: bool = typer.Option(False, "--json", help="The checkpoints compared and the files that differ, as JSON."),
 ) -> None:
