@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import blake3
 import zstandard
 
+from kxen_agent.session.positions import POSITIONS
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import codec
 from kxen_agent.store.caches import CacheKind, Caches
@@ -95,8 +96,9 @@ def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
 #: The history index as a kind of derived cache of the store (§11a): ``cache/history/sessions/<ses>``,
 #: removed with its session's group, checked by fsck (a store given it: ``Store(root, caches=CACHES)``).
 HISTORY = CacheKind("history", verify=_verify_store, problem="history-index", title="history index")
-#: The kinds of cache the run loop keeps: what a store opened for this program is given.
-CACHES = (HISTORY,)
+#: The kinds of cache the run loop keeps: what a store opened for this program is given (the session
+#: layer's message positions, §11a.1, among them).
+CACHES = (HISTORY, POSITIONS)
 
 
 # ---------------------------------------------------------------- bytes

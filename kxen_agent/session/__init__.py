@@ -11,6 +11,7 @@ Modules, one line each:
 
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
+- :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
@@ -18,9 +19,12 @@ Modules, one line each:
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
 - :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.damage` — sessions intact, damaged or unreadable, and the branch repair makes;
+- :mod:`.repair` — repair's sources (bundles, the Git remote) and the branches of lost sessions;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
 - :mod:`.remote` — ``session push`` and the readers push and pull share;
-- :mod:`.remote_pull` — ``session pull`` and ``ls-remote``;
+- :mod:`.remote_pull` — ``session pull``;
+- :mod:`.remote_listing` — ``session ls-remote``, incremental (its cache of what each remote's refs said);
 - :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
 - :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 

@@ -443,8 +443,13 @@ class SessionStore:
         if self.store.read_raw(oid).kind != "message":
             raise UsageError(f"{text} names a {self.store.read_raw(oid).kind} object, not a message; {listing}")
         target_seq = read(self.store, oid, "message")["seq"]
-        # Walk back from the head until the target's depth: the message must
-        # be in *this* session's history (forks share objects).
+        # The message must be in *this* session's history (forks share
+        # objects): the positions cache answers in one lookup (§11a.1); a
+        # refusal, or a store without files, walks back from the head.
+        from .positions import find
+
+        if find(self.store, info.group, info.head, oid, target_seq):
+            return oid
         cur = info.head
         while cur is not None:
             if cur == oid:

@@ -41,24 +41,30 @@ def step_objects(store: Store) -> int:
     return sum(1 for _ in store.steps.iter_ids())
 
 
-def fold_step_logs(store: Store, *, pack: bool = True) -> FoldReport:
+def fold_step_logs(store: Store, *, pack: bool = True, groups: list[str] | None = None) -> FoldReport:
     """Pack what the step logs hold, then checkpoint every group whose log has records.
 
     ``pack=False`` (gc, after its own pack): write no pack; fold only the
     logs whose every object a committed pack holds already, leave the others.
+    ``groups``: only these groups' logs (the checkpoint policy of automatic
+    packing, :mod:`.autopack`): their objects alone are packed, and no other
+    log is read.
     """
     rep = FoldReport()
     steps = store.steps
-    steps.scan_all()
+    only = groups is not None
+    if not only:
+        steps.scan_all()
     store.reload_packs()
-    groups = [g for g in steps.groups() if _has_records(store, g)]
+    groups = [g for g in (steps.groups() if groups is None else groups) if _has_records(store, g)]
     if not groups:
         return rep
 
     def in_packs(oid: ObjectId) -> bool:
         return any(p.has(oid) for p in store.packs if p not in store._pinned)
 
-    todo = [oid for oid in steps.iter_ids() if not in_packs(oid)]
+    ids = _ids_of(store, groups) if only else steps.iter_ids()
+    todo = [oid for oid in ids if not in_packs(oid)]
     if todo and pack:
         packed, info = pack_objects(store, todo, steps.read_raw)
         if info is not None:
@@ -123,6 +129,19 @@ def pack_objects(store: Store, ids: list[ObjectId], read: Callable[[ObjectId], R
         raise
     store.reload_packs()
     return packed, info
+
+
+def _ids_of(store: Store, groups: list[str]) -> list[ObjectId]:
+    """The objects the logs of ``groups`` hold, each once."""
+    seen: dict[ObjectId, None] = {}
+    for g in groups:
+        try:
+            _, log = store.refs.read_with_log(g)
+        except KxenError:
+            continue
+        if log is not None:
+            seen.update(dict.fromkeys(log.ids))
+    return list(seen)
 
 
 def _has_records(store: Store, group: str) -> bool:

@@ -678,6 +678,12 @@ class StepLogs:
             self.io.fsync_dir(os.path.dirname(log.path))
             self._durable.add(key)
 
+    def record_counts(self) -> dict[str, int]:
+        """The committed records of each log this instance has read, by group: what automatic packing's
+        checkpoint policy bounds (:mod:`.autopack`), asked between turns, so read from memory only."""
+        with self._mu:
+            return {log.group: len(log.records) for log in self._logs.values()}
+
     def has(self, oid: ObjectId) -> bool:
         return oid in self._index
 

@@ -1,0 +1,69 @@
+"""Kill torture of the checkpoint policy's path (issue #32, item 3; objects_spec.md §6.8.2).
+
+Real ``kxen-agent run`` processes whose bound is set low
+(``KXEN_AGENT_CHECKPOINT_RECORDS=4``: a checkpoint pass every tool call or
+so, small packs merged every eighth) are SIGKILLed at a random moment,
+then resumed until the run is terminal. After every trial: fsck is clean,
+the history is the script's whole conversation (every tool call answered
+once, in order), and the session's step log is under the bound plus the
+records of the turns a pass could not keep up with. The fast suite runs a
+few trials; ``KXEN_TEST_LONG=1`` runs more.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from kxen_agent.runtime.history_index import CACHES
+from kxen_agent.session.sessions import NS, SessionStore
+from kxen_agent.store import Store, fsck
+from tests.helpers import cli_env, depth, git_workspace, run_kxen, spawn_kxen, write_agent
+
+CALLS = 16
+TRIALS = depth(fast=3, long=16)
+
+
+@pytest.mark.slow
+def test_killed_runs_under_a_low_bound_resume_to_a_whole_history_and_a_clean_store(tmp_path: Path) -> None:
+    rng = random.Random(int(time.time()))
+    seed = rng.randrange(1 << 30)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "README.md"}}]}] * CALLS
+    steps.append({"content": "done"})
+    agent = write_agent(tmp_path / "agent", steps, policy={"max_turns": CALLS + 5})
+    for trial in range(TRIALS):
+        root = tmp_path / f"t{trial}"
+        ws = git_workspace(root / "ws")
+        env = cli_env(root / "state", {"KXEN_AGENT_CHECKPOINT_RECORDS": "4"})
+        p = spawn_kxen(["run", "-q", "--json", "--task", "read it many times", "--agent", str(agent)], env=env,
+                       cwd=ws)
+        time.sleep(rng.uniform(0.3, 3.0))  # a random moment of the run: not a wait for a race
+        p.kill()
+        p.communicate()
+        store = Store(str(root / "state"), namespaces=(NS,), caches=CACHES)
+        sessions = SessionStore(store)
+        found = sessions.list() if store.exists else []
+        if not found:  # killed before the session was made: nothing to resume
+            continue
+        ses = found[0].id
+        for _ in range(5):
+            r = run_kxen(["--resume", ses, "-q", "--json"], env=env, cwd=ws)
+            if r.rc == 0 and '"completed"' in r.out:
+                break
+        else:
+            pytest.fail(f"trial {trial} (seed {seed}): the run of {ses} did not complete: {r}")
+        store = Store(str(root / "state"), namespaces=(NS,), caches=CACHES)
+        rep = fsck(store)
+        assert rep.clean, (trial, seed, rep.problems)
+        sessions = SessionStore(store)
+        hist = sessions.history(sessions.get(ses).head)
+        calls = [c["id"] for m in hist if m.role == "assistant" for c in m.tool_calls]
+        answered = [m.tool_call_id for m in hist if m.role == "tool"]
+        assert len(calls) == CALLS and answered == calls, (trial, seed)
+        _, log = store.refs.read_with_log(f"{NS}/{ses}")
+        assert log is None or len(log.records) <= 4 + 4 * 6, (trial, seed, len(log.records))
