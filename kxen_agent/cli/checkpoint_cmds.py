@@ -110,7 +110,8 @@ def diff_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
     run: Optional[str] = typer.Option(None, "--run", metavar="RUN", help="What this run changed."),
     at: Optional[str] = typer.Option(None, "--at", metavar="MSG", help="What the session changed up to this message."),
-    op: Optional[str] = typer.Option(None, "--op", metavar="OP", help="What this one operation changed."),
+    op: Optional[str] = typer.Option(None, "--op", metavar="ID",
+                                     help="What this one operation changed: an op_ id or a unique prefix of one."),
     stat: bool = typer.Option(False, "--stat", help="Only the files and their counts of lines (git diff --stat)."),
     json_out: bool = typer.Option(False, "--json", help="The checkpoints compared and the files that differ, as JSON."),
 ) -> None:
@@ -170,9 +171,9 @@ def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) ->
         if not repo.exists(before):
             return [f"checkpoint {before} (before) is not in the repository {repo.root}: nothing to compare"]
         index = sessions.store.caches.path(ckpt.INDEX_CACHE, info.group)
-        now = ckpt.snapshot_tree(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {})))
-        text = ckpt.diff(repo, before, now, stat=not full)
-    except (ckpt.CheckpointError, ckpt.NoCheckpoints) as ex:
+        with ckpt.snapshot(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {}))) as (now, env):
+            text = ckpt.diff(repo, before, now, stat=not full, env=env)
+    except (ckpt.CheckpointError, ckpt.NoCheckpoints, OSError) as ex:
         return [f"the workspace's changes cannot be shown: {ex}"]
     head = f"changes in the workspace since checkpoint {before[:12]} (before it started):"
     return [head] + (text.rstrip("\n").splitlines() or ["(none)"])

@@ -35,8 +35,9 @@ code build on):
   :func:`checkpoint_at`: the checkpoint at a message;
 - :meth:`Repo.tip`, :func:`checkpoints_of`, :meth:`Repo.exists`,
   :func:`file_at`, :func:`left_out_of`: reading them back;
-  :func:`snapshot_tree`: the workspace now as a tree, no commit (compare it
-  with a checkpoint's tree to find changes no checkpoint holds);
+  :func:`snapshot` / :func:`snapshot_tree`: the workspace now as a tree, no
+  commit, nothing kept (compare it with a checkpoint's tree to find changes
+  no checkpoint holds);
 - :func:`diff`, :func:`numstat`: Git's diff between two of them;
 - :func:`delete_checkpoint_refs`: the refs of pruned sessions;
   :func:`checkpoint_roots` (before a gc) and :func:`delete_pruned` (after
@@ -45,6 +46,7 @@ code build on):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -52,7 +54,7 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
@@ -87,6 +89,7 @@ __all__ = [
     "numstat",
     "open_repo",
     "session_checkpoints",
+    "snapshot",
     "snapshot_tree",
     "stage",
     "unavailable_reason",
@@ -597,15 +600,25 @@ def delete_checkpoint_refs(repo_root: str, sessions: Iterable[str]) -> list[str]
     return gone
 
 
-def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
-    """The tree of the workspace now, made with a copy of the session's kept index (no commit, no ref)."""
-    with tempfile.TemporaryDirectory(prefix="kxen-ckpt-") as d:
+@contextlib.contextmanager
+def snapshot(repo: Repo, index_path: str, bounds: Bounds) -> Iterator[tuple[str, dict[str, str]]]:
+    """``(tree, env)``: the workspace now as a tree, made with a copy of the session's kept index in a
+    quarantine; ``env`` lets git read its objects (pass it to :func:`diff`). Nothing stays in the repository:
+    no commit, no ref, no object once the block ends."""
+    with tempfile.TemporaryDirectory(prefix="kxen-ckpt-") as d, _Quarantine(repo) as q:
         tmp = os.path.join(d, "index")
         if os.path.exists(index_path):
             shutil.copy2(index_path, tmp)
         else:
             Checkpointer(repo, "-", tmp, bounds)._seed_index()
-        return stage(repo, tmp, bounds)[1]
+        yield stage(repo, tmp, bounds, env=q.env, config=q.config)[1], q.env
+
+
+def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
+    """The tree id of the workspace now (:func:`snapshot`; its objects are not kept): equal to a checkpoint's
+    tree exactly when the workspace holds nothing that checkpoint does not."""
+    with snapshot(repo, index_path, bounds) as (tree, _env):
+        return tree
 
 
 def file_at(repo: Repo, commit: str, path: str) -> bytes | None:
@@ -636,13 +649,14 @@ def left_out_of(repo: Repo, commit: str) -> set[str]:
 _DIFF_SAFE = ("--no-ext-diff", "--no-textconv")
 
 
-def diff(repo: Repo, a: str, b: str, *, stat: bool = False, color: bool = False) -> str:
+def diff(repo: Repo, a: str, b: str, *, stat: bool = False, color: bool = False,
+         env: Mapping[str, str] | None = None) -> str:
     """``git diff A B`` between two checkpoints (commits or trees), never running the repository's
     configured diff commands (``--no-ext-diff --no-textconv``; :mod:`.gitproc` empties them too)."""
     args = ["diff", *_DIFF_SAFE, "--color=always" if color else "--no-color"]
     if stat:
         args.append("--stat")
-    return repo.git([*args, a, b, "--"], cwd=repo.top).decode("utf-8", "replace")
+    return repo.git([*args, a, b, "--"], cwd=repo.top, env=env).decode("utf-8", "replace")
 
 
 def numstat(repo: Repo, a: str, b: str) -> list[dict]:
