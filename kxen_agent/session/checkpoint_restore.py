@@ -245,6 +245,8 @@ def _blobs(repo: ckpt.Repo, ids: list[str]) -> dict[str, bytes]:
 
 def _remove(top: str, path: str, dirs: set[str]) -> bool:
     full = os.path.join(top, path)
+    if not _parent_dirs(top, path, removing=True):
+        return False
     try:
         st = os.lstat(full)
     except FileNotFoundError:
@@ -265,11 +267,25 @@ def _remove(top: str, path: str, dirs: set[str]) -> bool:
     return True
 
 
+def _parent_dirs(top: str, path: str, *, removing: bool = False) -> bool:
+    """Refuse to write below a symbolic link or a file (as Git refuses a path "beyond a symbolic link"): a
+    link a checkpoint does not hold (ignored, or made since) would send the write outside the workspace."""
+    cur = top
+    for part in path.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if removing and not os.path.islink(cur) and os.path.lexists(cur) and not os.path.isdir(cur):
+            return False  # a file where a directory was: nothing below it to remove
+        if os.path.islink(cur) or (os.path.lexists(cur) and not os.path.isdir(cur)):
+            what = "a symbolic link" if os.path.islink(cur) else "a file"
+            raise KxenError(f"cannot restore {os.path.join(top, path)}: {cur} is {what} no checkpoint holds; move it "
+                            "away and run the rewind again (it completes the interrupted one)")
+    return True
+
+
 def _write(top: str, path: str, mode: str, data: bytes, dirs: set[str]) -> None:
     full = os.path.join(top, path)
     d = os.path.dirname(full)
-    if os.path.lexists(d) and not os.path.isdir(d):
-        os.unlink(d)  # a file where the target has a directory (its own change removes it too)
+    _parent_dirs(top, path)
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f".kxen-rewind-{os.getpid()}-{os.path.basename(path)[:40]}")
     if os.path.lexists(tmp):
