@@ -179,3 +179,20 @@ def test_a_restore_never_writes_beyond_a_symbolic_link(tmp_path: Path) -> None:
     with pytest.raises(KxenError, match="is a symbolic link no checkpoint holds"):
         cr._apply(repo, changes, None)
     assert list(outside.iterdir()) == []
+
+
+def test_a_restore_leaves_what_is_outside_the_bound_directory(tmp_path: Path) -> None:
+    from kxen_agent.session import checkpoint_restore as cr
+    from kxen_agent.session.checkpoints import Repo
+
+    ws = git_workspace(tmp_path / "ws", {"sub/in.txt": "1\n", "top.txt": "1\n"})
+    before = git(ws, "rev-parse", "HEAD").strip()
+    (ws / "sub" / "in.txt").write_text("2\n")
+    (ws / "top.txt").write_text("2\n")
+    git(ws, "commit", "-q", "-am", "both")
+    repo = Repo(str(ws / "sub"), str(ws), str(ws / ".git"))  # bound to sub/
+    changes, alone = cr._plan(repo, "HEAD", before, {})
+    assert [c.path for c in changes] == ["sub/in.txt"]
+    assert alone == [("top.txt", "outside the bound directory")]
+    cr._apply(repo, changes, None)
+    assert (ws / "sub" / "in.txt").read_text() == "1\n" and (ws / "top.txt").read_text() == "2\n"
