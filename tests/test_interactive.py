@@ -85,6 +85,8 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
                                            "/show [RUN]", "/help", "/quit")), shown
     assert "/rewind" not in shown and "/diff" not in shown
     child.expect(PROMPT)
+    command(child, "/nope", r"no command /nope; /help lists them")
+    command(child, "/show\x1b\rmore", "a slash command is one line")
     child.send("/show\r")
     child.expect(r"(run_[0-9a-f]+)  #0 completed")
     run0 = child.match.group(1)
@@ -245,7 +247,16 @@ def test_provider_sdk_and_key_are_checked_before_anything_is_written(cli: Cli, w
     child.close()
     assert child.exitstatus == 2
     assert _tree(cli.state_dir) == before
-    assert re.search("chat", cli("--help", expect=0).out)
+    # With a default agent: `kxen-agent` alone opens the prompt; leaving at once writes nothing.
+    script = write_agent(tmp_path / "script", [{"content": "x"}])
+    child = spawn(cli, workspace, env={"KXEN_AGENT_AGENT": str(script)})
+    child.expect("a new session in")
+    child.expect(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and _tree(cli.state_dir) == before
+    assert re.search(r"chat +Talk with the agent at the terminal", cli("--help", expect=0).out)
 
 
 def test_the_interactive_bench_runs(tmp_path: Path) -> None:

@@ -95,18 +95,11 @@ def _range(sessions: Any, info: Any, repo: ckpt.Repo, *, run: str | None, at: st
         raise UsageError(none)
     if at is not None:
         oid = sessions.resolve_message(info, at)
-        history = set()
-        cur: bytes | None = oid
-        while cur is not None:
-            history.add(cur)
-            cur = sessions.read_message(cur).parent
-        idx = [i for i, o in enumerate(ops) if o.message in history]
-        if not idx:
+        at_cp = ckpt.checkpoint_at(sessions, info, oid)
+        if at_cp is None:
             raise UsageError(f"no checkpoint up to {msg_id(oid)} in session {info.id}: no tool changed files before it")
-        after, note = _after_of(ops, idx[-1], repo, info.id)
-        assert after is not None
-        return (_need(repo, start.before, f"{start.op}, before"), _need(repo, after, f"{ops[idx[-1]].op}, after"),
-                f"up to {msg_id(oid)}", [note] if note else [])
+        return (_need(repo, start.before, f"{start.op}, before"), _need(repo, at_cp, f"at {msg_id(oid)}"),
+                f"up to {msg_id(oid)}", [])
     tip = repo.tip(info.id)
     if tip is None:
         raise UsageError(none)

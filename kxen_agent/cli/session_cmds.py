@@ -426,6 +426,8 @@ def delete_cmd(
         help="Also remove the session's Git worktree and its kxen/NAME branch (refused if it has uncommitted changes)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {session, deleted, worktree, branch, commit} as JSON."),
+    force: bool = typer.Option(
+        False, "--force", help="A session that does not read: move its files to lost-found/ (nothing is deleted)."),
 ) -> None:
     """Mark SES deleted; gc removes it after the grace period, until then `session undelete` restores it.
 
@@ -443,8 +445,15 @@ def delete_cmd(
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
 
     lease_ttl_s()
-    with Lease.acquire(sessions.store, ses, purpose="delete"):
-        info, wt = sessions.delete(ses, worktree=worktree)
+    try:
+        with Lease.acquire(sessions.store, ses, purpose="delete"):
+            info, wt = sessions.delete(ses, worktree=worktree)
+    except KxenError as e:
+        # --force: a session that does not read (its lease's fence neither) goes to lost-found/ whole.
+        if not force or isinstance(e, UsageError) or type(e).__name__ == "LeaseBusy":
+            raise
+        _delete_forced(sessions.store, ses, e, json_out)
+        return
     if json_out:
         emit_json({"session": info.id, "deleted": True, "worktree": wt.path if wt else None,
                    "branch": wt.branch if wt else None, "commit": wt.commit if wt else None})
@@ -453,6 +462,19 @@ def delete_cmd(
         out(f"removed worktree {t(wt.path)} and branch {t(wt.branch)} (it was at {t(wt.commit or '?')})")
     out(f"session {info.id} deleted; `kxen-agent session undelete {info.id}` restores it"
         f"{' and its worktree' if wt else ''} until `kxen-agent gc` removes it (after {DEFAULT_PRUNE} by default)")
+
+
+def _delete_forced(store: object, ses: str, why: KxenError, json_out: bool) -> None:
+    """``delete --force`` of a session that does not read: its group's files go to lost-found/ (§18)."""
+    from kxen_agent.store.repair import quarantine_group
+
+    group = f"sessions/{ses}"
+    with store.refs.lock(group):  # type: ignore[attr-defined]
+        where = quarantine_group(store, group, why=f"session delete --force: {why}")  # type: ignore[arg-type]
+    if json_out:
+        emit_json({"session": ses, "deleted": True, "lostFound": where, "worktree": None})
+        return
+    out(f"session {ses} did not read; its files are in {t(where)} (nothing was deleted)")
 
 
 @session_app.command("undelete")
@@ -492,6 +514,8 @@ def export_cmd(
                               "refuse to write if there is any."),
     allow_secrets: bool = typer.Option(False, "--allow-secrets",
                                        help="With --scan or --with-checkpoints: warn, then write anyway."),
+    salvage: bool = typer.Option(False, "--salvage", help="A damaged session up to its damage: its last "
+                                 "message whose history reads, and the runs that read."),
     with_checkpoints: bool = typer.Option(
         False, "--with-checkpoints", help="Also carry the workspace checkpoints (scanned for credentials first)."),
 ) -> None:
@@ -509,6 +533,8 @@ def export_cmd(
 
     if allow_secrets and not (scan or with_checkpoints):
         raise UsageError("--allow-secrets goes with --scan (it writes a bundle the scan found credentials in)")
+    if salvage and with_checkpoints:
+        raise UsageError("give --salvage or --with-checkpoints, not both (a salvaged export carries no checkpoints)")
     store = _store()
     full = [SessionStore(store).resolve_id(s) for s in sessions]
     if scan:
@@ -525,6 +551,8 @@ def export_cmd(
 
     if with_checkpoints:
         info = export_with_checkpoints(store, full, output, fmt, allow_secrets=allow_secrets, progress=prog)
+    elif salvage:
+        info = _export_salvaged(store, full, output, fmt, prog)
     else:
         info = export_sessions(store, full, output, fmt=fmt, progress=prog)
     prog.done()
@@ -534,6 +562,20 @@ def export_cmd(
         emit_json(info.to_json())
         return
     out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
+
+
+def _export_salvaged(store: object, full: list[str], output: str, fmt: Optional[str], prog: object) -> object:
+    """``export --salvage``: each session's refs up to its damage (session/damage.py), one warning per cut."""
+    from kxen_agent.session.damage import salvage_refs
+    from kxen_agent.store.bundle import format_for_path
+    from kxen_agent.store.bundle.export import export_bundle
+
+    refs = {}
+    for ses in full:
+        refs[f"sessions/{ses}"], left = salvage_refs(store, ses)
+        for what in left:
+            err(f"kxen-agent: warning: {ses}: {t(what, quote=False)}")
+    return export_bundle(store, list(refs), output, fmt=format_for_path(output, fmt), progress=prog, refs=refs)
 
 
 @session_app.command("import")
