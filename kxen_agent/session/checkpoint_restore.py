@@ -152,9 +152,15 @@ def undo_target(repo: ckpt.Repo, ses: str) -> tuple[str, str]:
 
 
 def left_out_of(repo: ckpt.Repo, commit: str) -> list[tuple[str, str]]:
-    """The files a checkpoint's message lists as left out (over the bounds), as (path, why)."""
+    """The files a checkpoint's message lists as left out (over the bounds), as (path from the repository's top,
+    why); the message names them from the bound directory, as ``git ls-files`` there does."""
     body = repo.git(["show", "-s", "--format=%B", commit]).decode("utf-8", "surrogateescape")
-    return [(m.group(1), m.group(2)) for m in map(_LEFT.match, body.splitlines()) if m]
+    return _from_top(repo, [(m.group(1), m.group(2)) for m in map(_LEFT.match, body.splitlines()) if m])
+
+
+def _from_top(repo: ckpt.Repo, pairs: Any) -> list[tuple[str, str]]:
+    scope = _scope(repo)
+    return [(p if scope is None else f"{scope}/{p}", w) for p, w in pairs]
 
 
 # ---------------------------------------------------------------- the plan
@@ -421,10 +427,11 @@ def rewind_code(sessions: Any, info: Any, policy: Mapping[str, Any], target: str
                 f"the workspace {repo.root} has changes no checkpoint of session {info.id} holds; nothing was changed "
                 f"— see them with `git status`, or give --force to checkpoint them first (then --undo restores them)")
     frm = cp.take("rewind: the workspace before")
-    skip = dict(frm.left_out) | dict(left_out_of(repo, target))
+    frm_left = _from_top(repo, frm.left_out)
+    skip = dict(frm_left) | dict(left_out_of(repo, target))
     changes, alone = _plan(repo, frm.commit, target, skip)
     listed = {p for p, _w in alone}
-    alone += [(p, w) for p, w in frm.left_out if p not in listed]  # not in the checkpoint: kept as they are
+    alone += [(p, w) for p, w in frm_left if p not in listed]  # not in the checkpoint: kept as they are
     alone += [(p, "ignored") for p in _ignored(repo)]
     if not changes:
         return RewindResult(target, frm.commit, frm.commit, left_alone=alone, completed=completed, noop=True)
