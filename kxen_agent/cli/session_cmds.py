@@ -512,9 +512,12 @@ def export_cmd(
         False, "--json", help="Print what was written as JSON: format, refs, objects, bytes, digest."),
     scan: bool = typer.Option(False, "--scan", help="Look for text that looks like a credential first; "
                               "refuse to write if there is any."),
-    allow_secrets: bool = typer.Option(False, "--allow-secrets", help="With --scan: warn, then write anyway."),
+    allow_secrets: bool = typer.Option(False, "--allow-secrets",
+                                       help="With --scan or --with-checkpoints: warn, then write anyway."),
     salvage: bool = typer.Option(False, "--salvage", help="A damaged session up to its damage: its last "
                                  "message whose history reads, and the runs that read."),
+    with_checkpoints: bool = typer.Option(
+        False, "--with-checkpoints", help="Also carry the workspace checkpoints (scanned for credentials first)."),
 ) -> None:
     """Write a self-contained, credential-free bundle of the sessions.
 
@@ -528,8 +531,10 @@ def export_cmd(
     from ._render import Progress
     from .secret_scan import SecretScan
 
-    if allow_secrets and not scan:
+    if allow_secrets and not (scan or with_checkpoints):
         raise UsageError("--allow-secrets goes with --scan (it writes a bundle the scan found credentials in)")
+    if salvage and with_checkpoints:
+        raise UsageError("give --salvage or --with-checkpoints, not both (a salvaged export carries no checkpoints)")
     store = _store()
     full = [SessionStore(store).resolve_id(s) for s in sessions]
     if scan:
@@ -542,11 +547,17 @@ def export_cmd(
                             "like credentials (listed above); nothing was written — remove them, or give "
                             "--allow-secrets to write the bundle anyway")
     prog = Progress("export", enabled=not json_out)
-    if salvage:
+    from .checkpoint_travel_cmds import export_with_checkpoints, note_stays_behind
+
+    if with_checkpoints:
+        info = export_with_checkpoints(store, full, output, fmt, allow_secrets=allow_secrets, progress=prog)
+    elif salvage:
         info = _export_salvaged(store, full, output, fmt, prog)
     else:
         info = export_sessions(store, full, output, fmt=fmt, progress=prog)
     prog.done()
+    if not with_checkpoints:
+        note_stays_behind(store, full)
     if json_out:
         emit_json(info.to_json())
         return
@@ -576,6 +587,8 @@ def import_cmd(
              "(a worktree fork: a worktree of its branch). Repeatable."),
     json_out: bool = typer.Option(
         False, "--json", help="Print what was imported as JSON: sessions and their fate, bindings, new objects."),
+    restore_workspace: bool = typer.Option(
+        False, "--restore-workspace", help="Write the session's last checkpoint (carried in the bundle) into the workspace."),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to DIR.
 
@@ -595,6 +608,11 @@ def import_cmd(
     res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
                           acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
     prog.done()
+    from .checkpoint_travel_cmds import adopt_from_bundle, restore
+
+    adopted = adopt_from_bundle(store, bundle, res, quiet=json_out)
+    if restore_workspace:
+        restore(store, sorted(adopted) or sorted(res.sessions), quiet=json_out)
     if json_out:
         emit_json(res.to_json())
         return

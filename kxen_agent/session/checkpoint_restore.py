@@ -152,9 +152,15 @@ def undo_target(repo: ckpt.Repo, ses: str) -> tuple[str, str]:
 
 
 def left_out_of(repo: ckpt.Repo, commit: str) -> list[tuple[str, str]]:
-    """The files a checkpoint's message lists as left out (over the bounds), as (path, why)."""
+    """The files a checkpoint's message lists as left out (over the bounds), as (path from the repository's top,
+    why); the message names them from the bound directory, as ``git ls-files`` there does."""
     body = repo.git(["show", "-s", "--format=%B", commit]).decode("utf-8", "surrogateescape")
-    return [(m.group(1), m.group(2)) for m in map(_LEFT.match, body.splitlines()) if m]
+    return _from_top(repo, [(m.group(1), m.group(2)) for m in map(_LEFT.match, body.splitlines()) if m])
+
+
+def _from_top(repo: ckpt.Repo, pairs: Any) -> list[tuple[str, str]]:
+    scope = _scope(repo)
+    return [(p if scope is None else f"{scope}/{p}", w) for p, w in pairs]
 
 
 # ---------------------------------------------------------------- the plan
@@ -245,6 +251,8 @@ def _blobs(repo: ckpt.Repo, ids: list[str]) -> dict[str, bytes]:
 
 def _remove(top: str, path: str, dirs: set[str]) -> bool:
     full = os.path.join(top, path)
+    if not _parent_dirs(top, path, removing=True):
+        return False
     try:
         st = os.lstat(full)
     except FileNotFoundError:
@@ -265,11 +273,25 @@ def _remove(top: str, path: str, dirs: set[str]) -> bool:
     return True
 
 
+def _parent_dirs(top: str, path: str, *, removing: bool = False) -> bool:
+    """Refuse to write below a symbolic link or a file (as Git refuses a path "beyond a symbolic link"): a
+    link a checkpoint does not hold (ignored, or made since) would send the write outside the workspace."""
+    cur = top
+    for part in path.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if removing and not os.path.islink(cur) and os.path.lexists(cur) and not os.path.isdir(cur):
+            return False  # a file where a directory was: nothing below it to remove
+        if os.path.islink(cur) or (os.path.lexists(cur) and not os.path.isdir(cur)):
+            what = "a symbolic link" if os.path.islink(cur) else "a file"
+            raise KxenError(f"cannot restore {os.path.join(top, path)}: {cur} is {what} no checkpoint holds; move it "
+                            "away and run the rewind again (it completes the interrupted one)")
+    return True
+
+
 def _write(top: str, path: str, mode: str, data: bytes, dirs: set[str]) -> None:
     full = os.path.join(top, path)
     d = os.path.dirname(full)
-    if os.path.lexists(d) and not os.path.isdir(d):
-        os.unlink(d)  # a file where the target has a directory (its own change removes it too)
+    _parent_dirs(top, path)
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f".kxen-rewind-{os.getpid()}-{os.path.basename(path)[:40]}")
     if os.path.lexists(tmp):
@@ -405,10 +427,11 @@ def rewind_code(sessions: Any, info: Any, policy: Mapping[str, Any], target: str
                 f"the workspace {repo.root} has changes no checkpoint of session {info.id} holds; nothing was changed "
                 f"— see them with `git status`, or give --force to checkpoint them first (then --undo restores them)")
     frm = cp.take("rewind: the workspace before")
-    skip = dict(frm.left_out) | dict(left_out_of(repo, target))
+    frm_left = _from_top(repo, frm.left_out)
+    skip = dict(frm_left) | dict(left_out_of(repo, target))
     changes, alone = _plan(repo, frm.commit, target, skip)
     listed = {p for p, _w in alone}
-    alone += [(p, w) for p, w in frm.left_out if p not in listed]  # not in the checkpoint: kept as they are
+    alone += [(p, w) for p, w in frm_left if p not in listed]  # not in the checkpoint: kept as they are
     alone += [(p, "ignored") for p in _ignored(repo)]
     if not changes:
         return RewindResult(target, frm.commit, frm.commit, left_alone=alone, completed=completed, noop=True)

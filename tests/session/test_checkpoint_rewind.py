@@ -159,3 +159,40 @@ def test_fork_worktree_with_code(scene: Scene) -> None:
         git(scene.ws, "stash", "pop", "-q")
     msg = scene.cli.refused("session", "fork", scene.ses, "--with-code", code=2)
     assert "--with-code goes with --worktree" in msg
+
+
+def test_a_restore_never_writes_beyond_a_symbolic_link(tmp_path: Path) -> None:
+    from kxen_agent.errors import KxenError
+    from kxen_agent.session import checkpoint_restore as cr
+    from kxen_agent.session.checkpoints import Repo
+
+    ws = git_workspace(tmp_path / "ws", {"lib/x.txt": "inside\n"})
+    tree = git(ws, "rev-parse", "HEAD^{tree}").strip()
+    blob = git(ws, "rev-parse", "HEAD:lib/x.txt").strip()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    git(ws, "rm", "-q", "-r", "lib")
+    (ws / "lib").symlink_to(outside)  # made since: no checkpoint holds it
+    repo = Repo(str(ws), str(ws), str(ws / ".git"))
+    changes, _alone = cr._plan(repo, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", tree, {})
+    assert [c.path for c in changes] == ["lib/x.txt"] and changes[0].blob == blob
+    with pytest.raises(KxenError, match="is a symbolic link no checkpoint holds"):
+        cr._apply(repo, changes, None)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_restore_leaves_what_is_outside_the_bound_directory(tmp_path: Path) -> None:
+    from kxen_agent.session import checkpoint_restore as cr
+    from kxen_agent.session.checkpoints import Repo
+
+    ws = git_workspace(tmp_path / "ws", {"sub/in.txt": "1\n", "top.txt": "1\n"})
+    before = git(ws, "rev-parse", "HEAD").strip()
+    (ws / "sub" / "in.txt").write_text("2\n")
+    (ws / "top.txt").write_text("2\n")
+    git(ws, "commit", "-q", "-am", "both")
+    repo = Repo(str(ws / "sub"), str(ws), str(ws / ".git"))  # bound to sub/
+    changes, alone = cr._plan(repo, "HEAD", before, {})
+    assert [c.path for c in changes] == ["sub/in.txt"]
+    assert alone == [("top.txt", "outside the bound directory")]
+    cr._apply(repo, changes, None)
+    assert (ws / "sub" / "in.txt").read_text() == "1\n" and (ws / "top.txt").read_text() == "2\n"
