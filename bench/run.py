@@ -35,6 +35,9 @@ Workloads (``--only`` takes these names):
   turn's cost must not grow with it), ``bench/turns.py``.
 - ``files``: the files a session of 2,000 tool calls leaves in a fresh state
   dir, with automatic packing and without (``bench/turns.py``).
+- ``checkpoints``: a workspace checkpoint per tool call on a 10,000-file
+  repository with 1 and 1,000 files changed vs ``git stash create``, and a
+  run's time per call with checkpoints on and off (``bench/checkpoints.py``).
 - ``scaling``: every export, import, fsck and load figure is measured at
   two sizes, N and 10 N; this prints how each cost grew.
 
@@ -65,7 +68,7 @@ from typing import Any, Callable
 from . import _peers as peers
 from ._content import Conversation, content_bytes, safe_fork_point
 
-WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns", "files")
+WORKLOADS = ("fork", "durable", "export", "load", "fsck", "remote", "turns", "files", "checkpoints")
 FAMILY_FORKS = 10
 
 
@@ -856,6 +859,11 @@ def main(argv: list[str] | None = None) -> int:
             from .turns import w_files
 
             w_files(plan, res, work, median=median, ms=ms, log=log)
+        if "checkpoints" in only:
+            log("9 workspace checkpoints")
+            from .checkpoints import w_checkpoints
+
+            w_checkpoints(plan, res, work, median=median, ms=ms, log=log)
         scaling_rows(res, plan, exp, fsck_, load)
         res.rows.sort(key=lambda r: r.workload)
         print(f"\nkxen-agent benchmarks: {'quick (sizes meaningless)' if plan.quick else 'default'} run, "

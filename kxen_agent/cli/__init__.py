@@ -11,15 +11,21 @@ Modules, one line each:
 - :mod:`.main` — the root command, the command groups (loaded on first
   use), each error mapped to one line and its exit code, :func:`entry`;
 - :mod:`.run_cmds` — ``kxen-agent run``, ``--resume`` and ``run show/resolve``;
+- :mod:`.chat` — ``kxen-agent chat`` (and ``kxen-agent`` alone at a terminal):
+  the interactive session and its slash commands;
 - :mod:`.session_cmds` — ``session list, show, log, compact, tree, fork,
   delete, undelete, export, import``;
 - :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
+- :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
 - :mod:`.store_cmds` — ``fsck``, ``gc``, ``cat-object`` and ``bundle verify``;
+- :mod:`.repair_cmds` — ``kxen-agent repair`` (dry run, ``--apply``, ``--from``, ``--remote``);
 - :mod:`.demo` — ``kxen-agent demo``, the README's main job, offline;
 - :mod:`.secret_scan` — the look for credentials in what leaves the machine;
 - :mod:`._args` — option parsers the command modules share (``--workspace``);
 - :mod:`._ids` — ids as users type them (full ids or unique prefixes);
 - :mod:`._live` — what a run shows while it works (live output, ``--events``);
+- :mod:`._prompt` — the interactive session's prompt history file and Esc watcher;
+- :mod:`._ready` — the default agent, and its provider's SDK and key checked before anything is written;
 - :mod:`._render` — JSON, one-line errors, terminal-safe text, progress.
 """
 

@@ -38,15 +38,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
             "Create a Session bound to a workspace and run its first task to a terminal state."),
     "session": ("kxen_agent.cli.session_cmds", "session_app",
                 "List, inspect, fork, delete, export and import sessions."),
+    "chat": ("kxen_agent.cli.chat", "chat_cmd", "Talk with the agent at the terminal: each message a new run of one session."),
     "fsck": ("kxen_agent.cli.store_cmds", "fsck_cmd", "Verify every object, ref and reflog, and the closure between them."),
     "gc": ("kxen_agent.cli.store_cmds", "gc_cmd",
            "Pack reachable objects; prune unreachable ones and deleted sessions past the grace period."),
+    "repair": ("kxen_agent.cli.repair_cmds", "repair_cmd",
+               "Mend what fsck names: good copies from bundles or a remote, the rest kept in lost-found/."),
     "cat-object": ("kxen_agent.cli.store_cmds", "cat_object_cmd", "Print one object (plumbing, like git cat-file -p)."),
     "bundle": ("kxen_agent.cli.store_cmds", "bundle_app", "Check bundles (session export/import files)."),
     "demo": ("kxen_agent.cli.demo", "demo_cmd",
              "Run the guided offline demo: a session run, forked, exported, imported and resumed."),
 }
-DAILY = ("run", "session")
+DAILY = ("run", "session", "chat")
 
 
 def _plain_help(cmd: Any) -> None:
@@ -163,6 +166,7 @@ def root(
 
     \b
     Examples:
+      kxen-agent                                        # at a terminal: an interactive session here
       kxen-agent run --task "fix the failing test"      # a new session bound to this directory
       kxen-agent --continue --task "now the docs"       # the latest session here, a new task
       kxen-agent --resume ses_6508                      # continue an unfinished run (id or prefix)
@@ -186,6 +190,11 @@ def root(
             raise UsageError("--task/--workspace/--retry/--model/--base-url/--quiet/--events/--remote-lease/--yes/--agent/"
                              "--api-key-env at the top level need --resume SES or --continue (or use `kxen-agent run` "
                              "for a new session)")
+        if sys.stdin.isatty() and sys.stdout.isatty():  # `kxen-agent` alone at a terminal: the interactive session
+            from .chat import open_chat
+
+            open_chat()
+            return
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     from .run_cmds import resume_cmd

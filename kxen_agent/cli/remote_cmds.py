@@ -146,7 +146,7 @@ def ls_remote_cmd(
     Example:
       kxen-agent session ls-remote --remote origin
     """
-    from kxen_agent.session.remote_pull import ls_remote
+    from kxen_agent.session.remote_listing import ls_remote
 
     listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)
     if json_out:

@@ -1,9 +1,9 @@
 """``kxen-agent run``, ``--resume`` and ``run show/resolve``: render the runtime.
 
-Which agent a new session gets is decided here (``--agent``, else the
-configured default: ``KXEN_AGENT_AGENT``, else
-``$XDG_CONFIG_HOME/kxen-agent/agent.toml``; never the bundled demo agent
-silently). What a run shows while it works is :mod:`._live`'s.
+Which agent a new session gets (``--agent``, else the configured default:
+``KXEN_AGENT_AGENT``, else ``$XDG_CONFIG_HOME/kxen-agent/agent.toml``; never
+the bundled demo agent silently) is :mod:`._ready`'s, shared with the
+interactive session. What a run shows while it works is :mod:`._live`'s.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ from kxen_agent.store import Store
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
 from ._live import View, cancel_note, make_view
+from ._ready import AGENT_ENV, check_provider, default_agent
 from ._render import emit_json, out, out_text, term_text as t, usage_line
 
 #: The bundled scripted agent: `kxen-agent demo` runs it; `run` only with an explicit --agent naming it.
 DEMO_AGENT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "demo-agent", "agent.toml")
-#: Names the default agent definition for `run` without --agent.
-AGENT_ENV = "KXEN_AGENT_AGENT"
 
 # Its help is run_cmd's docstring (a new session), which names show/resolve.
 run_app = typer.Typer(no_args_is_help=False, rich_markup_mode=None, add_completion=False)
@@ -105,25 +104,6 @@ def _read_task_file(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"task file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-
-
-def default_agent() -> str:
-    """The agent definition `run` uses without --agent: ``KXEN_AGENT_AGENT``, else the XDG config file.
-
-    Refuses (one line naming both, and ``kxen-agent demo``) when neither is
-    set up: a run on real work never falls back to the scripted demo agent.
-    """
-    named = os.environ.get(AGENT_ENV)
-    if named:
-        if not os.path.exists(named):
-            raise UsageError(f"{AGENT_ENV}={named} names no file; point it at an agent definition (TOML) or unset it")
-        return named
-    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    path = os.path.join(config, "kxen-agent", "agent.toml")
-    if os.path.exists(path):
-        return path
-    raise UsageError(f"no agent: give --agent FILE, or set up a default agent in {AGENT_ENV} or {path}; "
-                     "`kxen-agent demo` runs the bundled demo agent offline")
 
 
 def configured_locks() -> list[dict]:
@@ -277,6 +257,7 @@ def run_cmd(
     if text is None:
         raise UsageError("run needs a task: --task TEXT, --task-file FILE, or the task piped on standard input")
     lock = load_agent_definition(agent or default_agent())
+    check_provider(lock, api_key_env)  # its SDK and key: before the session is created (exit 2, nothing written)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
     execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
@@ -295,6 +276,7 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
     lease_ttl_s()
     runner = Runner(Store.open(namespaces=(NS,)))
     ses = runner.sessions.resolve_id(ses)
+    ready_to_run(runner, ses, lock, api_key_env, new_run=text is not None or retry)
     if rebind and text is None and not retry and rebind_only(runner, ses, workspace, json_out):
         return
     # A new run (a task, a retry) is named at its start: the remote lease is claimed then, with the name; else now.
@@ -304,6 +286,24 @@ def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspac
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=ses, cancel=cancel,
                                                      claim_now=text is None and not retry))
+
+
+def ready_to_run(runner: Runner, ses: str, lock: Optional[dict], api_key_env: Optional[str], *, new_run: bool) -> None:
+    """The provider's SDK and key, checked before a run is created or continued (exit 2, nothing written).
+
+    ``lock``: the ``--agent`` definition (None: the session's own). A session with nothing to continue
+    is not checked: the runner refuses it without calling a model.
+    """
+    from kxen_agent.runtime.runner import TERMINAL
+
+    info = runner.sessions.get(ses)
+    recorded = None
+    if not new_run:
+        latest = runner.latest_run(info)
+        if latest is None or (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
+            return
+        recorded = None if lock is not None else latest[2].get("apiKeyEnv")
+    check_provider(lock if lock is not None else runner.sessions.agent(info), api_key_env or recorded)
 
 
 def rebind_only(runner: Runner, ses: str, workspace: Optional[str], json_out: bool) -> bool:
@@ -338,8 +338,13 @@ def show_cmd(
     run: Optional[str] = typer.Argument(None, metavar="[RUN]", help="A run id or unique prefix (default: the latest run)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print the run and its journal as JSON (docs/commands.md: JSON output)."),
+    full_diff: bool = typer.Option(
+        False, "--diff", help="For an UNKNOWN operation, the whole diff since its before checkpoint (default: --stat)."),
 ) -> None:
     """The run's status, model, turns, result and its tool journal.
+
+    An UNKNOWN operation shows what changed in the workspace since the
+    checkpoint taken before it started (docs/checkpoints.md).
 
     \b
     Examples:
@@ -366,7 +371,16 @@ def show_cmd(
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
             "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
+            "checkpointBefore": e.get("checkpointBefore"), "checkpointAfter": e.get("checkpointAfter"),
         })
+    evidence: dict[str, list[str]] = {}
+    if any(j["state"] == OpState.OUTCOME_UNKNOWN for j in journal):
+        from .checkpoint_cmds import unknown_op_evidence
+
+        for j in journal:
+            if j["state"] == OpState.OUTCOME_UNKNOWN:
+                evidence[j["op"]] = unknown_op_evidence(runner.sessions, info, ops[j["op"]], full=full_diff)
+                j["workspaceChanges"] = evidence[j["op"]]
     endpoint = runner.endpoint_of(info, st)
     doc = {
         "session": ses, "run": run, "index": st["index"], "status": status, "settled": st.get("settled", False),
@@ -403,6 +417,8 @@ def show_cmd(
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
         elif j["state"] == OpState.OUTCOME_UNKNOWN:
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
+            for line in evidence.get(j["op"], []):
+                out(f"      {t(line, quote=False)}")
 
 
 def approval_line(approval: dict) -> str:

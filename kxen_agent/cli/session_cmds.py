@@ -210,6 +210,9 @@ def show_cmd(
     d["runs"] = [{k: r[k] for k in ("id", "index", "status", "settled", "turn", "model", "task", "usage")}
                  for r in runs]
     d["usage"] = sum_usage(r["usage"] for r in runs)
+    from .checkpoint_cmds import checkpoint_line, session_checkpoint_summary
+
+    d["checkpoints"] = session_checkpoint_summary(sessions, info)
     if json_out:
         emit_json(d)
         return
@@ -237,6 +240,7 @@ def show_cmd(
         out(f"    endpoint:   {t(str(url or '-'))}  key variable: {t(str(var or '-'))}")
     out(f"  messages:     {d['messages']} (head {t(d['head'] or '-')})")
     out(f"  usage:        {usage_line(d['usage'])}")
+    out(checkpoint_line(d["checkpoints"]))
     out("  runs:")
     for r in d["runs"]:
         out(f"    {t(r['id'])}  #{r['index']} {t(r['status'])}{'' if r['settled'] else ' (not settled)'}  "
@@ -552,6 +556,9 @@ def import_cmd(
 from .remote_cmds import register as _register_remote_cmds  # noqa: E402
 
 _register_remote_cmds(session_app)
+from .checkpoint_cmds import register as _register_checkpoint_cmds  # noqa: E402
+
+_register_checkpoint_cmds(session_app)
 
 
 @session_app.command("trust")

@@ -74,6 +74,12 @@ def fsck_cmd(
     rep = run_fsck(store, progress=prog, schema=SESSION_SCHEMA)
     # A run whose states or journal break the §14.5/§14.6 state machines (a resume refuses it).
     rep.problems.extend(Problem("run-state", oid, text) for oid, text in verify_run_states(SessionStore(store)))
+    from kxen_agent.session.damage import classify, describe
+
+    # Sessions in their own words: intact, damaged (where it stops), unreadable (objects_spec.md §18).
+    sessions = classify(store, rep.unreadable_groups) if not rep.clean else []
+    if not rep.clean:
+        rep.extra["sessions"] = sessions
     prog.done()
     if json_out:
         emit_json(rep.to_json())
@@ -81,6 +87,11 @@ def fsck_cmd(
         # A problem line can quote what a damaged or hostile state dir holds (ref names, file names).
         for p in rep.problems:
             err(t(p.line(), quote=False))
+        for s in sessions:
+            if s["state"] != "intact":
+                err(t(describe(s), quote=False))
+        for kind in dict.fromkeys(p.kind for p in rep.problems):
+            err(f"next, for {kind}: {rep.problems[[p.kind for p in rep.problems].index(kind)].next}")
         for d in rep.dangling:
             out(f"dangling object {d}")
         for title, note in rep.notes:
@@ -179,6 +190,12 @@ def gc_cmd(
     )
     for g in rep.groups_removed:
         out(f"removed deleted group {t(g)}")
+    if rep.damaged:
+        for what in rep.damaged[:20]:
+            err(t(f"damaged: {what}", quote=False))
+        more = f" (and {len(rep.damaged) - 20} more)" if len(rep.damaged) > 20 else ""
+        err(f"gc packed what reads and pruned nothing{more}: the damaged part might reach any unreachable "
+            "object; `kxen-agent repair` (a dry run) says what it would mend")
 
 
 @bundle_app.command("verify")

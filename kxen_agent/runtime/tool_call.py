@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kxen_agent.session import checkpoints as ckpt
 from kxen_agent.session.agent_def import env_keep_of
+from kxen_agent.session.gitproc import GitTimeout
 from kxen_agent.session.sessions import Message, new_id
 from kxen_agent.session.status import OpSource, OpState, RunStatus
 
@@ -126,7 +128,11 @@ class ToolTurn:
         canceled = self.r.cancel.is_set()
         if pending:
             # A Settled entry keeps its OutcomeKnown's output (inline or its blob link): nothing is read back.
-            self.journal_write([dict(e, state=OpState.SETTLED) for e in pending], outputs=[KEEP_OUTPUT] * len(pending),
+            # A Settled entry names the checkpoint this process took after the op (§14.6 checkpointAfter).
+            after = self.__dict__.get("_ckpt_after", {})
+            self.journal_write([dict(e, state=OpState.SETTLED, **({ckpt.AFTER_KEY: after[e["op"]]}
+                                                                  if e["op"] in after else {})) for e in pending],
+                               outputs=[KEEP_OUTPUT] * len(pending),
                                reason=f"run {self.run}: {len(pending)} op(s) settled")
         if canceled:
             self.end(RunStatus.CANCELED, error="canceled by the user")
@@ -164,6 +170,12 @@ class ToolTurn:
                 and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
                 and not self.approve(base, decided)):
             return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
+        runs_effect = tool is not None and tool.side_effects and not isinstance(judged, ToolOutcome)
+        if runs_effect:
+            # Durable in the workspace repository before Started names it (§14.14).
+            before = self.checkpoint(f"{self.run} before {op}", before=True)
+            if before is not None:
+                base[ckpt.BEFORE_KEY] = before
         self.journal_write([dict(base, state=OpState.STARTED, source=OpSource.TOOL)],
                            reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
@@ -211,4 +223,32 @@ class ToolTurn:
                            outputs=[output], reason=f"run {self.run}: {op} outcome known")
         self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_KNOWN, outcome.is_error,
                                  summary(output), len(output.splitlines())))
+        if runs_effect:
+            # After OutcomeKnown, not before it: the window in which a crash makes the op UNKNOWN stays as it was.
+            after = self.checkpoint(f"{self.run} after {op}")
+            if after is not None:
+                self.__dict__.setdefault("_ckpt_after", {})[op] = after
         self.fault("tool:after-outcome")
+
+    def checkpoint(self: _RunCtx, label: str, *, before: bool = False) -> str | None:
+        """A checkpoint of the workspace now (``before``: the one taken after the previous op of this process
+        if any), its commit id; None when the session records none (said once) or git failed (said)."""
+        if "_ckpt" not in self.__dict__:
+            try:
+                self._ckpt, why = ckpt.for_session(self.store, self.sessions, self.info, self.agent.get("policy", {}))
+            except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout) as ex:
+                self._ckpt, why = None, str(ex)
+            if why is not None:
+                self.r.on_event(f"run {self.run}: no workspace checkpoints: {why}")
+        cp = self._ckpt
+        if cp is None:
+            return None
+        try:
+            taken = cp.before(label) if before else cp.take(label)
+        except (ckpt.CheckpointError, GitTimeout) as ex:
+            self.r.on_event(f"warning: run {self.run}: no checkpoint {label}: {ex}")
+            return None
+        if taken.left_out and not taken.reused:
+            self.r.on_event(f"run {self.run}: checkpoint {taken.commit[:12]} left out {len(taken.left_out)} file(s): "
+                            + ", ".join(p for p, _ in taken.left_out[:5]) + (" ..." if len(taken.left_out) > 5 else ""))
+        return taken.commit

@@ -17,10 +17,14 @@ Modules, one line each:
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
+- :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
 - :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.damage` — sessions intact, damaged or unreadable, and the branch repair makes;
+- :mod:`.repair` — repair's sources (bundles, the Git remote) and the branches of lost sessions;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
 - :mod:`.remote` — ``session push`` and the readers push and pull share;
-- :mod:`.remote_pull` — ``session pull`` and ``ls-remote``;
+- :mod:`.remote_pull` — ``session pull``;
+- :mod:`.remote_listing` — ``session ls-remote``, incremental (its cache of what each remote's refs said);
 - :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
 - :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 

@@ -28,11 +28,17 @@ Format (paths relative to the definition file)::
     max_tool_calls = 64                  # tool calls one answer may hold, 1 .. 10000 (version 4)
     max_argument_bytes = 1048576         # one call's arguments, 1024 .. 16 MiB (version 4)
     max_file_bytes = 8388608             # the most a file tool reads/writes of one file, 1024 .. 1 GiB (version 4)
+    checkpoints = true                   # workspace checkpoints per tool call that may change it (version 5)
+    checkpoint_max_file_bytes = 10485760 # a checkpoint leaves out larger files, 0 .. 1 TiB (version 5)
+    checkpoint_max_files = 10000         # ... new or changed files past this many, 0 .. 10_000_000 (version 5)
+    checkpoint_max_bytes = 268435456     # ... and past this many bytes of them in all, 0 .. 1 TiB (version 5)
 
-The lock is format version :data:`LOCK_VERSION` (4, ``objects_spec.md``
+The lock is format version :data:`LOCK_VERSION` (5, ``objects_spec.md``
 §14.2; written as 3 unless it records a limit only version 4 has:
 ``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``,
-``max_file_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+``max_file_bytes``, or a checkpoint key only version 5 has: ``checkpoints``,
+``checkpoint_max_file_bytes``, ``checkpoint_max_files``,
+``checkpoint_max_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
@@ -77,6 +83,7 @@ __all__ = [
     "SIDE_EFFECT_TOOLS",
     "AgentDefinitionError",
     "LOCK_VERSION",
+    "POLICY_V5_KEYS",
     "base_url_problem",
     "canonical_steps_json",
     "default_agent_definition",
@@ -116,18 +123,28 @@ _POLICY_DEFAULTS = {"max_turns": 20, "tool_timeout_s": 120, "cancel_window_s": 5
 # definition without them still makes the version-3 lock it always made.
 _POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 16 << 20),
                    "max_file_bytes": (1024, 1 << 30)}
-_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS)
+# Version 5 (§14.2, §14.14): the workspace checkpoints, recorded only when the definition sets them.
+_POLICY_V5_INTS = {"checkpoint_max_file_bytes": (0, 1 << 40), "checkpoint_max_files": (0, 10_000_000),
+                   "checkpoint_max_bytes": (0, 1 << 40)}
+_POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS,
+                "checkpoints", *_POLICY_V5_INTS)
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
-#: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``.
-LOCK_VERSION = 4
+#: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``, 4 the answer limits,
+#: 5 the workspace checkpoint keys.
+LOCK_VERSION = 5
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
 POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
+#: ``policy`` keys only a version-5 lock has (workspace checkpoints; absent, on with the default bounds).
+POLICY_V5_KEYS = ("checkpoints", *_POLICY_V5_INTS)
 
 
 def lock_version_for(policy: dict[str, Any]) -> int:
-    """The version a lock with ``policy`` is written as: 4 when it records a version-4 key, else 3."""
+    """The version a lock with ``policy`` is written as: 5 when it records a version-5 key, 4 for a version-4
+    key, else 3 (an older reader refuses a lock whose keys it cannot honour)."""
+    if any(k in policy for k in POLICY_V5_KEYS):
+        return 5
     return 4 if any(k in policy for k in POLICY_V4_KEYS) else 3
 #: An ``env_keep`` entry: a variable name, ``*`` standing for any characters.
 _ENV_KEEP = re.compile(r"[A-Za-z_*][A-Za-z0-9_*]*")
@@ -369,6 +386,19 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
         policy["model_timeout_ms"] = _seconds_to_ms(source, "policy.model_timeout_s", table["model_timeout_s"],
                                                     0, 86_400, True)
     for key, (low, high) in _POLICY_V4_INTS.items():
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AgentDefinitionError(source, f"policy.{key}", f"expected an integer, got {_type_name(value)}")
+            if not low <= value <= high:
+                raise AgentDefinitionError(source, f"policy.{key}", f"{value} is out of range (must be {low} to {high})")
+            policy[key] = value
+    if "checkpoints" in table:
+        if not isinstance(table["checkpoints"], bool):
+            raise AgentDefinitionError(source, "policy.checkpoints",
+                                       f"expected true or false, got {_type_name(table['checkpoints'])}")
+        policy["checkpoints"] = table["checkpoints"]
+    for key, (low, high) in _POLICY_V5_INTS.items():
         if key in table:
             value = table[key]
             if isinstance(value, bool) or not isinstance(value, int):

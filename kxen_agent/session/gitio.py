@@ -104,6 +104,7 @@ class RemoteUnreachable(KxenError):
         super().__init__(f"remote {remote.display} cannot be reached ({line}); nothing was {what}; "
                          "check the URL, the network and your Git credentials, then retry")
         self.remote = remote
+        self.line = line
 
 
 class PushRejected(KxenError):
@@ -132,13 +133,16 @@ def _first_line(stderr: bytes) -> str:
 
 
 def run_git(args: Sequence[str], *, git_dir: str | None = None, cwd: str | None = None,
-            input: bytes | None = None, check: bool = True, remote: bool = False) -> subprocess.CompletedProcess[bytes]:
+            input: bytes | None = None, check: bool = True, remote: bool = False,
+            config: Sequence[str] = ()) -> subprocess.CompletedProcess[bytes]:
     """``git [--git-dir=D] -c SAFE... ARGS`` through :func:`.gitproc.run`; a failure is :class:`GitFailed` when ``check``.
 
-    ``remote``: the command talks to a remote (its longer timeout).
+    ``remote``: the command talks to a remote (its longer timeout);
+    ``config``: more ``-c`` settings, after (so over) ours.
     """
     try:
-        done = gitproc.run(args, git_dir=git_dir, cwd=cwd, input=input, remote=remote, config=_SAFE_CONFIG)
+        done = gitproc.run(args, git_dir=git_dir, cwd=cwd, input=input, remote=remote,
+                           config=(*_SAFE_CONFIG, *config))
     except gitproc.GitTimeout as e:
         if remote:
             raise
@@ -444,8 +448,12 @@ class PushUpdate:
 class Workbench:
     """A scratch bare repository borrowing the mirror's objects and the workspace's Git configuration."""
 
-    def __init__(self, remote: Remote, *, mirror: Mirror | None, alternates: Sequence[str] = ()) -> None:
+    def __init__(self, remote: Remote, *, mirror: Mirror | None, alternates: Sequence[str] = (),
+                 durable: bool = True) -> None:
         self.remote = remote
+        # A listing's workbench is read and thrown away: nothing in it needs an fsync
+        # (a fetch of 10,000 tips otherwise fsyncs 10,000 ref files).
+        self._config: tuple[str, ...] = () if durable else ("core.fsync=none",)
         # SIGTERM now raises, so that close() runs and no scratch repository is left behind.
         self._signals = contextlib.ExitStack()
         self._signals.enter_context(gitproc.terminable())
@@ -512,11 +520,11 @@ class Workbench:
     def git(self, args: Sequence[str], *, input: bytes | None = None, check: bool = True,
             at_remote: bool = False) -> subprocess.CompletedProcess[bytes]:
         return run_git(args, git_dir=self.path, cwd=self.remote.cwd if at_remote else None, input=input, check=check,
-                       remote=at_remote)
+                       remote=at_remote, config=self._config)
 
-    def _at_remote(self, args: Sequence[str], what: str) -> subprocess.CompletedProcess[bytes]:
+    def _at_remote(self, args: Sequence[str], what: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
         try:
-            return self.git(args, check=False, at_remote=True)
+            return self.git(args, check=False, at_remote=True, input=input)
         except gitproc.GitTimeout:
             raise RemoteUnreachable(self.remote, f"git {args[0]} gave no answer within {gitproc.remote_timeout_s():g} s "
                                     f"and was stopped; {gitproc.REMOTE_TIMEOUT_ENV} sets that limit", what) from None
@@ -589,6 +597,72 @@ class Workbench:
             gitproc.kill_tree(proc)
             writer.join()
 
+    def read_specs(self, specs: Sequence[tuple[str, int]]) -> list[tuple[str | None, bytes | None]]:
+        """(type, body) of each ``(revision, most bytes)``, in order, from one ``git cat-file --batch``.
+
+        A revision is anything ``git cat-file`` resolves (``<id>``,
+        ``<id>^{tree}``, ``<id>:<path>``); one it cannot resolve is
+        ``(None, None)``; an object larger than its bound is ``(type, None)``:
+        its bytes are read past in pieces, never held.
+        """
+        if not specs:
+            return []
+        for spec, _ in specs:
+            if "\n" in spec or not spec:
+                raise ValueError(f"a revision for git cat-file is one non-empty line, not {spec!r}")
+        cmd = gitproc.git_argv(["cat-file", "--batch"], git_dir=self.path)
+        proc = gitproc.spawn(cmd, cwd=None, env=git_env(), stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+        def feed() -> None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(b"".join(spec.encode("utf-8", "surrogateescape") + b"\n" for spec, _ in specs))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+        writer = threading.Thread(target=feed, daemon=True)
+        writer.start()
+        assert proc.stdout is not None
+        out: list[tuple[str | None, bytes | None]] = []
+        try:
+            for _, limit in specs:
+                line = proc.stdout.readline()
+                if not line:
+                    raise GitFailed("git cat-file ended early")
+                parts = line.split()
+                if len(parts) == 3 and parts[2].isdigit() and len(parts[0]) == 40:
+                    typ, size = parts[1].decode("ascii", "replace"), int(parts[2])
+                    if size <= limit:
+                        body = proc.stdout.read(size)
+                        out.append((typ, body))
+                    else:
+                        left = size
+                        while left:
+                            left -= len(proc.stdout.read(min(left, 1 << 20))) or left
+                        out.append((typ, None))
+                    proc.stdout.read(1)
+                elif parts and parts[-1] in (b"missing", b"ambiguous"):
+                    out.append((None, None))
+                else:
+                    raise GitFailed(f"git cat-file said {line[:80]!r}")
+        finally:
+            proc.stdout.close()
+            gitproc.kill_tree(proc)
+            writer.join()
+        return out
+
+    def local_refs(self, prefix: str) -> dict[str, bytes]:
+        """This workbench's own refs under ``prefix`` (what a fetch brought): name -> id."""
+        p = self.git(["for-each-ref", "--format=%(objectname) %(refname)", prefix])
+        out = {}
+        for line in p.stdout.decode("utf-8", "surrogateescape").splitlines():
+            oid, _, ref = line.partition(" ")
+            value = hex40(oid)
+            if value is not None:
+                out[ref] = value
+        return out
+
     def rev_list_objects(self, tips: Sequence[bytes], exclude: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
         """(id, path) of every object reachable from ``tips`` and not from ``exclude`` (path may be empty)."""
         if not tips:
@@ -605,7 +679,9 @@ class Workbench:
 
     def ls_remote(self, patterns: Sequence[str], *, what: str) -> dict[str, bytes]:
         """The remote's refs named by ``patterns`` (exact names, or a prefix ending in ``/``)."""
-        p = self._at_remote(["ls-remote", "--", self.remote.spec, *patterns], what)
+        # Git matches a pattern as a glob against a name's tail: a prefix is asked for as PREFIX*.
+        asked = [pat + "*" if pat.endswith("/") else pat for pat in patterns]
+        p = self._at_remote(["ls-remote", "--", self.remote.spec, *asked], what)
         if p.returncode != 0:
             raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
         out: dict[str, bytes] = {}
@@ -622,15 +698,41 @@ class Workbench:
 
     def fetch(self, refspecs: Sequence[str], *, what: str, depth: int | None = None,
               negotiation_tips: Sequence[bytes] = ()) -> None:
-        """Fetch ``refspecs`` (``+SRC:DST``, DST in this workbench) from the remote."""
+        """Fetch ``refspecs`` (``+SRC:DST``, DST in this workbench) from the remote.
+
+        Past a few refspecs they go on ``git fetch --stdin`` (no command-line
+        limit): protocol v2 then asks the remote for those refs alone.
+        """
         args = ["fetch", "--no-tags", "--no-write-fetch-head", "--no-auto-maintenance", "--no-recurse-submodules",
                 "--no-prune", "--refmap=", "--quiet"]
         if depth is not None:
             args.append(f"--depth={depth}")
         args += [f"--negotiation-tip={t.hex()}" for t in negotiation_tips]
-        p = self._at_remote([*args, "--", self.remote.spec, *refspecs], what)
+        if len(refspecs) > 16:
+            data = "".join(r + "\n" for r in refspecs).encode("utf-8", "surrogateescape")
+            p = self._at_remote([*args, "--stdin", "--", self.remote.spec], what, input=data)
+        else:
+            p = self._at_remote([*args, "--", self.remote.spec, *refspecs], what)
         if p.returncode != 0:
             raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
+
+    def fetch_named(self, names: Sequence[str], *, what: str, negotiation_tips: Sequence[bytes] = ()) -> dict[str, bytes]:
+        """Fetch the remote's refs ``names`` (full names) into the same names here; the value of each present.
+
+        Unlike ``git ls-remote`` (which asks for every ref of the remote:
+        10,000 lines from a remote of 10,000 sessions), a fetch speaks
+        protocol v2 with one ``ref-prefix`` per name, so the remote sends
+        those refs alone. Each name is fetched as the glob ``NAME*`` (a
+        name the remote lacks is then no error); longer names it also
+        matches are left out of the answer. Objects already here (the
+        mirror's, through ``alternates``) are not sent again.
+        """
+        if not names:
+            return {}
+        self.fetch([f"+{n}*:{n}*" for n in names], what=what, negotiation_tips=negotiation_tips)
+        wanted = set(names)
+        refs = self.local_refs("refs/")
+        return {n: v for n, v in refs.items() if n in wanted}
 
     def push(self, updates: Sequence[PushUpdate], *, what: str) -> dict[str, str]:
         """One atomic push of ``updates``; each ref's summary, or :class:`PushRejected` / :class:`RemoteUnreachable`."""

@@ -150,5 +150,7 @@ class JournalEntry(_Record):
     approver: ApproverName = _opt(enum=ApproverName)
     note: str = _opt()
     origin: str = _opt()
+    checkpoint_before: str = _opt("checkpointBefore")
+    checkpoint_after: str = _opt("checkpointAfter")
     previous: bytes = _opt()
     extra: tuple[tuple[str, Any], ...] = ()

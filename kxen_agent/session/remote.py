@@ -72,6 +72,7 @@ __all__ = [
     "RemoteSessionBusy",
     "SESSION_REFS",
     "lease_ref",
+    "holder_from",
     "pull_first",
     "push_sessions",
     "read_holder",
@@ -279,7 +280,12 @@ def read_holder(bench: Workbench, commit: bytes, ses: str, where: str) -> Remote
     if blob_id not in sizes or sizes[blob_id][1] > 1 << 16:
         raise BadGitImage(where, "the lease record is missing or larger than 64 KiB")
     blob = next(b for _, _, b in bench.read([blob_id]))
-    parse_lease_commit(got[commit][1], tree[c.tree][1], blob, f"{NS}/{ses}", where)
+    return holder_from(got[commit][1], tree[c.tree][1], blob, ses, where)
+
+
+def holder_from(commit_body: bytes, tree_body: bytes, blob: bytes, ses: str, where: str) -> RemoteHolder:
+    """The holder record of a lease commit of ``ses``, from the bytes of the commit, its tree and its blob, checked."""
+    parse_lease_commit(commit_body, tree_body, blob, f"{NS}/{ses}", where)
     holder = RemoteHolder.from_bytes(blob, where)
     if holder.session != ses:
         raise BadGitImage(where, f"the lease record is session {holder.session}'s")
@@ -539,7 +545,9 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
             alternates.append(objdir.stdout.decode("utf-8", "surrogateescape").strip() + "/objects")
     with Workbench(r, mirror=mirror, alternates=alternates) as bench:
         names = [session_ref(i.id) for i in infos] + [lease_ref(i.id) for i in infos] + list(branches)
-        live = bench.ls_remote(names, what="pushed")
+        # The refs named, alone (protocol v2 ref prefixes), and their tips (already in the
+        # mirror unless the remote moved): not `git ls-remote`, which lists every ref.
+        live = bench.fetch_named(names, what="pushed")
         seen = mirror.seen(r.key, [i.group for i in infos])
         plans: list[GroupPlan] = []
         statuses: dict[str, str] = {}
@@ -550,7 +558,6 @@ def _push_to(store: Store, r: Remote, infos: list, *, with_branch: bool, done: l
             # steps move the ref, so "pull first" would only send the user in circles).
             held = live.get(lease_ref(info.id))
             if held is not None:
-                bench.fetch([f"+{lease_ref(info.id)}:{lease_ref(info.id)}"], what="pushed")
                 holder = read_holder(bench, held, info.id, f"{r.display} {lease_ref(info.id)}")
                 if not holder.expired(time.time_ns()):
                     raise RemoteSessionBusy(

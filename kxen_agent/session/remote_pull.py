@@ -5,15 +5,14 @@
   before anything is written; then fast-forward local refs, or create the
   session bound to a workspace after the identity check of ``session
   import``; a diverged session is refused;
-- **ls-remote**: the sessions on a remote with their heads, forks, last run
-  and lease holder, from the tip commits alone (a shallow fetch).
+- **ls-remote** (:mod:`.remote_listing`): the sessions on a remote with
+  their heads, forks, last run and lease holder, from the tip commits alone.
 
 A refused pull changes nothing on either side.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -34,19 +33,16 @@ from kxen_agent.store.objects import CorruptObject, SchemaViolation, a_kind, lin
 
 from .gitio import Mirror, Remote, Workbench, resolve_remote
 from .remote import (
-    LEASE_REFS,
     RemoteRefused,
-    SESSION_REFS,
     _MAX_RAW,
     _Objects,
     _PACK_ABOVE,
     _compare,
     _follows,
     _read_group,
-    lease_ref,
-    read_holder,
     session_ref,
 )
+from .remote_listing import RemoteListing, ls_remote  # ls-remote: its own module; its names stay importable here
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
 from .sessions import NS, SessionStore, resolve_prefix
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
@@ -99,16 +95,16 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
     r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
     mirror = Mirror(store.root)
     with Workbench(r, mirror=mirror) as bench:
-        live = bench.ls_remote([session_ref(s) for s in ids], what="pulled")
+        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
+        # One fetch of the named sessions' refs alone (protocol v2 ref prefixes: a remote of
+        # 10,000 sessions sends these, not 10,000 ref lines); what the mirror holds is not sent.
+        live = bench.fetch_named([session_ref(s) for s in ids], what="pulled",
+                                 negotiation_tips=[v for v in seen.values()])
         absent = [s for s in ids if session_ref(s) not in live]
         if absent:
             raise RemoteRefused(f"session {absent[0]} is not on {r.display}; nothing was pulled "
                                 "(`kxen-agent session ls-remote` lists the sessions there)")
-        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
         fetch = [s for s in ids if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
-        if fetch:
-            bench.fetch([f"+{session_ref(s)}:{session_ref(s)}" for s in fetch], what="pulled",
-                        negotiation_tips=[v for v in seen.values()])
         objs = _Objects(store)
         try:
             images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
@@ -472,88 +468,3 @@ def _reachable_new(objs: _Objects, tips: Iterable[bytes]) -> list[RawObject]:
         if obj.kind != "blob":
             stack.extend((c, False) for c in links_of(obj.kind, objs.kind_value(oid)[1]))
     return order
-
-
-# ---------------------------------------------------------------- ls-remote
-
-
-@dataclass(frozen=True)
-class RemoteListing:
-    remote: Remote
-    sessions: list[dict]
-
-    def to_json(self) -> dict:
-        return {"remote": self.remote.display, "sessions": self.sessions}
-
-
-def ls_remote(store: Store, workspace: str, *, remote: str | None = None) -> RemoteListing:
-    """The sessions on the remote: each one's commit, head, fork, latest run and lease, from the tips alone."""
-    ws = inspect_workspace(workspace)
-    r = resolve_remote(ws.repo_root, remote, what=f"workspace {ws.root}")
-    with Workbench(r, mirror=None) as bench:
-        # A shallow fetch of the tips: a group commit's tree holds only its
-        # refs, so this brings no history (its parents stay on the remote).
-        bench.fetch([f"+{SESSION_REFS}*:{SESSION_REFS}*", f"+{LEASE_REFS}*:{LEASE_REFS}*"], what="listed", depth=1)
-        from .gitio import run_git
-
-        listed = run_git(["for-each-ref", "--format=%(objectname) %(refname)", "refs/kxen/"], git_dir=bench.path)
-        tips: dict[str, bytes] = {}
-        leases: dict[str, bytes] = {}
-        for line in listed.stdout.decode("ascii", "replace").splitlines():
-            oid, _, ref = line.partition(" ")
-            if ref.startswith(SESSION_REFS):
-                tips[ref[len(SESSION_REFS):]] = bytes.fromhex(oid)
-            elif ref.startswith(LEASE_REFS):
-                leases[ref[len(LEASE_REFS):]] = bytes.fromhex(oid)
-        out = []
-        now = time.time_ns()
-        objs = _Objects(store)
-        for ses in sorted(tips):
-            row: dict[str, Any] = {"id": ses, "commit": tips[ses].hex()}
-            if not SES_RE.fullmatch(ses):
-                row["error"] = "not a session id"
-                out.append(row)
-                continue
-            try:
-                img = _read_group(bench, tips[ses], f"{NS}/{ses}", f"{r.display} {session_ref(ses)}")
-            except BadGitImage as e:
-                row["error"] = e.reason
-                out.append(row)
-                continue
-            s = dict(img.summary)
-            row.update({
-                "head": s.get("head") if s.get("head") not in (None, "-") else None,
-                "parentId": s.get("parent") if s.get("parent") not in (None, "-") else None,
-                "forkKind": s.get("fork-kind") if s.get("fork-kind") not in (None, "-") else None,
-                "messages": int(s["messages"]) if s.get("messages", "").isdigit() else None,
-                "run": None, "runStatus": None, "fence": img.fence, "time": img.commit.time,
-            })
-            run = s.get("run", "").split()
-            if len(run) >= 2:
-                row["run"], row["runStatus"] = run[0], run[1]
-            row["lease"] = None
-            if ses in leases:
-                try:
-                    h = read_holder(bench, leases[ses], ses, f"{r.display} {lease_ref(ses)}")
-                    row["lease"] = dict(h.to_json(), expired=h.expired(now))
-                except BadGitImage as e:
-                    row["lease"] = {"error": e.reason}
-            row["local"] = _local_state(store, objs, ses, img)
-            out.append(row)
-    return RemoteListing(r, out)
-
-
-def _local_state(store: Store, objs: _Objects, ses: str, img: GroupImage) -> str:
-    """``absent``, ``same``, ``ahead`` (this state dir has everything the remote has, and more) or ``differs``."""
-    if not store.exists:
-        return "absent"
-    local = store.refs.read(f"{NS}/{ses}")
-    if not local.exists or "meta" not in local.refs:
-        return "absent"
-    theirs = {k: v for k, v in img.refs.items() if k != "meta"}
-    mine = {k: v for k, v in local.refs.items() if k != "meta"}
-    if theirs == mine:
-        return "same"
-    if all(objs.has(v) for v in theirs.values()) and _compare(objs, mine, theirs)[0] == "behind":
-        return "ahead"
-    return "differs"

@@ -176,6 +176,12 @@ def _agent(v: Any) -> Links:
         for key in ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes"):
             if key in p.d:
                 p.int(key, low=1)
+    if version >= 5:  # workspace checkpoints (§14.2, §14.14), each absent or of its type
+        if "checkpoints" in p.d and type(p.d["checkpoints"]) is not bool:
+            raise SchemaViolation("key 'policy.checkpoints' must be a bool")
+        for key in ("checkpoint_max_file_bytes", "checkpoint_max_files", "checkpoint_max_bytes"):
+            if key in p.d:
+                p.int(key)
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
@@ -333,6 +339,9 @@ def _usage(value: Any, key: str, counts: tuple[str, ...]) -> None:
         raise SchemaViolation(f"{key}: {e}") from None
 
 
+_GIT_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
 def _journal(v: Any) -> Links:
     f = _Fields(v, "a journal entry")
     f.text("op")
@@ -355,6 +364,9 @@ def _journal(v: Any) -> Links:
     f.text("approver", one_of=APPROVERS, optional=state != OpState.DECIDED)
     f.text("note", optional=True)
     f.text("origin", optional=True)  # §14.6: the state dir that made the decision (informative)
+    # §14.6/§14.14: Git commit ids of the workspace checkpoints (not links: they name Git objects).
+    f.text("checkpointBefore", optional=True, match=_GIT_COMMIT_RE)
+    f.text("checkpointAfter", optional=True, match=_GIT_COMMIT_RE)
     f.link("previous", "journal", optional=True)
     f.int("timeNs")
     return f.links

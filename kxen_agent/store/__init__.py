@@ -28,6 +28,8 @@ operations):
 - :mod:`.protocols` — the object store and ref store as protocols;
 - :mod:`.autopack` — automatic packing, as ``git gc --auto``;
 - :mod:`.fsck` — verify every object, every ref and the closure between them;
+- :mod:`.salvage` — what a damaged pack or step log still holds, entry by entry, record by record;
+- :mod:`.repair` — mend what fsck names from good copies; the rest to ``lost-found/`` (§18);
 - :mod:`.gc` — pack what is reachable, prune what is not;
 - :mod:`.bundle` — ref groups and their objects in one verifiable file (package).
 

@@ -20,6 +20,7 @@ like any other directory, as a holder of groups.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,12 +31,13 @@ from .loose import PACK_DIR_NAME
 from .objects import CorruptObject, ObjectId, Schema, SchemaViolation, a_kind, decode_body, links_of
 from .refs import TEMP_PREFIX, BadRefName, CorruptRef, is_temp_file, validate_group
 from .repo import FORMAT_VERSION, Store
+from .salvage import salvage_log, salvage_pack
 
 #: Temp files of the state dir: ``tmp_…`` (every writer, §9.1) and
 #: ``FORMAT.tmp_…`` (the FORMAT file's, §10.3).
 _TEMP_PREFIXES = (TEMP_PREFIX, "FORMAT." + TEMP_PREFIX)
 
-__all__ = ["FsckReport", "Problem", "fsck"]
+__all__ = ["Damage", "FsckReport", "NEXT", "Problem", "fsck"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,52 @@ class Problem:
 
     def line(self) -> str:
         return f"{self.kind}: {self.where}: {self.message}"
+
+    @property
+    def next(self) -> str:
+        """The command that gets past this kind of problem (never fsck itself)."""
+        return NEXT.get(self.kind, NEXT_OTHER)
+
+
+#: Each problem kind's next command (objects_spec.md §18; docs/damage.md explains them in order).
+NEXT = {
+    "corrupt-object": "kxen-agent repair --from BUNDLE or --remote NAME (a good copy, checked by its id); "
+                      "without one: kxen-agent repair --apply",
+    "missing-object": "kxen-agent repair --from BUNDLE or --remote NAME; without one: kxen-agent repair --apply "
+                      "(the session goes on from its last intact message as a new branch)",
+    "broken-link": "kxen-agent repair --from BUNDLE or --remote NAME; without one: kxen-agent repair --apply",
+    "corrupt-pack": "kxen-agent repair --apply (re-packs every entry that reads; the rest goes to lost-found/)",
+    "corrupt-ref": "kxen-agent repair --apply (keeps every record and line that checks; the damaged file goes "
+                   "to lost-found/)",
+    "reflog-mismatch": "kxen-agent repair --apply",
+    "skeleton": "any write makes the directory again (kxen-agent gc)",
+    "schema": "kxen-agent repair --from BUNDLE or --remote NAME (an object of the right shape)",
+}
+NEXT_OTHER = "kxen-agent repair (a dry run first: it says what it would change)"
+
+#: Advice to run fsck, in messages other commands raise: fsck does not repeat it (it printed them).
+_SELF_ADVICE = re.compile(r"(?:[;:,]\s*|\s*\(|\s+then\s+)(?:run\s+)?(?:'kxen-agent fsck'|`kxen-agent fsck`|fsck)"
+                          r"(?:, then 'kxen-agent gc' to rewrite packs|,? and keep a copy of the file before any repair"
+                          r"| again)?\)?")
+
+
+def _no_self_advice(text: str) -> str:
+    return _SELF_ADVICE.sub("", text)
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One object that does not read where it is kept: id, file, offset (None: a loose file), kind if known."""
+
+    oid: ObjectId | None
+    file: str
+    offset: int | None
+    reason: str
+    kind: str | None = None
+
+    def to_json(self, reached: list[str]) -> dict:
+        return {"id": self.oid.hex() if self.oid else None, "file": self.file, "offset": self.offset,
+                "kind": self.kind, "reason": self.reason, "reachedFrom": reached}
 
 
 @dataclass
@@ -65,6 +113,19 @@ class FsckReport:
     stray_files: list[str] = field(default_factory=list)
     #: What a cache's check found normal for a cache (§11a): (the kind's title, text); not in the JSON.
     notes: list[tuple[str, str]] = field(default_factory=list)
+    #: Every copy of an object that does not read (§18), and the refs (group/name) that reach each damaged id.
+    damage: list[Damage] = field(default_factory=list)
+    reached_from: dict[ObjectId, list[str]] = field(default_factory=dict)
+    #: Ids reachable from a ref that no good copy holds (damaged or missing).
+    bad_ids: set[ObjectId] = field(default_factory=set)
+    #: Groups that do not read: group -> (file, why).
+    unreadable_groups: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Damaged step logs: path -> what checks and where the damage is (JSON-ready).
+    damaged_logs: dict[str, dict] = field(default_factory=dict)
+    #: Packs with damage: path -> {entries that read, damaged entries, frame problems}.
+    damaged_packs: dict[str, dict] = field(default_factory=dict)
+    #: What the layer above adds (the session layer's classification of sessions).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -82,9 +143,16 @@ class FsckReport:
             "refGroups": self.groups,
             "refs": self.refs,
             "reachable": self.reachable,
-            "problems": [{"kind": p.kind, "where": p.where, "message": p.message} for p in self.problems],
+            "problems": [{"kind": p.kind, "where": p.where, "message": p.message, "next": p.next}
+                         for p in self.problems],
             "dangling": self.dangling,
             "strayFiles": self.stray_files,
+            "damage": [d.to_json(self.reached_from.get(d.oid, []) if d.oid else []) for d in self.damage],
+            "damagedStepLogs": list(self.damaged_logs.values()),
+            "damagedPacks": list(self.damaged_packs.values()),
+            "unreadableGroups": [{"group": g, "file": f, "reason": r}
+                                 for g, (f, r) in sorted(self.unreadable_groups.items())],
+            **self.extra,
         }
 
 
@@ -117,6 +185,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
     strays: set[str] = set()
     present: set[ObjectId] = set()  # ids with a good loose or packed copy (checks 1 and 2)
+    damage: list[Damage] = []  # every copy that does not read, named once reachability is known
 
     # 0. A version-2 state dir's skeleton (§10.3): writers rely on these
     # names being durable directories, so one missing (removed by hand) or
@@ -146,10 +215,10 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             obj = store.loose.read_named(path, named)
             value = decode_body(obj)
         except CorruptObject as e:
-            rep.problems.append(Problem("corrupt-object", path, e.reason))
+            damage.append(Damage(named, path, None, e.reason))
             continue
         except OSError as e:
-            rep.problems.append(Problem("corrupt-object", path, f"unreadable: {e.strerror}"))
+            damage.append(Damage(named, path, None, f"unreadable: {e.strerror}"))
             continue
         links[obj.id] = links_of(obj.kind, value)
         check_shape(path, obj, value)
@@ -159,30 +228,62 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
         if progress:
             progress(1)
 
-    # 2. Every packed object (the pack checks its own checksums too).
+    # 2. Every packed object (the pack checks its own checksums too). A pack that fails its
+    # whole-file checks is read entry by entry (§18): an entry that checks is present, whatever
+    # the trailer, end record or index say; each entry that does not is named.
     for pack in store.packs:
+        path = getattr(pack, "path", "pack")
         verify = getattr(pack, "verify", None)
+        broken = False
         if verify is not None:
             try:
                 verify()
-            except KxenError as e:
-                rep.problems.append(Problem("corrupt-pack", getattr(pack, "path", "?"), str(e)))
+            except KxenError:
+                broken = True
+        if not broken:
+            for oid in pack.iter_ids():
+                try:
+                    obj = pack.read_raw(oid)
+                    value = decode_body(obj)
+                except CorruptObject:
+                    broken = True
+                    break
+                if obj is None:
+                    continue
+                rep.packed += 1
+                present.add(oid)
+                if oid not in links:
+                    links[oid] = links_of(obj.kind, value)
+                    check_shape(f"{path}:{oid.hex()}", obj, value)
+                    rep.bytes += len(obj.raw)
+                if progress:
+                    progress(1)
+            if not broken:
                 continue
-        for oid in pack.iter_ids():
+        got: dict[ObjectId, Any] = {}
+        sal = salvage_pack(store.io, path, raws=got)
+        for oid, obj in got.items():
             try:
-                obj = pack.read_raw(oid)
                 value = decode_body(obj)
             except CorruptObject as e:
-                rep.problems.append(Problem("corrupt-object", f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", e.reason))
+                damage.append(Damage(oid, path, sal.good[oid][0], e.reason, obj.kind))
                 continue
-            rep.packed += 1
+            if oid not in present:
+                rep.packed += 1
             present.add(oid)
             if oid not in links:
                 links[oid] = links_of(obj.kind, value)
-                check_shape(f"{getattr(pack, 'path', 'pack')}:{oid.hex()}", obj, value)
+                check_shape(f"{path}:{oid.hex()}", obj, value)
                 rep.bytes += len(obj.raw)
-            if progress:
-                progress(1)
+        for d in sal.damaged:
+            damage.append(Damage(d.oid, path, d.offset, d.reason))
+        rep.damaged_packs[path] = {"pack": path, "index": sal.idx_path, "entriesRead": len(sal.good),
+                                   "entriesDamaged": len(sal.damaged), "frame": list(sal.frame)}
+        if sal.frame and not sal.damaged:
+            rep.problems.append(Problem("corrupt-pack", path, f"{'; '.join(sal.frame)}; all {len(sal.good)} "
+                                        "entries read and are counted"))
+        elif sal.damaged and not sal.good and len(sal.damaged) > 1:
+            rep.problems.append(Problem("corrupt-pack", path, f"no entry reads ({'; '.join(sal.frame) or 'damaged'})"))
     # 2b. Every object in a step log (§6.8): each record's checksum, each
     # object's frame and id. A log that does not read is a damaged group.
     steps = store.steps
@@ -193,7 +294,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
         try:
             log = steps.load(group, fresh=True)  # every byte, not what this store cached: damage in place too
         except (KxenError, ValueError) as e:
-            rep.problems.append(Problem("corrupt-ref", steps.path(group), str(e)))
+            _damaged_log(store, group, str(e), rep, damage, links, present, check_shape)
             continue
         if log is None:
             continue
@@ -207,7 +308,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                     obj = steps.read_frame(log, oid, at, n)
                     value = decode_body(obj)
                 except CorruptObject as e:
-                    rep.problems.append(Problem("corrupt-object", where, e.reason))
+                    damage.append(Damage(oid, log.path, at, e.reason))
                     continue
                 rep.in_steps += 1
                 if oid not in links:
@@ -234,6 +335,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 3. Refs and reflogs.
     roots: list[tuple[str, ObjectId]] = []
     governed_roots: list[ObjectId] = []
+    root_kinds: dict[ObjectId, str] = {}
     keep: set[ObjectId] = set()
     listed = list(store.refs.groups())
     for group in listed:
@@ -244,7 +346,9 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             state = store.refs.read(group)
             log = store.refs.reflog(group, state)
         except (CorruptRef, BadRefName) as e:  # a stray file under refs/ is named, not fatal
-            rep.problems.append(Problem("corrupt-ref", group, str(e)))
+            if not any(p.kind == "corrupt-ref" and p.where == steps.path(group) for p in rep.problems):
+                rep.problems.append(Problem("corrupt-ref", group, str(e)))
+            rep.unreadable_groups.setdefault(group, (_file_of(store, group, str(e)), str(e)))
             continue
         last: dict[str, bytes | None] = {}
         for entry in log:
@@ -258,6 +362,8 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             if schema is not None and schema.governs(group):
                 governed_roots.append(value)
                 kind = schema.ref_kind(group, name)
+                if kind is not None and value not in kind_of:
+                    root_kinds[value] = kind  # what an unreadable root must be, for its damage's name
                 if kind is not None and kind_of.get(value, kind) != kind:
                     rep.problems.append(Problem("schema", f"{group}/{name}", f"ref names object {value.hex()}, "
                                                 f"{a_kind(kind_of[value])}, where {a_kind(kind)} object belongs"))
@@ -274,12 +380,16 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
                     Problem("reflog-mismatch", f"{group}/{name}", f"reflog ends at {value.hex()} but the ref is absent")
                 )
 
-    # 4. Closure from the refs: everything reachable must exist.
+    # 4. Closure from the refs: everything reachable must exist. An object with a damaged copy and
+    # no good one is named once, as damage (with every ref that reaches it), not as missing.
+    damaged_ids = {d.oid for d in damage if d.oid is not None and d.oid not in links}
     reachable: set[ObjectId] = set()
     for where, oid in roots:
         if oid not in links:
-            rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"
-                                        + _only_in(held_dead, oid)))
+            rep.bad_ids.add(oid)
+            if oid not in damaged_ids:
+                rep.problems.append(Problem("missing-object", where, f"ref points to missing object {oid.hex()}"
+                                            + _only_in(held_dead, oid)))
             continue
         stack = [oid]
         while stack:
@@ -289,13 +399,38 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             reachable.add(cur)
             for child in links[cur]:
                 if child not in links:
-                    rep.problems.append(
-                        Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}"
-                                + _only_in(held_dead, child))
-                    )
+                    rep.bad_ids.add(child)
+                    if child not in damaged_ids:
+                        rep.problems.append(
+                            Problem("broken-link", cur.hex(), f"links to missing object {child.hex()}"
+                                    + _only_in(held_dead, child))
+                        )
                 elif child not in reachable:
                     stack.append(child)
     rep.reachable = len(reachable)
+    if rep.bad_ids or damage:
+        rep.reached_from = _reached_from(links, roots, rep.bad_ids | damaged_ids)
+    for oid, kind in {**root_kinds, **_kinds_of_bad(typed, rep.bad_ids)}.items():
+        kind_of.setdefault(oid, kind)
+    for d in damage:
+        kind = d.kind or (kind_of.get(d.oid) if d.oid else None)
+        d = Damage(d.oid, d.file, d.offset, d.reason, kind)
+        rep.damage.append(d)
+        name = d.oid.hex() if d.oid else "an entry whose id no check names"
+        at = "" if d.offset is None else f" at offset {d.offset}"
+        what = f"{a_kind(kind)} object" if kind else "object"
+        if d.oid is not None and d.oid in links:
+            tail = "; a good copy is elsewhere: reads use it"
+        else:
+            refs = rep.reached_from.get(d.oid, []) if d.oid else []
+            tail = ("; reached from " + ", ".join(refs)) if refs else "; no ref reaches it"
+        if d.oid is None or d.offset is None:
+            where = d.file
+        elif d.file.endswith(".pack"):
+            where = f"{d.file}:{d.oid.hex()}"
+        else:
+            where = f"{d.file} at offset {d.offset}"  # a step log's frame
+        rep.problems.append(Problem("corrupt-object", where, f"{what} {name}{at} does not read: {d.reason}{tail}"))
 
     # 4b. The schema, over what the groups it governs reach: each object's
     # shape, and the kind each of its links names (a missing one is reported
@@ -328,11 +463,13 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     for kind, (wrong, notes) in store.caches.verify(store):
         rep.problems.extend(Problem(kind.problem, path, text) for path, text in wrong)
         rep.notes.extend((kind.title, note) for note in notes)
+    rep.problems = [Problem(p.kind, p.where, _no_self_advice(p.message)) for p in rep.problems]
     return rep
 
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
-_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache", "git"})
+_TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache", "git",
+                        "lost-found", "prompts"})
 #: The Git mirror (§1.3, §16.7): Git's own repository, which ``git fsck`` checks; fsck does not look inside.
 _GIT_DIR = "git"
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
@@ -385,6 +522,89 @@ def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckRepor
                 except KxenError:
                     continue  # a corrupt copy: step 2b reported it, and it counted nowhere
                 out[oid] = (f"{log.path}, {why}", size)
+    return out
+
+
+def _damaged_log(store: Store, group: str, error: str, rep: FsckReport, damage: list[Damage],
+                 links: dict, present: set, check_shape: Callable) -> None:
+    """A step log that does not read: name it, every record that still checks, and where the damage is (§18)."""
+    steps = store.steps
+    path = steps.path(group)
+    gens: tuple[int, ...] = (0, 1)
+    try:
+        gens = (store.refs._read_base(group).steps_gen, 0)
+    except KxenError:
+        pass
+    sal = salvage_log(store.io, path, group, gens)
+    if sal is None:  # the error was not in the bytes (a generation mismatch, a read error)
+        rep.problems.append(Problem("corrupt-ref", path, error))
+        rep.unreadable_groups[group] = (path, error)
+        return
+    for rec in sal.records:
+        for oid, at, n in rec.objects:
+            try:
+                from .objects import decompress_loose, parse_object
+                obj = parse_object(decompress_loose(sal.data[at:at + n], path), path, expect_id=oid)
+                value = decode_body(obj)
+            except CorruptObject as e:
+                damage.append(Damage(oid, path, at, e.reason))
+                continue
+            rep.in_steps += 1
+            present.add(oid)
+            if oid not in links:
+                links[oid] = links_of(obj.kind, value)
+                check_shape(f"{path} at offset {at}", obj, value)
+                rep.bytes += len(obj.raw)
+    spans = ", ".join(f"{a}-{b}" for a, b, _ in sal.damage)
+    rep.damaged_logs[path] = {
+        "file": path, "group": group,
+        "intactRecords": [[r.offset, r.end] for r in sal.records],
+        "recordsBefore": sal.before, "recordsAfter": sal.after,
+        "damage": [{"start": a, "end": b, "reason": why} for a, b, why in sal.damage]}
+    rep.unreadable_groups[group] = (path, f"step log damaged at bytes {spans}")
+    first = error.split("; no writer cuts it")[0]
+    rep.problems.append(Problem("corrupt-ref", path, f"{first}; damaged bytes {spans}; {len(sal.records)} records "
+                                f"check ({sal.before} before the damage, {sal.after} after); group {group} "
+                                "does not read until repaired"))
+
+
+def _file_of(store: Store, group: str, error: str) -> str:
+    ns, _, gid = group.partition("/")
+    for top in ("steps", "logs"):
+        path = os.path.join(store.root, top, ns, gid)
+        if path in error:
+            return path
+    return os.path.join(store.root, "refs", ns, gid)
+
+
+def _reached_from(links: dict[ObjectId, list[ObjectId]], roots: list[tuple[str, ObjectId]],
+                  bad: set[ObjectId]) -> dict[ObjectId, list[str]]:
+    """For each id in ``bad``, every root (group/ref name) whose closure reaches it, sorted."""
+    out: dict[ObjectId, set[str]] = {}
+    for where, oid in roots:
+        seen: set[ObjectId] = set()
+        stack = [oid]
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if cur in bad:
+                out.setdefault(cur, set()).add(where)
+                continue
+            stack.extend(c for c in links.get(cur, ()) if c not in seen)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _kinds_of_bad(typed: dict[ObjectId, list[tuple[ObjectId, str]]], bad: set[ObjectId]) -> dict[ObjectId, str]:
+    """What kind each unreadable object must be, as the links that name it say (the schema's typed links)."""
+    out: dict[ObjectId, str] = {}
+    if not bad:
+        return out
+    for want in typed.values():
+        for child, kind in want:
+            if child in bad:
+                out.setdefault(child, kind)
     return out
 
 

@@ -130,6 +130,8 @@ class GcReport:
     bytes_after: int = 0
     #: Why no pack was written although there was something to pack (it would not have been smaller).
     pack_skipped: str | None = None
+    #: What does not read (groups, packs, objects): gc then packs what reads and prunes nothing (§18).
+    damaged: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -148,6 +150,7 @@ class GcReport:
             "bytesBefore": self.bytes_before,
             "bytesAfter": self.bytes_after,
             "packSkipped": self.pack_skipped,
+            "damaged": self.damaged,
         }
 
 
@@ -158,7 +161,8 @@ class _Roots:
     expired: list[str]  # groups deleted longer than the grace period
 
 
-def _roots(store: Store, cutoff_ns: int | None, *, skip: Iterable[str] = ()) -> _Roots:
+def _roots(store: Store, cutoff_ns: int | None, *, skip: Iterable[str] = (),
+           damaged: list[str] | None = None) -> _Roots:
     out = _Roots([], [], [])
     skip = set(skip)
     for group in store.refs.groups():
@@ -168,7 +172,10 @@ def _roots(store: Store, cutoff_ns: int | None, *, skip: Iterable[str] = ()) -> 
             state = store.refs.read(group)
             log = store.refs.reflog(group)
         except (CorruptRef, KxenError) as e:
-            raise GcAborted(f"cannot read ref group {group}: {e}") from None
+            if damaged is None:
+                raise GcAborted(f"cannot read ref group {group}: {e}") from None
+            damaged.append(f"group {group} does not read")
+            continue
         if state.deleted_ns is not None and cutoff_ns is not None and state.deleted_ns <= cutoff_ns:
             out.expired.append(group)
             continue
@@ -190,6 +197,7 @@ def _closure(
     strict: bool,
     progress: Callable[[int], None] | None = None,
     small: list | None = None,
+    damaged: list[str] | None = None,
 ) -> None:
     """Add everything reachable from ``roots`` to ``reachable`` (in DFS pre-order to ``order``).
 
@@ -205,10 +213,14 @@ def _closure(
             obj = store.read_raw(oid)
             value = decode_stored(obj)
         except MissingObject:
+            # Missing is not damage: no file holds it to judge (a writer broke a rule): gc aborts (§12.11).
             if strict:
                 raise GcAborted(f"object {oid.hex()} (reached from {where}) is missing") from None
             continue
         except CorruptObject as e:
+            if damaged is not None:
+                damaged.append(f"object {oid.hex()} (reached from {where}) does not read: {e.reason}")
+                continue
             raise GcAborted(f"object {oid.hex()} (reached from {where}) is corrupt: {e.reason}") from None
         reachable.add(oid)
         if order is not None:
@@ -285,6 +297,13 @@ def gc(
     # a FORMAT a crash loses (§10.3).
     store.ensure_initialized()
     with file_lock(os.path.join(store.root, "locks", "gc-run.lock"), timeout=0, io=store.io):
+        if _damaged(store, rep):
+            # Something does not read: pack what does, prune nothing (what the damaged part
+            # reaches is unknown, so any unreachable object may be one it needs), §18.
+            _gc_damaged(store, rep, progress, lock_timeout)
+            store.reload_packs()
+            rep.bytes_after = _disk_usage(store, objects_dir) + _disk_usage(store, steps_dir)
+            return rep
         sealed_info = _phase1(store, cutoff_ns, cutoff, rep, progress, always_pack)
         _phase2(store, cutoff_ns, cutoff, rep, sealed_info, progress, lock_timeout)
         # Last, the step logs whose objects phase 1's pack now holds (it is
@@ -296,6 +315,57 @@ def gc(
     store.reload_packs()
     rep.bytes_after = _disk_usage(store, objects_dir) + _disk_usage(store, steps_dir)
     return rep
+
+
+def _damaged(store: Store, rep: GcReport) -> bool:
+    """Whether anything gc would read does not: a group, a pack, an object reachable from a ref."""
+    from .pack import BrokenPack
+
+    store.reload_packs()
+    for p in store.packs:
+        if isinstance(p, BrokenPack):
+            rep.damaged.append(f"pack {p.path} does not open ({p.error})")
+    damaged: list[str] = []
+    roots = _roots(store, None, damaged=damaged)
+    _closure(store, roots.refs, set(), None, strict=True, damaged=damaged)
+    seen: set[str] = set()
+    for what in damaged:  # one line per object, however many links reach it
+        key = what.split(" (reached from ")[0]
+        if key not in seen:
+            seen.add(key)
+            rep.damaged.append(what)
+    return bool(rep.damaged)
+
+
+def _gc_damaged(store: Store, rep: GcReport, progress, lock_timeout) -> None:
+    """gc of a damaged state dir: pack the reachable objects that read and lie in no pack; delete nothing
+    but the loose copies the new pack holds; fold the step logs of the groups that read."""
+    from .fold import pack_objects
+
+    roots = _roots(store, None, damaged=[])
+    reachable: set[ObjectId] = set()
+    order: list[ObjectId] = []
+    _closure(store, roots.refs, reachable, order, strict=False, progress=progress, damaged=[])
+    _closure(store, roots.logged, reachable, order, strict=False, damaged=[])
+    rep.reachable = len(reachable)
+    good = [p for p in store.packs if isinstance(p, PackReader) and p not in store._pinned]
+    store.steps.scan_all()
+    todo = [oid for oid in order if not any(p.has(oid) for p in good)]
+    if todo:
+        packed, info = pack_objects(store, todo, store.read_raw)
+        if info is not None:
+            rep.packed, rep.pack = info.count, info.name
+            with store.pruning(lock_timeout):
+                store.reload_packs()
+                new = [p for p in store.packs if isinstance(p, PackReader) and p.name == info.name]
+                touched: set[str] = set()
+                for oid in packed:
+                    if new and new[0].has(oid) and _unlink(store, store.loose.path(oid)):
+                        rep.loose_removed += 1
+                        touched.add(os.path.dirname(store.loose.path(oid)))
+                for d in sorted(touched):
+                    store.io.fsync_dir(d)
+    fold_step_logs(store, pack=False)
 
 
 @dataclass

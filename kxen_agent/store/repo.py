@@ -474,7 +474,7 @@ class Store:
                 continue
             except (BadPack, OSError, ValueError) as e:
                 err = e if isinstance(e, BadPack) else BadPack(base + ".idx", f"cannot open: {e}")
-                packs.append(BrokenPack(base + ".pack", err))
+                packs.append(BrokenPack(base + ".pack", err, io=self.io))
         for p in old.values():
             close = getattr(p, "close", None)
             if close:

@@ -145,8 +145,10 @@ def test_crash_after_a_tool_use_turn_never_asks_the_model_for_it_again(akey: Cli
 
 
 def test_missing_key_fails_clearly(cli: Cli, server: FakeAnthropic, workspace: Path, tmp_path: Path) -> None:
-    res = cli.run_json(workspace, "anything", anthropic_agent(tmp_path, server), expect=1).json()
-    assert res["status"] == "failed" and KEY_ENV in res["error"] and server.requests == []
+    # Refused before a session exists (exit 2, one line): no failed run to --retry.
+    p = cli.run_json(workspace, "anything", anthropic_agent(tmp_path, server), expect=2)
+    assert p.out == "" and len(p.err.strip().splitlines()) == 1 and f"{KEY_ENV} is not set or empty" in p.err
+    assert not cli.state_dir.exists() and server.requests == []
 
 
 def test_ctrl_c_during_a_slow_model_call_aborts_it(bench_factory, tmp_path):  # noqa: F811 (fixture)
@@ -172,7 +174,7 @@ def test_a_missing_sdk_is_reported_before_a_session_exists(cli: Cli, state_dir: 
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'anthropic'\", name='anthropic')\n")
     p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(anthropic_agent(tmp_path, server)),
-            env={"PYTHONPATH": str(shadow.parent)}, expect=1)
+            env={"PYTHONPATH": str(shadow.parent)}, expect=2)
     lines = p.err.strip().splitlines()
     assert len(lines) == 1 and "the anthropic provider needs the anthropic package, which is not installed" in lines[0]
     assert "[anthropic]" in lines[0].split("install it with: ", 1)[1], lines[0]

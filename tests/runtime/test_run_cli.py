@@ -91,7 +91,7 @@ def test_a_missing_provider_sdk_is_reported_before_a_session_exists(cli: Cli, st
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'openai'\", name='openai')\n")
     env = {"PYTHONPATH": str(shadow.parent)}
     agent = openai_agent(tmp_path, server)
-    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent), env=env, expect=1)
+    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent), env=env, expect=2)
     line = one_error_line(p)
     # This checkout is an editable install: the command installs the extra into it, with this Python.
     assert "the openai provider needs the openai package, which is not installed" in line
@@ -105,7 +105,7 @@ def test_a_missing_provider_sdk_is_reported_before_a_session_exists(cli: Cli, st
     with FakeOpenAI() as s2:
         s2.reply_content("fine")
         ok = cli.run_json(workspace, "t", openai_agent(tmp_path, s2, name="a2", api_key_env=None), expect=0).json()
-        p = cli("--resume", ok["session"], "--task", "again", env=env, expect=1)
+        p = cli("--resume", ok["session"], "--task", "again", env=env, expect=2)
         assert "install it with:" in one_error_line(p)
         assert len(cli.session_show(ok["session"])["runs"]) == 1
     assert ses

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kxen_agent.store import RefUpdate, Store, fsck
+from kxen_agent.store.fsck import NEXT
 
 from .helpers import one_line_error, run_cli
 
@@ -68,7 +69,8 @@ def test_ref_to_a_missing_object_names_the_ref(state_dir, store, populated):
     assert f"missing-object: {G}/head: ref points to missing object {populated['msg'].hex()}" in p.stderr.decode()
     _, rep = _fsck_json(state_dir)
     assert {"kind": "missing-object", "where": f"{G}/head",
-            "message": f"ref points to missing object {populated['msg'].hex()}"} in rep["problems"]
+            "message": f"ref points to missing object {populated['msg'].hex()}",
+            "next": NEXT["missing-object"]} in rep["problems"]
 
 
 def test_broken_link_is_a_problem(state_dir, store, populated):
@@ -77,7 +79,7 @@ def test_broken_link_is_a_problem(state_dir, store, populated):
     assert code != 0 and rep["clean"] is False
     assert rep["problems"] == [
         {"kind": "broken-link", "where": populated["msg"].hex(),
-         "message": f"links to missing object {populated['blob'].hex()}"}
+         "message": f"links to missing object {populated['blob'].hex()}", "next": NEXT["broken-link"]}
     ]
 
 
@@ -112,7 +114,7 @@ def test_edited_step_record_is_damage_not_a_tail(state_dir, store, populated):
         f.write(data)
     code, rep = _fsck_json(state_dir)
     assert code == 1
-    assert ("corrupt-ref", G) in [(x["kind"], x["where"]) for x in rep["problems"]]
+    assert ("corrupt-ref", path) in [(x["kind"], x["where"]) for x in rep["problems"]]  # the log, named once
 
 
 def test_ref_missing_from_its_reflog_is_a_mismatch(state_dir, store, populated):

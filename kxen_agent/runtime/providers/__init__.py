@@ -26,12 +26,20 @@ OpenAI's nested form, and only the Anthropic provider its content blocks.
 
 from __future__ import annotations
 
-from .anthropic import DEFAULT_ANTHROPIC_URL, AnthropicProvider
-from .base import AssistantTurn, ModelEndpoint, OnText, Provider, ProviderCanceled, ProviderError, ToolCall, Usage
-from .factory import make_provider, model_endpoint
-from .openai_compat import DEFAULT_BASE_URL, OpenAIProvider
-from .script import SCRIPT_FINISHED, ScriptProvider
-from .sdk import ProviderUnavailable, install_command, require_sdk
+import kxen_agent.lazy
+
+# Imported on first use (kxen_agent.lazy): a run of the script provider, and a
+# read command that only needs Usage, never import the HTTP providers' asyncio,
+# ssl and urllib (a fifth of such a command's start-up).
+_LAZY = {
+    "AnthropicProvider": ".anthropic", "DEFAULT_ANTHROPIC_URL": ".anthropic",
+    "AssistantTurn": ".base", "ModelEndpoint": ".base", "OnText": ".base", "Provider": ".base",
+    "ProviderCanceled": ".base", "ProviderError": ".base", "ToolCall": ".base", "Usage": ".base",
+    "make_provider": ".factory", "model_endpoint": ".factory",
+    "DEFAULT_BASE_URL": ".openai_compat", "OpenAIProvider": ".openai_compat",
+    "SCRIPT_FINISHED": ".script", "ScriptProvider": ".script",
+    "ProviderUnavailable": ".sdk", "install_command": ".sdk", "require_sdk": ".sdk",
+}
 
 __all__ = [
     "AnthropicProvider",
@@ -54,3 +62,5 @@ __all__ = [
     "model_endpoint",
     "require_sdk",
 ]
+
+__getattr__, __dir__ = kxen_agent.lazy.lazy_surface(__name__, _LAZY, globals())

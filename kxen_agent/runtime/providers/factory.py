@@ -18,9 +18,7 @@ from kxen_agent.errors import UsageError
 from kxen_agent.runtime.answer_check import limits_of
 from kxen_agent.session.agent_def import base_url_problem
 
-from .anthropic import AnthropicProvider
 from .base import ModelEndpoint, Provider
-from .openai_compat import OpenAIProvider
 from .script import ScriptProvider
 from .sdk import ProviderUnavailable, install_command, missing_sdk_error, require_sdk
 
@@ -103,7 +101,12 @@ def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None
         common: dict[str, Any] = {"base_url": ep.base_url, "model": ep.model, "api_key_env": lock.get("api_key_env"),
                                   "deadline_s": None if deadline_ms is None else deadline_ms / 1000,
                                   "limits": limits_of(lock)}
+        # Imported here: a script run (and every read command) never pays for the HTTP providers' imports.
         if kind == "anthropic":
+            from .anthropic import AnthropicProvider
+
             return AnthropicProvider(**common)
+        from .openai_compat import OpenAIProvider
+
         return OpenAIProvider(**common)
     raise UsageError(f"agent lock names unknown provider {kind!r}; use 'script', 'openai' or 'anthropic'")

@@ -10,13 +10,11 @@ imports an SDK except to check that it imports.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import json
 import os
 import shlex
 import sys
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +71,8 @@ def install_command(extra: str) -> str:
     install (a source checkout) the checkout's path, anything else pip run
     by the Python running kxen-agent.
     """
+    import importlib.metadata  # here: only a missing SDK's message needs it (and it costs a command's start-up)
+
     try:
         dist = importlib.metadata.distribution("kxen-agent")
     except importlib.metadata.PackageNotFoundError:
@@ -99,4 +99,6 @@ def _editable_source(dist: importlib.metadata.Distribution) -> str | None:
     url = info.get("url")
     if not isinstance(url, str) or not url.startswith("file:"):
         return None
+    import urllib.request
+
     return urllib.request.url2pathname(urllib.parse.urlsplit(url).path)

@@ -347,28 +347,65 @@ class PackReader:
 
 
 class BrokenPack:
-    """Stands in for a pack whose index cannot be opened, so fsck can name it.
+    """Stands in for a pack whose index or frame cannot be opened, so fsck can name it.
 
-    Holds no objects; :meth:`verify` raises the error met at open.
+    Its entries are still read one by one (``objects_spec.md`` §18): the
+    first lookup scans the pack for entries whose CRC checks (once), and
+    :meth:`read_raw` serves those, rehashed against their ids as every read
+    is. A damaged trailer or index thus loses no object that still reads.
+    :meth:`verify` raises the error met at open.
     """
 
-    def __init__(self, path: str, error: KxenError) -> None:
+    def __init__(self, path: str, error: KxenError, io: FileIO = OS_IO) -> None:
         self.path = path
         self.error = error
         self.name = os.path.basename(path)
         self.count = 0
+        self.io = io
+        self.dictionary = None
+        self._good: dict[ObjectId, tuple[int, int, int, int, int]] | None = None
+        self._data = b""
+        self._dec: Decompressor | None = None
+        self._mu = threading.Lock()
+
+    def _entries(self) -> dict[ObjectId, tuple[int, int, int, int, int]]:
+        with self._mu:
+            if self._good is None:
+                from ..salvage import salvage_pack  # salvage reads packs through this package: imported late
+
+                try:
+                    sal = salvage_pack(self.io, self.path)
+                    self._data = self.io.read(self.path) if sal.good else b""
+                    try:
+                        self._dec = Decompressor(sal.dictionary)
+                    except BadPack:  # a damaged dictionary: the entries that need none still read
+                        self._dec = Decompressor(None)
+                    self._good = sal.good
+                except (KxenError, OSError):
+                    self._good = {}
+                self.count = len(self._good)
+            return self._good
 
     def has(self, oid: ObjectId) -> bool:
-        return False
+        return oid in self._entries()
 
     def read_raw(self, oid: ObjectId) -> RawObject | None:
-        return None
+        hit = self._entries().get(oid)
+        if hit is None or self._dec is None:
+            return None
+        _off, method, raw_len, s0, end = hit
+        where = f"{self.path}:{oid.hex()}"
+        raw = self._dec.decompress_raw(method, raw_len, self._data[s0:end], where)
+        return parse_object(raw, where, expect_id=oid)
 
     def iter_ids(self) -> Iterator[ObjectId]:
-        return iter(())
+        return iter(list(self._entries()))
 
     def with_prefix(self, hexprefix: str) -> list[ObjectId]:
-        return []
+        return sorted(o for o in self._entries() if o.hex().startswith(hexprefix)) if hexprefix else []
+
+    def mtime(self) -> float:
+        return self.io.stat(self.path).st_mtime
 
     def verify(self, progress=None) -> None:
         raise self.error

@@ -1,0 +1,576 @@
+"""Workspace checkpoints: what a session's tools left in the workspace, as commits of the workspace's own repository.
+
+A checkpoint (``objects_spec.md`` §14.14) is a Git commit in the workspace
+repository's object database whose tree is the workspace as Git sees it —
+``HEAD``'s files with every tracked and untracked-but-not-ignored file under
+the bound directory as it is on disk — made with a per-session index kept in
+the state dir (:data:`INDEX_CACHE`: a kept index re-hashes only what changed),
+``git add -A``, ``write-tree`` and ``commit-tree``. Its first parent is the
+session's previous checkpoint (a chain under one ref,
+:func:`checkpoint_ref`), its second the workspace's ``HEAD`` of that time, so
+the repository's own ``git gc`` keeps every checkpoint and a branch made at
+one holds the commits of its time. Files over the bounds (:class:`Bounds`)
+are left out and listed in the commit's message.
+
+Every ``git`` process goes through :mod:`.gitproc` (its trust-boundary
+configuration: no hooks, fsmonitor, repository filters, textconv or
+external diff), and every object and ref a checkpoint writes is fsynced by
+Git (``core.fsync=committed``) before its id is returned, so a journal entry
+naming it never names something a crash lost.
+
+It never touches the user's index, working tree, branches or ``HEAD``: the
+only Git state it changes is the objects it adds and the refs under
+``refs/kxen/checkpoints/``. It reads the store only to find where a session
+forked (:func:`fork_base`) and the journal fields (:func:`session_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from kxen_agent.errors import KxenError
+from kxen_agent.store.caches import CacheKind
+
+from . import gitproc
+from .workspace import WorkspaceIdentity
+
+__all__ = [
+    "AFTER_KEY",
+    "BEFORE_KEY",
+    "Bounds",
+    "Checkpoint",
+    "CheckpointError",
+    "Checkpointer",
+    "INDEX_CACHE",
+    "NoCheckpoints",
+    "OpCheckpoints",
+    "REF_PREFIX",
+    "Repo",
+    "checkpoint_ref",
+    "chain_size",
+    "checkpoints_of",
+    "delete_checkpoint_refs",
+    "diff",
+    "for_session",
+    "fork_base",
+    "numstat",
+    "open_repo",
+    "session_checkpoints",
+    "snapshot_tree",
+    "stage",
+    "unavailable_reason",
+]
+
+#: The journal keys (§14.6): the checkpoint before an operation's effect (on ``Started`` and every later
+#: entry of the operation) and after it (on ``Settled``).
+BEFORE_KEY = "checkpointBefore"
+AFTER_KEY = "checkpointAfter"
+#: Where the checkpoints of session ``ses`` are: ``refs/kxen/checkpoints/<ses>`` in the workspace repository.
+REF_PREFIX = "refs/kxen/checkpoints/"
+#: The kept index of a session: ``cache/checkpoint-index/sessions/<ses>`` (§11a; removed with the group).
+INDEX_CACHE = CacheKind("checkpoint-index", title="checkpoint index")
+
+DEFAULT_MAX_FILE_BYTES = 10 << 20
+DEFAULT_MAX_FILES = 10_000
+DEFAULT_MAX_BYTES = 256 << 20
+
+_SHA1 = re.compile(r"[0-9a-f]{40}")
+_ZERO = "0" * 40
+# Git fsyncs the objects and the ref it writes (git 2.36+); batch: one fsync for the loose objects of an add.
+_DURABLE = ("core.fsync=committed", "core.fsyncMethod=batch")
+_IDENT = {"GIT_AUTHOR_NAME": "kxen-agent", "GIT_AUTHOR_EMAIL": "checkpoint@kxen-agent.invalid",
+          "GIT_COMMITTER_NAME": "kxen-agent", "GIT_COMMITTER_EMAIL": "checkpoint@kxen-agent.invalid",
+          "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
+
+
+class CheckpointError(KxenError):
+    """A git command of a checkpoint failed (the message names it and the repository)."""
+
+
+class NoCheckpoints(KxenError):
+    """The session records no checkpoints here (the message says why: policy, no Git workspace, SHA-256); exit 1."""
+
+
+def checkpoint_ref(ses: str) -> str:
+    """``refs/kxen/checkpoints/<ses>``."""
+    return REF_PREFIX + ses
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a checkpoint leaves out (§14.14): files over ``max_file_bytes``; past ``max_files`` new or changed
+    files, or ``max_bytes`` of them in all, the rest (in path order)."""
+
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_files: int = DEFAULT_MAX_FILES
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    @classmethod
+    def of(cls, policy: Mapping[str, Any]) -> Bounds:
+        return cls(policy.get("checkpoint_max_file_bytes", DEFAULT_MAX_FILE_BYTES),
+                   policy.get("checkpoint_max_files", DEFAULT_MAX_FILES),
+                   policy.get("checkpoint_max_bytes", DEFAULT_MAX_BYTES))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint taken: its commit, tree, and the files it left out as (path, why)."""
+
+    commit: str
+    tree: str
+    left_out: tuple[tuple[str, str], ...] = ()
+    reused: bool = False  # the workspace had not changed: the previous checkpoint stands
+
+
+@dataclass(frozen=True)
+class Repo:
+    """The workspace repository as checkpoints need it: the bound directory and the common Git directory."""
+
+    root: str
+    top: str
+    common_dir: str
+
+    def git(self, args: Sequence[str], *, input: bytes | None = None, env: Mapping[str, str] | None = None,
+            config: Sequence[str] = (), cwd: str | None = None) -> bytes:
+        p = gitproc.run(args, cwd=cwd or self.root, input=input, env={**_IDENT, **(env or {})}, config=config)
+        if p.returncode != 0:
+            err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise CheckpointError(f"git {args[0]} failed in {self.root}: {err[-1] if err else 'exit ' + str(p.returncode)}")
+        return p.stdout
+
+    def exists(self, commit: str) -> bool:
+        """Whether ``commit`` is a commit of this repository."""
+        if not _SHA1.fullmatch(commit):
+            return False
+        p = gitproc.run(["cat-file", "-e", commit + "^{commit}"], cwd=self.root, env=_IDENT)
+        return p.returncode == 0
+
+    def tip(self, ses: str) -> str | None:
+        p = gitproc.run(["rev-parse", "-q", "--verify", checkpoint_ref(ses) + "^{commit}"], cwd=self.root, env=_IDENT)
+        out = p.stdout.decode().strip()
+        return out if p.returncode == 0 and _SHA1.fullmatch(out) else None
+
+
+def unavailable_reason(workspace: WorkspaceIdentity, policy: Mapping[str, Any]) -> str | None:
+    """Why a session bound to ``workspace`` under ``policy`` records no checkpoints, or None when it does."""
+    if policy.get("checkpoints", True) is False:
+        return "[policy] checkpoints = false in the agent definition"
+    if workspace.repo_root is None:
+        return f"the workspace {workspace.root} is not in a Git repository"
+    try:
+        fmt = gitproc.run(["rev-parse", "--show-object-format"], cwd=workspace.root, env=_IDENT)
+    except OSError as ex:
+        return f"git cannot run ({ex})"
+    if fmt.returncode != 0:
+        return f"the workspace {workspace.root} is not a Git work tree any more"
+    name = fmt.stdout.decode().strip() or "sha1"
+    if name != "sha1":
+        return f"the repository of {workspace.root} uses {name} object ids; checkpoints support sha1 repositories only"
+    return None
+
+
+def open_repo(workspace: WorkspaceIdentity, policy: Mapping[str, Any]) -> Repo:
+    """The workspace repository, or :class:`NoCheckpoints` saying why the session has none there."""
+    why = unavailable_reason(workspace, policy)
+    if why is not None:
+        raise NoCheckpoints(f"no checkpoints: {why}")
+    out = gitproc.run(["rev-parse", "--path-format=absolute", "--git-common-dir", "--show-toplevel"],
+                      cwd=workspace.root, env=_IDENT)
+    lines = out.stdout.decode("utf-8", "surrogateescape").splitlines()
+    if out.returncode != 0 or len(lines) < 2:
+        raise NoCheckpoints(f"no checkpoints: the workspace {workspace.root} is not a Git work tree any more")
+    return Repo(workspace.root, lines[1], lines[0])
+
+
+# ---------------------------------------------------------------- taking checkpoints
+
+
+class Checkpointer:
+    """Takes the checkpoints of one session in its workspace (one per process and run; not thread-safe).
+
+    ``index_path`` is the session's kept index (:data:`INDEX_CACHE`). :meth:`take` records the workspace
+    now; :meth:`before` is the last checkpoint this object took, or a new one; the first checkpoint of a
+    session with no ref chains onto ``base`` (a fork's parent checkpoint at the fork point, :func:`fork_base`).
+    """
+
+    def __init__(self, repo: Repo, ses: str, index_path: str, bounds: Bounds, *, base: str | None = None) -> None:
+        self.repo = repo
+        self.ses = ses
+        self.index_path = index_path
+        self.bounds = bounds
+        self.base = base
+        self.last: Checkpoint | None = None
+        self._heads: dict[str, str | None] = {}  # checkpoint commit -> the HEAD it recorded
+
+    def before(self, label: str) -> Checkpoint:
+        """The checkpoint before an operation: the one this process took last (after the previous operation),
+        else a new one."""
+        return self.last if self.last is not None else self.take(label)
+
+    def take(self, label: str) -> Checkpoint:
+        """Record the workspace now as a checkpoint (the previous one when nothing changed); durable on return."""
+        self._seed_index()
+        head, tip = self._head_and_tip()
+        # The kept index may name only objects that are durable in the repository: it is staged as a copy and
+        # replaced once the objects are packed, so a crash (or error) in between leaves the old one.
+        work = self.index_path + ".new"
+        if os.path.exists(self.index_path):
+            shutil.copy2(self.index_path, work)
+        try:
+            with _Quarantine(self.repo) as q:
+                left_out, tree = stage(self.repo, work, self.bounds, env=q.env)
+                reuse = tip is not None and tip[1] == tree and (head is None or self._recorded_head(tip[0]) == head)
+                if not reuse:
+                    parents = [p for p in ((tip[0] if tip else self.base), head) if p]
+                    msg = _message(self.ses, label, left_out, self.bounds)
+                    args = ["commit-tree", tree]
+                    for p in dict.fromkeys(parents):
+                        args += ["-p", p]
+                    commit = self.repo.git([*args, "-F", "-"], input=msg.encode("utf-8", "surrogateescape"),
+                                           env=q.env).decode().strip()
+                q.persist()
+            os.replace(work, self.index_path)
+        finally:
+            if os.path.exists(work):
+                os.unlink(work)
+        if reuse:
+            assert tip is not None
+            cp = Checkpoint(tip[0], tree, tuple(left_out), reused=True)
+            self.last = cp
+            return cp
+        self.repo.git(["update-ref", "-m", f"kxen-agent checkpoint {label}", checkpoint_ref(self.ses), commit,
+                       tip[0] if tip else _ZERO], config=_DURABLE)
+        self._fsync_dir(os.path.join(self.repo.common_dir, *REF_PREFIX.rstrip("/").split("/")))
+        self._heads[commit] = head
+        cp = Checkpoint(commit, tree, tuple(left_out))
+        self.last = cp
+        return cp
+
+    # ---- the pieces
+
+    def _recorded_head(self, commit: str) -> str | None:
+        """The ``HEAD`` a checkpoint recorded: its last parent (the chain's previous checkpoint comes first)."""
+        if commit not in self._heads:
+            parents = self.repo.git(["rev-list", "--parents", "-n", "1", commit]).decode().split()[1:]
+            self._heads[commit] = parents[-1] if parents else None
+        return self._heads[commit]
+
+    def _head_and_tip(self) -> tuple[str | None, tuple[str, str] | None]:
+        # One process for HEAD, the ref and its tree.
+        ref = checkpoint_ref(self.ses)
+        out = self.repo.git(["cat-file", "--batch-check=%(objectname) %(objecttype)"],
+                            input=f"HEAD\n{ref}\n{ref}^{{tree}}\n".encode()).decode().splitlines()
+        vals = [ln.split()[0] if ln.endswith((" commit", " tree")) else None for ln in out]
+        vals += [None] * (3 - len(vals))
+        head, commit, tree = vals[:3]
+        return head, ((commit, tree) if commit and tree else None)
+
+    def _seed_index(self) -> None:
+        """A session's first checkpoint starts from a copy of the repository's index (its stat data, so only
+        what changed is hashed; ``copy2`` keeps its time, so Git's racy-entry check still holds)."""
+        if os.path.exists(self.index_path):
+            return
+        os.makedirs(os.path.dirname(self.index_path), exist_ok=True)
+        gitdir = gitproc.run(["rev-parse", "--path-format=absolute", "--git-dir"], cwd=self.repo.root, env=_IDENT)
+        real = os.path.join(gitdir.stdout.decode("utf-8", "surrogateescape").strip(), "index")
+        if gitdir.returncode == 0 and os.path.isfile(real):
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.index_path), prefix=".seed-")
+            os.close(fd)
+            shutil.copy2(real, tmp)
+            os.replace(tmp, self.index_path)
+
+    @staticmethod
+    def _fsync_dir(d: str) -> None:
+        # Git fsyncs a file before its rename, not the directory holding the new name.
+        try:
+            fd = os.open(d, os.O_RDONLY)
+        except OSError:
+            return  # the ref is packed: Git fsynced packed-refs before its rename
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+_QUARANTINE = "kxen-incoming-"
+
+
+class _Quarantine:
+    """Where a checkpoint's new objects are written first (``GIT_OBJECT_DIRECTORY``, the repository's objects as
+    an alternate), then made durable as one pack: one fsync for the pack and one for its index instead of one
+    per object (``write-tree`` writes a tree per changed directory, each fsynced on its own by
+    ``core.fsync``). Git's own push quarantine works the same way. Removed on the way out, whatever happened."""
+
+    def __init__(self, repo: Repo) -> None:
+        self.repo = repo
+        self.objects = os.path.join(repo.common_dir, "objects")
+        self.dir = ""
+
+    def __enter__(self) -> _Quarantine:
+        self.dir = tempfile.mkdtemp(prefix=_QUARANTINE, dir=self.objects)
+        return self
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"GIT_OBJECT_DIRECTORY": self.dir, "GIT_ALTERNATE_OBJECT_DIRECTORIES": self.objects}
+
+    def persist(self) -> None:
+        """Pack what was written here into the repository's ``objects/pack``, fsynced (nothing when nothing was)."""
+        ids = []
+        for fan in os.listdir(self.dir):
+            if len(fan) == 2:
+                ids += [fan + name for name in os.listdir(os.path.join(self.dir, fan)) if len(name) == 38]
+        if not ids:
+            return
+        pack_dir = os.path.join(self.objects, "pack")
+        os.makedirs(pack_dir, exist_ok=True)
+        self.repo.git(["pack-objects", "-q", "--window=0", os.path.join(pack_dir, "pack")],
+                      input="".join(i + "\n" for i in ids).encode(), env=self.env,
+                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false"))
+        Checkpointer._fsync_dir(pack_dir)
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stage(repo: Repo, index_path: str, bounds: Bounds, *,
+          env: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], str]:
+    """Stage the workspace into the index at ``index_path`` within ``bounds``: (the files left out, the tree).
+
+    Every command that reads the work tree or writes the index runs with the repository's command-running
+    keys made inert (:func:`.gitproc.repository_overrides`): ``ls-files`` hashes a racily clean entry to
+    compare it and ``write-tree``, writing the index back, does too — both through the clean filter.
+    """
+    cfg, cenv = gitproc.repository_overrides(repo.root)
+    env = {**(env or {}), "GIT_INDEX_FILE": index_path, **cenv}
+    raw = repo.git(["ls-files", "-z", "-t", "-m", "-o", "-d", "--exclude-standard"], env=env, config=cfg)
+    new: list[str] = []
+    changed: list[str] = []
+    for item in filter(None, raw.split(b"\0")):
+        tag, path = item[:1], item[2:].decode("utf-8", "surrogateescape")
+        (new if tag == b"?" else changed).append(path)
+    left: list[tuple[str, str]] = []
+    keep: list[str] = []
+    files = total = 0
+    for path in sorted(set(new) | set(changed)):
+        try:
+            st = os.lstat(os.path.join(repo.root, path))
+        except OSError:
+            keep.append(path)  # deleted: add -A records the deletion
+            continue
+        size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # a link's target, a submodule: not its size
+        if size > bounds.max_file_bytes:
+            left.append((path, f"over checkpoint_max_file_bytes ({size} > {bounds.max_file_bytes})"))
+        elif files + 1 > bounds.max_files:
+            left.append((path, f"past checkpoint_max_files ({bounds.max_files})"))
+        elif total + size > bounds.max_bytes:
+            left.append((path, f"past checkpoint_max_bytes ({bounds.max_bytes})"))
+        else:
+            files += 1
+            total += size
+            keep.append(path)
+    if not left:
+        if keep:
+            repo.git(["add", "-A", "--", "."], env=env)
+    elif keep:
+        repo.git(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                 input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in keep),
+                 env={**env, "GIT_LITERAL_PATHSPECS": "1"})
+    tree = repo.git(["write-tree"], env=env, config=cfg).decode().strip()
+    return left, tree
+
+
+def _message(ses: str, label: str, left_out: Sequence[tuple[str, str]], bounds: Bounds) -> str:
+    lines = [f"kxen-agent checkpoint: {ses} {label}", ""]
+    if left_out:
+        lines.append(f"left out ({len(left_out)}):")
+        lines += [f"  {path}: {why}" for path, why in left_out]
+    else:
+        lines.append("left out: none")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- reading checkpoints back
+
+
+@dataclass(frozen=True)
+class OpCheckpoints:
+    """One operation's checkpoints as its newest journal entry names them (None: not recorded)."""
+
+    op: str
+    run: str
+    message: bytes
+    tool: str
+    state: str
+    before: str | None
+    after: str | None
+
+
+def _ops_of_run(sessions: Any, st: dict) -> list[dict]:
+    """The newest entry of each op of run state ``st``, in order of the op's first entry."""
+    from kxen_agent.session.schema import read  # session layer: the journal's reader
+
+    chain: list[dict] = []
+    oid = st.get("journal")
+    while oid is not None:
+        e = read(sessions.store, oid, "journal")
+        chain.append(e)
+        oid = e.get("previous")
+    latest: dict[str, dict] = {}
+    for e in reversed(chain):
+        latest[e["op"]] = e
+    return list(latest.values())
+
+
+def session_checkpoints(sessions: Any, info: Any) -> list[OpCheckpoints]:
+    """The operations of session ``info`` that name a checkpoint, in the order of its history (runs in
+    index order, ops in journal order), including — for a fork — those of its ancestors up to the fork point."""
+    from kxen_agent.session.schema import read
+
+    history = set()
+    oid = info.head
+    while oid is not None:
+        history.add(oid)
+        oid = read(sessions.store, oid, "message").get("parent")
+    out: list[OpCheckpoints] = []
+    seen_runs: set[str] = set()
+    chain = [info]
+    meta = info.meta
+    while meta.get("parentId"):
+        try:
+            parent = sessions.get(meta["parentId"], include_deleted=True)
+        except KxenError:
+            break
+        chain.append(parent)
+        meta = parent.meta
+    for sess in reversed(chain):
+        states = []
+        for run, roid in sess.runs.items():
+            if run in seen_runs:
+                continue
+            seen_runs.add(run)
+            st = read(sessions.store, roid, "run")
+            states.append(st)
+        for st in sorted(states, key=lambda s: (s.get("startedNs", 0), s["index"])):
+            for e in _ops_of_run(sessions, st):
+                if e["message"] not in history:
+                    continue
+                before, after = e.get(BEFORE_KEY), e.get(AFTER_KEY)
+                if before is None and after is None:
+                    continue
+                out.append(OpCheckpoints(e["op"], e["run"], e["message"], e["tool"], e["state"], before, after))
+    return out
+
+
+def fork_base(sessions: Any, info: Any) -> str | None:
+    """Where a session's first checkpoint chains on: the last checkpoint named in its history (for a fork,
+    its parent's at the fork point), or None."""
+    for o in reversed(session_checkpoints(sessions, info)):
+        return o.after or o.before
+    return None
+
+
+def checkpoints_of(repo: Repo, ses: str) -> list[str]:
+    """The session's own checkpoint commits, newest first (its first-parent chain up to where it chains onto
+    a fork's parent checkpoint or ``HEAD``)."""
+    tip = repo.tip(ses)
+    if tip is None:
+        return []
+    own = f"kxen-agent checkpoint: {ses} "
+    out: list[str] = []
+    for line in repo.git(["log", "--first-parent", "--format=%H %s", tip]).decode("utf-8", "replace").splitlines():
+        commit, _, subject = line.partition(" ")
+        if not subject.startswith(own):
+            break
+        out.append(commit)
+    return out
+
+
+def chain_size(repo: Repo, ses: str) -> tuple[int, int]:
+    """(count, bytes): the session's own checkpoints (:func:`checkpoints_of`), and the on-disk size of the
+    objects they reach that ``HEAD`` does not (what the checkpoints cost the repository)."""
+    own = checkpoints_of(repo, ses)
+    if not own:
+        return 0, 0
+    excl = ["--not", "HEAD"] if gitproc.run(["rev-parse", "-q", "--verify", "HEAD"], cwd=repo.root,
+                                            env=_IDENT).returncode == 0 else []
+    objs = repo.git(["rev-list", "--objects", "--no-object-names", own[0], *excl])
+    out = repo.git(["cat-file", "--batch-check=%(objectsize:disk)"], input=objs)
+    return len(own), sum(int(x) for x in out.split())
+
+
+def delete_checkpoint_refs(repo_root: str, sessions: Iterable[str]) -> list[str]:
+    """Delete ``refs/kxen/checkpoints/<ses>`` of each of ``sessions`` (pruned sessions) in the repository at
+    ``repo_root``; the deleted ref names. Git's own gc then reclaims what only they kept."""
+    wanted = set(sessions)
+    out = gitproc.run(["for-each-ref", "--format=%(refname)", REF_PREFIX], cwd=repo_root, env=_IDENT)
+    if out.returncode != 0:
+        return []
+    gone = [r for r in out.stdout.decode().split() if r[len(REF_PREFIX):] in wanted]
+    if gone:
+        script = "".join(f"delete {r}\n" for r in gone).encode()
+        p = gitproc.run(["update-ref", "--stdin"], cwd=repo_root, input=script, env=_IDENT, config=_DURABLE)
+        if p.returncode != 0:
+            raise CheckpointError(f"git update-ref failed in {repo_root}: {p.stderr.decode('utf-8', 'replace').strip()}")
+    return gone
+
+
+def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
+    """The tree of the workspace now, made with a copy of the session's kept index (no commit, no ref)."""
+    with tempfile.TemporaryDirectory(prefix="kxen-ckpt-") as d:
+        tmp = os.path.join(d, "index")
+        if os.path.exists(index_path):
+            shutil.copy2(index_path, tmp)
+        else:
+            Checkpointer(repo, "-", tmp, bounds)._seed_index()
+        return stage(repo, tmp, bounds)[1]
+
+
+_DIFF_SAFE = ("--no-ext-diff", "--no-textconv")
+
+
+def diff(repo: Repo, a: str, b: str, *, stat: bool = False, color: bool = False) -> str:
+    """``git diff A B`` between two checkpoints (commits or trees), never running the repository's
+    configured diff commands (``--no-ext-diff --no-textconv``; :mod:`.gitproc` empties them too)."""
+    args = ["diff", *_DIFF_SAFE, "--color=always" if color else "--no-color"]
+    if stat:
+        args.append("--stat")
+    return repo.git([*args, a, b, "--"], cwd=repo.top).decode("utf-8", "replace")
+
+
+def numstat(repo: Repo, a: str, b: str) -> list[dict]:
+    """The files that differ between ``a`` and ``b``: path, status letter, lines added and deleted (None: binary)."""
+    raw = repo.git(["diff", *_DIFF_SAFE, "--no-renames", "--numstat", "-z", a, b, "--"], cwd=repo.top)
+    status = repo.git(["diff", *_DIFF_SAFE, "--no-renames", "--name-status", "-z", a, b, "--"], cwd=repo.top)
+    st_parts = status.split(b"\0")
+    kinds = {st_parts[i + 1].decode("utf-8", "surrogateescape"): st_parts[i].decode()
+             for i in range(0, len(st_parts) - 1, 2)}
+    out = []
+    for item in filter(None, raw.split(b"\0")):
+        added, deleted, path = item.split(b"\t", 2)
+        p = path.decode("utf-8", "surrogateescape")
+        out.append({"path": p, "status": kinds.get(p, "M"),
+                    "added": None if added == b"-" else int(added), "deleted": None if deleted == b"-" else int(deleted)})
+    return out
+
+
+# ---------------------------------------------------------------- a session's checkpointer
+
+
+def for_session(store: Any, sessions: Any, info: Any, policy: Mapping[str, Any]) -> tuple[Checkpointer | None, str | None]:
+    """(the checkpointer of session ``info``, None) or (None, why it records none)."""
+    why = unavailable_reason(info.workspace, policy)
+    if why is not None:
+        return None, why
+    repo = open_repo(info.workspace, policy)
+    cp = Checkpointer(repo, info.id, store.caches.path(INDEX_CACHE, info.group), Bounds.of(policy))
+    if repo.tip(info.id) is None:
+        base = fork_base(sessions, info)
+        cp.base = base if base is not None and repo.exists(base) else None
+    return cp, None
