@@ -152,12 +152,38 @@ def diff_cmd(
         out(f"no changes ({what}: {a[:12]}..{b[:12]})")
         return
     if tty:
-        import click
-
-        os.environ.setdefault("LESS", "FRX")  # colors pass through, short output does not wait
-        click.echo_via_pager(text)
+        _page(text)
     else:
         sys.stdout.write(text)
+
+
+def _page(text: str) -> None:
+    """Show ``text`` through the user's pager (``PAGER``, else ``less``), or plainly when there is none.
+
+    The user's own pager, never the repository's ``core.pager``: the diff comes from a workspace that may be
+    someone else's.
+    """
+    import shlex
+    import subprocess
+
+    argv = shlex.split(os.environ.get("PAGER") or "less")
+    if not argv or argv[0] == "cat":
+        sys.stdout.write(text)
+        return
+    env = dict(os.environ)
+    env.setdefault("LESS", "FRX")  # colors pass through, short output does not wait
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env)
+    except OSError:
+        sys.stdout.write(text)  # no such pager: the text all the same
+        return
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(text.encode("utf-8", "surrogateescape"))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the user left the pager before the end
+    proc.wait()
 
 
 def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) -> list[str]:

@@ -58,6 +58,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
+from kxen_agent.store.fsio import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, SHARED_FILE_MODE
 
 from . import gitproc
 from .workspace import WorkspaceIdentity
@@ -227,8 +228,12 @@ class Checkpointer:
     session with no ref chains onto ``base`` (a fork's parent checkpoint at the fork point, :func:`fork_base`).
     """
 
-    def __init__(self, repo: Repo, ses: str, index_path: str, bounds: Bounds, *, base: str | None = None) -> None:
+    def __init__(self, repo: Repo, ses: str, index_path: str, bounds: Bounds, *, base: str | None = None,
+                 io: Any = None) -> None:
         self.repo = repo
+        # The store's file layer (None: a throw-away index outside the state dir): the kept index is state,
+        # and takes the state dir's modes (§10.4) whatever the umask, as every other file there does.
+        self.io = io
         self.ses = ses
         self.index_path = index_path
         self.bounds = bounds
@@ -265,6 +270,7 @@ class Checkpointer:
                     commit = self.repo.git([*args, "-F", "-"], input=msg.encode("utf-8", "surrogateescape"),
                                            env=q.env, config=q.config).decode().strip()
                 q.persist()
+            self._own_mode(work)  # Git made it with 0666 less the umask, or copy2 kept the old mode
             os.replace(work, self.index_path)
             self._staged = tree
         finally:
@@ -307,14 +313,22 @@ class Checkpointer:
         what changed is hashed; ``copy2`` keeps its time, so Git's racy-entry check still holds)."""
         if os.path.exists(self.index_path):
             return
-        os.makedirs(os.path.dirname(self.index_path), exist_ok=True)
+        if self.io is not None:
+            self.io.makedirs(os.path.dirname(self.index_path))
+        else:
+            os.makedirs(os.path.dirname(self.index_path), PRIVATE_DIR_MODE, exist_ok=True)
         gitdir = gitproc.run(["rev-parse", "--path-format=absolute", "--git-dir"], cwd=self.repo.root, env=_IDENT)
         real = os.path.join(gitdir.stdout.decode("utf-8", "surrogateescape").strip(), "index")
         if gitdir.returncode == 0 and os.path.isfile(real):
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.index_path), prefix=".seed-")
             os.close(fd)
             shutil.copy2(real, tmp)
+            self._own_mode(tmp)
             os.replace(tmp, self.index_path)
+
+    def _own_mode(self, path: str) -> None:
+        shared = self.io is not None and self.io.is_shared(path)
+        os.chmod(path, SHARED_FILE_MODE if shared else PRIVATE_FILE_MODE)
 
     @staticmethod
     def _fsync_dir(d: str) -> None:
@@ -684,7 +698,7 @@ def for_session(store: Any, sessions: Any, info: Any, policy: Mapping[str, Any])
     if why is not None:
         return None, why
     repo = open_repo(info.workspace, policy)
-    cp = Checkpointer(repo, info.id, store.caches.path(INDEX_CACHE, info.group), Bounds.of(policy))
+    cp = Checkpointer(repo, info.id, store.caches.path(INDEX_CACHE, info.group), Bounds.of(policy), io=getattr(store, "io", None))
     if repo.tip(info.id) is None:
         base = fork_base(sessions, info)
         cp.base = base if base is not None and repo.exists(base) else None
