@@ -43,6 +43,7 @@ import blake3
 import zstandard
 
 from kxen_agent.session.positions import POSITIONS
+from kxen_agent.session.positions import sync as sync_positions
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import codec
 from kxen_agent.store.caches import CacheKind, Caches
@@ -293,6 +294,7 @@ def write_index(io: Any, path: str, entries: Sequence[Entry], *, keep: int = 0, 
     either way (the module docstring says why). The file's new size;
     raises OSError.
     """
+    _sync_positions(io, path, entries)
     if keep and keep_bytes:
         if keep >= len(entries):
             return keep_bytes
@@ -310,6 +312,21 @@ def write_index(io: Any, path: str, entries: Sequence[Entry], *, keep: int = 0, 
             pass
         raise
     return len(data)
+
+
+def _sync_positions(io: Any, path: str, entries: Sequence[Entry]) -> None:
+    """Bring the session's message positions (§11a.1) up to date from the same entries, when ``path`` is
+    a history index in its cache dir (``cache/history/<ns>/<id>``): ``fork --at`` after a run then reads
+    no message. A cache beside a cache: never an error of the run's."""
+    ns_dir = os.path.dirname(path)
+    kind_dir = os.path.dirname(ns_dir)
+    if os.path.basename(kind_dir) != HISTORY.name:
+        return
+    other = os.path.join(os.path.dirname(kind_dir), POSITIONS.name, os.path.basename(ns_dir), os.path.basename(path))
+    try:
+        sync_positions(io, other, [e[0] for e in entries])
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- fsck

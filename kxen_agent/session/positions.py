@@ -20,10 +20,11 @@ another history, damage) is written anew from a walk; a negative answer is
 checked by the walk all the same, so a damaged entry can cost time, never
 a wrong refusal. Never needed: delete it and the next lookup walks.
 
-Who writes it: the lookup itself, after it walked (the whole history once;
-then only what runs added since, O(added)), appending the new entries when
-the file ends where the walk joined it, else writing it anew (temp file and
-rename). Never fsynced. Two lookups appending at once both append the same
+Who writes it: the run loop, beside its history index after a run
+(:func:`sync`, from the ids it holds: no message read), and the lookup
+itself, after it walked (the whole history once; then only what was added
+since, O(added)), appending the new entries when the file ends where the
+walk joined it, else writing it anew (temp file and rename). Never fsynced. Two lookups appending at once both append the same
 entries after the same end: the second copy lies at positions whose message
 has another ``seq``, so the next lookup's join fails there and it writes the
 file anew — an entry at a position is never wrong unless every later one is.
@@ -34,12 +35,12 @@ Every file call goes through the store's ``FileIO``.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
 
-__all__ = ["MAGIC", "POSITIONS", "ID_SIZE", "find", "verify_positions"]
+__all__ = ["MAGIC", "POSITIONS", "ID_SIZE", "find", "sync", "verify_positions"]
 
 #: The file's first bytes (§11a.1).
 MAGIC = b"kxen-positions 1\n"
@@ -125,6 +126,31 @@ def find(store: Any, group: str, head: bytes | None, oid: bytes, seq: int) -> bo
     ids = _walk(store, head)
     _write(io, path, ids)
     return seq < len(ids) and ids[seq] == oid
+
+
+def sync(io: Any, path: str, ids: Sequence[bytes]) -> None:
+    """Make the file at ``path`` hold ``ids`` (a whole history from ``seq`` 0, as the run loop holds it
+    after a run): append what it lacks when its last entry is ``ids``' at that position, else write it
+    anew; nothing when it holds them already. So the first lookup after a run reads no message. No
+    fsync; an error leaves the file to the next lookup."""
+    try:
+        f = io.open_read(path)
+    except OSError:
+        _write(io, path, list(ids))
+        return
+    with f:
+        size = io.fstat(f).st_size
+        n = -1  # -1: written anew
+        if size >= len(MAGIC) and f.read(len(MAGIC)) == MAGIC and (size - len(MAGIC)) % ID_SIZE == 0:
+            n = (size - len(MAGIC)) // ID_SIZE
+            if n > len(ids) or (n and _read_entry(f, n - 1) != ids[n - 1]):
+                n = -1
+    if n == len(ids):
+        return
+    if n >= 0:
+        _append(io, path, ids[n:], size)
+    else:
+        _write(io, path, list(ids))
 
 
 def _walk(store: Any, head: bytes) -> list[bytes]:

@@ -326,6 +326,10 @@ class AutoPacker:
         if groups:
             folded = fold_step_logs(self.store, groups=groups)
             rep.packed, rep.pack, rep.folded = folded.packed, folded.pack, len(folded.groups)
+            if not folded.groups:
+                # Nothing folded (a damaged log, which fsck names): not again at every turn, only after
+                # another bound's worth of objects.
+                self._not_before = self._written() + max(1, self.checkpoint_records)
         rep.merged = self._merge_small_packs()
 
     def _merge_small_packs(self) -> int:

@@ -24,7 +24,7 @@ from kxen_agent.store import Store, fsck
 from tests.helpers import cli_env, depth, git_workspace, run_kxen, spawn_kxen, write_agent
 
 CALLS = 16
-TRIALS = depth(fast=3, long=16)
+TRIALS = depth(fast=2, long=16)
 
 
 @pytest.mark.slow
@@ -36,13 +36,20 @@ def test_killed_runs_under_a_low_bound_resume_to_a_whole_history_and_a_clean_sto
     steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "README.md"}}]}] * CALLS
     steps.append({"content": "done"})
     agent = write_agent(tmp_path / "agent", steps, policy={"max_turns": CALLS + 5})
+    killed = resumed = 0
     for trial in range(TRIALS):
         root = tmp_path / f"t{trial}"
         ws = git_workspace(root / "ws")
         env = cli_env(root / "state", {"KXEN_AGENT_CHECKPOINT_RECORDS": "4"})
         p = spawn_kxen(["run", "-q", "--json", "--task", "read it many times", "--agent", str(agent)], env=env,
                        cwd=ws)
-        time.sleep(rng.uniform(0.3, 3.0))  # a random moment of the run: not a wait for a race
+        steps = root / "state" / "steps" / "sessions"
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline and not (steps.is_dir() and any(steps.iterdir())):
+            time.sleep(0.05)  # until the session exists: the run's steps are what is under test
+        time.sleep(rng.uniform(0.0, 2.0))  # then a random moment of the run (not a wait for a race)
+        if p.poll() is None:
+            killed += 1
         p.kill()
         p.communicate()
         store = Store(str(root / "state"), namespaces=(NS,), caches=CACHES)
@@ -51,10 +58,17 @@ def test_killed_runs_under_a_low_bound_resume_to_a_whole_history_and_a_clean_sto
         if not found:  # killed before the session was made: nothing to resume
             continue
         ses = found[0].id
+        resumed += 1
+        task: list[str] = []
         for _ in range(5):
-            r = run_kxen(["--resume", ses, "-q", "--json"], env=env, cwd=ws)
+            r = run_kxen(["--resume", ses, "-q", "--json", *task], env=env, cwd=ws)
+            if r.rc != 0 and "has no run to resume" in r.err:
+                task = ["--task", "read it many times"]  # killed before the run's first step
+                continue
             if r.rc == 0 and '"completed"' in r.out:
                 break
+            if r.rc != 0 and "nothing to resume" in r.err and "is completed" in r.err:
+                break  # killed once the run had completed (packing after the run, the process's exit)
         else:
             pytest.fail(f"trial {trial} (seed {seed}): the run of {ses} did not complete: {r}")
         store = Store(str(root / "state"), namespaces=(NS,), caches=CACHES)
@@ -67,3 +81,5 @@ def test_killed_runs_under_a_low_bound_resume_to_a_whole_history_and_a_clean_sto
         assert len(calls) == CALLS and answered == calls, (trial, seed)
         _, log = store.refs.read_with_log(f"{NS}/{ses}")
         assert log is None or len(log.records) <= 4 + 4 * 6, (trial, seed, len(log.records))
+    print(f"{TRIALS} trials: {killed} killed during the run, {resumed} resumed")
+    assert killed >= 1 and resumed >= 1

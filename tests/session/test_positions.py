@@ -147,3 +147,30 @@ def test_the_spec_vector_is_the_format_the_code_writes_and_reads(tmp_path) -> No
     with open(path, "rb") as f:
         assert f.read() == data
         assert positions._read_entry(f, 1) == ids[1]
+
+
+def test_the_run_loop_keeps_the_file_beside_its_history_index(built) -> None:
+    from kxen_agent.runtime.history_index import HISTORY, write_index
+
+    root, _, ses = built
+    store = _store(root)
+    sessions = SessionStore(store)
+    hist = sessions.history(sessions.get(ses).head)
+    entries = [(m.oid, m.to_provider(), None) for m in hist]
+    group = f"{NS}/{ses}"
+    index, path = store.caches.path(HISTORY, group), store.caches.path(POSITIONS, group)
+    for p in (index, path):
+        if os.path.exists(p):
+            os.unlink(p)
+    size = write_index(store.io, index, entries[:200])  # a first run's index: the positions written whole
+    with open(path, "rb") as f:
+        assert f.read() == MAGIC + b"".join(m.oid for m in hist[:200])
+    write_index(store.io, index, entries, keep=200, keep_bytes=size)  # the next run's: appended
+    with open(path, "rb") as f:
+        assert f.read() == MAGIC + b"".join(m.oid for m in hist)
+    # ... so the first lookup after the run walks nothing.
+    assert _reads_of_lookup(root, ses, hist[3]) < 20
+    # An index written elsewhere than its cache dir (a test's, a tool's) leaves positions alone.
+    write_index(store.io, os.path.join(root, "elsewhere"), entries[:10])
+    with open(path, "rb") as f:
+        assert len(f.read()) == len(MAGIC) + ID_SIZE * len(hist)
