@@ -288,19 +288,41 @@ def w_reads(work: str, sizes: list[int], repeats: int, tail: int, out: dict, cac
                 f"CPU {c * 1e3:7.1f} ms ({cr:.2f}x)")
 
 
-def run_process(work: str, calls: int) -> tuple[float, float, int]:
-    """One whole ``kxen-agent run`` of ``calls`` read_file calls in a fresh state dir: (wall, CPU, files left)."""
+def _git_workspace(work: str) -> str:
+    ws = os.path.join(work, f"ws-git-{time.monotonic_ns()}")
+    os.makedirs(ws)
+    with open(os.path.join(ws, "notes.txt"), "w") as f:
+        f.write(("notes of the benchmark, line after line of them\n" * 60)[:2048])
+    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b.invalid", GIT_COMMITTER_NAME="b",
+               GIT_COMMITTER_EMAIL="b@b.invalid")
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "initial"]):
+        subprocess.run(["git", *cmd], cwd=ws, env=env, check=True, capture_output=True)
+    return ws
+
+
+def run_process(work: str, calls: int, checkpoints: bool | None = None) -> tuple[float, float, int]:
+    """One whole ``kxen-agent run`` of ``calls`` tool calls in a fresh state dir: (wall, CPU, files left).
+
+    ``checkpoints`` None: ``read_file`` calls (no workspace checkpoint is ever taken); True / False:
+    ``write_file`` calls in a Git workspace, workspace checkpoints on / off (``policy.checkpoints``)."""
     root = os.path.join(work, f"R{calls}-{time.monotonic_ns()}")
-    ws = _workspace(work)
-    agent = os.path.join(work, f"agent-{calls}")
+    agent = os.path.join(work, f"agent-{calls}-{checkpoints}")
     os.makedirs(agent, exist_ok=True)
-    steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}] * calls
+    if checkpoints is None:
+        ws = _workspace(work)
+        steps = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}] * calls
+        tools, extra = '["read_file"]', ""
+    else:
+        ws = _git_workspace(work)
+        steps = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": f"call {i}\n"}}]}
+                 for i in range(calls)]
+        tools, extra = '["write_file"]', f"checkpoints = {'true' if checkpoints else 'false'}\n"
     steps.append({"content": "done"})
     with open(os.path.join(agent, "steps.json"), "w") as f:
         json.dump(steps, f)
     with open(os.path.join(agent, "agent.toml"), "w") as f:
         f.write('name = "bench-run"\nprovider = "script"\nscript = "steps.json"\n'
-                'tools = ["read_file"]\n\n[policy]\nmax_turns = %d\n' % (calls + 5))
+                'tools = %s\n\n[policy]\nmax_turns = %d\n%s' % (tools, calls + 5, extra))
     w, c, _ = cli(root, ["run", "-q", "--task", "benchmark a whole run", "--agent",
                          os.path.join(agent, "agent.toml"), "--workspace", ws], cwd=ws)
     files = sum(len(names) for _, _, names in os.walk(root))
@@ -308,28 +330,29 @@ def run_process(work: str, calls: int) -> tuple[float, float, int]:
     return w, c, files
 
 
-def w_run(work: str, calls_list: list[int], repeats: int, out: dict) -> None:
+def w_run(work: str, calls_list: list[int], repeats: int, out: dict, checkpoints: bool | None = None) -> None:
     res: dict[int, dict[str, list[float]]] = {c: {"wall": [], "cpu": [], "files": []} for c in calls_list}
+    key = "run" if checkpoints is None else f"run-checkpoints-{'on' if checkpoints else 'off'}"
     for r in range(repeats):
         for calls in calls_list:
             os.sync()
-            w, c, files = run_process(work, calls)
+            w, c, files = run_process(work, calls, checkpoints)
             res[calls]["wall"].append(w / calls)
             res[calls]["cpu"].append(c / calls)
             res[calls]["files"].append(files)
-            log(f"run of {calls:,} calls: {w:.1f} s wall, {c:.1f} s CPU, {files} files")
-    out["run"] = res
+            log(f"{key} of {calls:,} calls: {w:.1f} s wall, {c:.1f} s CPU, {files} files")
+    out[key] = res
     lo = calls_list[0]
     for calls in calls_list:
         w, c = median(res[calls]["wall"]), median(res[calls]["cpu"])
-        log(f"run {calls:>5,} calls: per call wall {w * 1e3:6.2f} ms ({w / median(res[lo]['wall']):.2f}x), "
+        log(f"{key} {calls:>5,} calls: per call wall {w * 1e3:6.2f} ms ({w / median(res[lo]['wall']):.2f}x), "
             f"CPU {c * 1e3:6.2f} ms ({c / median(res[lo]['cpu']):.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.reads", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="reads,run")
+    ap.add_argument("--only", default="reads,run", help="reads, run, checkpoints (comma-separated)")
     ap.add_argument("--sizes", default=None, help="messages (default 10,5000,100000)")
     ap.add_argument("--calls", default=None, help="tool calls per run (default 50,500,2000)")
     ap.add_argument("--repeats", type=int, default=5)
@@ -352,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             w_reads(work, sizes, repeats, tail, out, args.cache, not args.separate)
         if "run" in only:
             w_run(work, calls, args.run_repeats or (1 if args.quick else 3), out)
+        if "checkpoints" in only:  # write_file calls in a Git workspace, workspace checkpoints on and off
+            for on in (True, False):
+                w_run(work, calls, args.run_repeats or 1, out, checkpoints=on)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["load_end"] = os.getloadavg()
