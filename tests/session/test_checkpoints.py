@@ -151,3 +151,21 @@ def test_the_policy_keys_make_a_version_5_lock(tmp_path: Path) -> None:
         parse_agent_definition(base + "[policy]\ncheckpoint_max_files = -1\n", str(tmp_path), "a.toml")
     with pytest.raises(SchemaViolation, match="policy.checkpoints"):
         check("agent", {**lock, "policy": {**lock["policy"], "checkpoints": "no"}})
+
+
+def test_checkpoint_packs_are_merged_before_they_pile_up(tmp_path: Path) -> None:
+    # One small pack per checkpoint: past ckpt._PACKS_BEFORE_MERGE a geometric repack merges them, so a long
+    # run does not make every Git process look an object up in thousands of packs.
+    ws = git_workspace(tmp_path / "ws", {"README.md": "# readme\n"})
+    c = checkpointer(ws, "ses_a00000000000000000aa")
+    taken = []
+    for i in range(ckpt._PACKS_BEFORE_MERGE + 8):
+        (ws / f"f{i}.txt").write_text(f"file {i}\n")
+        taken.append(c.take(f"call {i}").commit)
+    packs = [n for n in os.listdir(ws / ".git" / "objects" / "pack") if n.endswith(".pack")]
+    assert 1 <= len(packs) <= ckpt._PACKS_BEFORE_MERGE, packs
+    # Nothing lost: every checkpoint is whole and the chain is the one taken.
+    subprocess.run(["git", "-C", str(ws), "fsck", "--strict", "--no-dangling"], check=True, capture_output=True)
+    chain = out(ws, "rev-list", "--first-parent", "refs/kxen/checkpoints/ses_a00000000000000000aa").split()
+    assert chain == [*taken[::-1], out(ws, "rev-parse", "HEAD").strip()]  # the first chains onto HEAD
+    assert files(ws, taken[-1]) == {"README.md", *(f"f{i}.txt" for i in range(len(taken)))}
