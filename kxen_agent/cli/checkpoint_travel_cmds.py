@@ -102,9 +102,12 @@ def adopt_from_bundle(store: Any, bundle: str, res: Any, *, quiet: bool = False)
     done: dict[str, str] = {}
     try:
         path = os.path.join(tmpdir, "checkpoints.bundle")
+        data = res.result.info.checkpoint_data  # the JSON form's, decoded and verified by the import
         with open(bundle, "rb") as src, open(path, "wb") as dst:
             src.seek(offset)
-            left = length
+            left = 0 if data is not None else length
+            if data is not None:
+                dst.write(data)
             while left:
                 chunk = src.read(min(left, 1 << 20))
                 if not chunk:

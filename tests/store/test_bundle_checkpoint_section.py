@@ -2,7 +2,7 @@
 
 Each ``checkpoint-section:`` block of the spec is written after a real pack section by ``export_bundle`` and read
 back by ``verify_bundle``: the bytes between the pack and the bundle trailer are exactly the block's, the
-capability is declared, the reader accepts or refuses as the block says; the JSON form refuses a section; an
+capability is declared, the reader accepts or refuses as the block says; the JSON form carries it too; an
 import of a bundle with a section imports its objects as any other; a flipped byte in it fails the trailer.
 """
 
@@ -67,10 +67,10 @@ def test_section_vector(vec: dict[str, str], tmp_path: Path) -> None:
             verify_bundle(str(out))
 
 
-def test_the_json_form_carries_no_section(tmp_path: Path) -> None:
+def test_the_json_form_carries_the_same_git_bundle(tmp_path: Path) -> None:
+    # (It refused to before; tests/store/test_bundle_json_checkpoints.py tests the JSON form's member.)
     store = _store(tmp_path / "s")
     content = b"# v2 git bundle\n\n"
-    with pytest.raises(Exception, match="pack form of a bundle only"):
-        export_bundle(store, ["ses/a"], str(tmp_path / "b.json"), fmt="json",
-                      git_section=(io.BytesIO(content), len(content)))
-    assert not (tmp_path / "b.json").exists()
+    info = export_bundle(store, ["ses/a"], str(tmp_path / "b.json"), fmt="json",
+                         git_section=(io.BytesIO(content), len(content)))
+    assert verify_bundle(str(tmp_path / "b.json")).checkpoint_data == content and info.checkpoints[1] == len(content)

@@ -31,7 +31,7 @@ from ..pack import DICT_SAMPLE_BUDGET, DICT_SAMPLE_MAX_OBJECT, sample_dictionary
 from ..refs import validate_group
 from ..repo import MissingObject, Store
 from .header import BUNDLE_VERSION, CAP_GIT_CHECKPOINTS, CAP_ZSTD_DICT, BundleInfo, Progress, _Header, _set_total, format_for_path
-from .json_form import write_json_bundle
+from .json_form import MAX_JSON_CHECKPOINT_BYTES, write_json_bundle
 from .pack_form import write_pack_bundle
 
 __all__ = ["BundleWriteError", "EXPORT_KEEP_BUDGET", "NoSuchGroup", "bundle_objects", "export_bundle"]
@@ -259,10 +259,11 @@ def export_bundle(
     else:
         dictionary = None
     caps = (CAP_ZSTD_DICT,) if dictionary else ()
-    if git_section is not None:  # workspace checkpoints (§12.7a): the pack form only
-        if fmt != "pack":
-            raise UsageError("checkpoints travel in the pack form of a bundle only (objects_spec.md §12.7a); "
-                             "write a .kxb (or --format pack)")
+    if git_section is not None:  # workspace checkpoints (§12.7a)
+        if fmt != "pack" and git_section[1] > MAX_JSON_CHECKPOINT_BYTES:  # the JSON form's reader holds them
+            raise UsageError(f"the checkpoints' Git bundle is {git_section[1]} bytes, more than the JSON form of a "
+                             f"bundle carries ({MAX_JSON_CHECKPOINT_BYTES}, objects_spec.md §12.7a); nothing was "
+                             "written — write a .kxb (or --format pack)")
         caps = tuple(sorted((*caps, CAP_GIT_CHECKPOINTS)))
     hdr = _Header(caps, refs, len(order), total)
     try:
@@ -278,7 +279,8 @@ def export_bundle(
             objects = _objects(store, order, progress, kept)
             digest, pack_bytes = write_pack_bundle(hdr, objects, dictionary, sink.write, compressed, git_section)
         else:
-            digest, pack_bytes = write_json_bundle(hdr, _objects(store, order, progress), sink.write), 0
+            (digest, ckp_at), pack_bytes = write_json_bundle(hdr, _objects(store, order, progress), sink.write,
+                                                             git_section), 0
         sink.commit()
     except OSError as e:
         sink.abort()
@@ -290,7 +292,8 @@ def export_bundle(
     for oid in order:
         content.update(oid)
     return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds,
-                      content.hexdigest(), (sink.size - 32 - git_section[1], git_section[1]) if git_section is not None else None)
+                      content.hexdigest(), None if git_section is None else
+                      ((sink.size - 32 - git_section[1]) if fmt == "pack" else ckp_at, git_section[1]))
 
 
 def bundle_objects(store: Store, groups: list[str]) -> Iterator[RawObject]:

@@ -172,6 +172,8 @@ class BundleInfo:
     content_digest: str = ""
     #: (offset, length) of the checkpoint section's Git bundle in the file (§12.7a), or None.
     checkpoints: tuple[int, int] | None = None
+    #: The JSON form's Git bundle of checkpoints, decoded and verified (§12.7a); the pack form's stays in the file.
+    checkpoint_data: bytes | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {

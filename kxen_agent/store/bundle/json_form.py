@@ -20,17 +20,21 @@ import base64
 import codecs
 import json
 import re
+import struct
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
+from kxen_agent.errors import UsageError
 
 from ..fsio import FileIO
-from ..objects import CorruptObject, RawObject, parse_object
+from ..objects import MAX_OBJECT_SIZE, CorruptObject, RawObject, parse_object
 from ..pack import MAX_RAW_SIZE
 from .closure import _Closure, _Item
 from .hashing_reader import stream_size
 from .header import (
     BUNDLE_VERSION,
+    CAP_GIT_CHECKPOINTS,
     CAP_ZSTD_DICT,
+    GIT_SECTION_MAGIC,
     KNOWN_CAPABILITIES,
     MAX_HEADER_SIZE,
     MIN_JSON_OBJECT_CHARS,
@@ -47,9 +51,18 @@ __all__ = ["JSON_FORMAT_NAME", "write_json_bundle"]
 
 JSON_FORMAT_NAME = "kxen-bundle"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_JSON_KEYS = ("format", "version", "capabilities", "refs", "objectCount", "objectBytes", "objects", "digest")
+_JSON_KEYS = ("format", "version", "capabilities", "refs", "objectCount", "objectBytes", "objects", "checkpoints",
+              "digest")
+#: Members a reader may meet after the ``objects`` list (the writer puts them there).
+_LATE_KEYS = ("objects", "checkpoints", "digest")
 # The longest canonical base64 of the longest object bytes.
 _MAX_B64 = 4 * ((MAX_RAW_SIZE + 2) // 3)
+#: The largest Git bundle of checkpoints the JSON form carries (§12.7a): the reader holds the member whole,
+#: so it is bounded as one object is; a larger one travels in the pack form, which streams it.
+MAX_JSON_CHECKPOINT_BYTES = MAX_OBJECT_SIZE
+_MAX_CKP_B64 = 4 * ((MAX_JSON_CHECKPOINT_BYTES + 2) // 3)
+_GIT_BUNDLE_V2 = b"# v2 git bundle\n"
+_U64 = struct.Struct(">Q")
 
 
 class _Reject(Exception):
@@ -173,7 +186,7 @@ def _json_header(fields: dict, where: str) -> _Header:
     def bad(reason: str) -> BadBundle:
         return BadBundle(where, reason)
 
-    missing = [k for k in _JSON_KEYS if k not in fields and k not in ("objects", "digest")]
+    missing = [k for k in _JSON_KEYS if k not in fields and k not in _LATE_KEYS]
     if missing:
         raise bad(f"the JSON bundle lacks {missing}")
     if fields["format"] != JSON_FORMAT_NAME:
@@ -187,6 +200,8 @@ def _json_header(fields: dict, where: str) -> _Header:
     for c in caps:
         if c not in KNOWN_CAPABILITIES or c == CAP_ZSTD_DICT:
             raise bad(f"unknown capability {c!r} for a JSON bundle; upgrade kxen-agent")
+    if len(set(caps)) != len(caps):
+        raise bad("capabilities name one twice")
     refs = fields["refs"]
     if type(refs) is not dict:
         raise bad("refs must be a map")
@@ -246,9 +261,10 @@ class _JsonBundleReader:
         self.io = io
         self.info: BundleInfo | None = None
         self.dictionary = None
+        self.checkpoints_at = 0  # where the checkpoints member's value starts (character offset)
         self._gen = self._scan(stream=True)
         _tag, fields = next(self._gen)  # runs up to the objects list
-        if all(k in fields for k in _JSON_KEYS if k not in ("objects", "digest")):
+        if all(k in fields for k in _JSON_KEYS if k not in _LATE_KEYS):
             self.fields = fields
         else:
             self._gen.close()
@@ -301,6 +317,9 @@ class _JsonBundleReader:
                             break
                         else:
                             raise js.bad(f"expected ',' or ']', found {c!r}" if c else "truncated: the file ends inside the objects list")
+            elif key == "checkpoints":  # base64 of a Git bundle (§12.7a), bounded before it is held
+                self.checkpoints_at = js.offset
+                fields[key] = js.value(_MAX_CKP_B64 + 2)
             else:
                 fields[key] = js.value(MAX_HEADER_SIZE)
             c = js.peek()
@@ -336,14 +355,48 @@ class _JsonBundleReader:
         d = final.get("digest")
         if type(d) is not str or not _HEX64.fullmatch(d):
             raise BadBundle(self.where, "digest is missing or not 64 lower-case hex digits")
-        # The digest is the content digest (§12.7): capabilities are empty in this form.
-        if self.closure.content.hexdigest() != d:
+        # The digest is the content digest (§12.7), then, with checkpoints, their section's bytes (§12.7a).
+        git = self._checkpoints(final)
+        digest = self.closure.content.copy()
+        if git is not None:
+            digest.update(GIT_SECTION_MAGIC + _U64.pack(len(git)) + git)
+            if digest.hexdigest() != d:
+                raise BadBundle(self.where, "digest mismatch: the refs, the list of objects or the checkpoints "
+                                "were altered")
+        elif digest.hexdigest() != d:
             raise BadBundle(self.where, "digest mismatch: the refs or the list of objects were altered")
         self.closure.finish(None)
         c = self.closure
         size = self.io.fstat(self.f).st_size
         self.info = BundleInfo(self.path, "json", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
-                               c.count, c.bytes, 0, size, d, dict(c.kinds), d)
+                               c.count, c.bytes, 0, size, d, dict(c.kinds), c.content.hexdigest(),
+                               (self.checkpoints_at, len(git)) if git is not None else None, git)
+
+    def _checkpoints(self, final: dict) -> bytes | None:
+        """The ``checkpoints`` member decoded (§12.7a): present exactly with the capability, a version-2 Git bundle."""
+        b64 = final.get("checkpoints")
+        declared = CAP_GIT_CHECKPOINTS in self.header.capabilities
+        if b64 is None:
+            if declared:
+                raise BadBundle(self.where, "the git-checkpoints capability is declared but the bundle has no "
+                                "checkpoints member")
+            return None
+        if not declared:
+            raise BadBundle(self.where, "a checkpoints member without the git-checkpoints capability")
+        if type(b64) is not str:
+            raise BadBundle(self.where, "checkpoints must be a string (base64 of a Git bundle)")
+        if len(b64) > _MAX_CKP_B64:  # (the reader met the bound first; a caller's own fields meet it here)
+            raise BadBundle(self.where, f"checkpoints: {len(b64)} base64 characters exceed the limit of "
+                            f"{_MAX_CKP_B64} (a Git bundle of {MAX_JSON_CHECKPOINT_BYTES} bytes)")
+        try:
+            git = base64.b64decode(b64, validate=True)
+        except ValueError:
+            raise BadBundle(self.where, "checkpoints are not base64") from None
+        if base64.b64encode(git).decode("ascii") != b64:
+            raise BadBundle(self.where, "checkpoints are not canonical base64")
+        if not git.startswith(_GIT_BUNDLE_V2):
+            raise BadBundle(self.where, "the checkpoint section is not a Git bundle (version 2)")
+        return git
 
 
 def _drain(gen: Iterator[Any]) -> Any:
@@ -354,8 +407,21 @@ def _drain(gen: Iterator[Any]) -> Any:
             return stop.value
 
 
-def write_json_bundle(hdr: _Header, objects: Iterable[RawObject], write: Callable[[bytes], None]) -> str:
-    """Write a JSON-form bundle of ``objects`` (in closure order) to ``write``; return its digest in hex."""
+def write_json_bundle(hdr: _Header, objects: Iterable[RawObject], write: Callable[[bytes], None],
+                      git_section: tuple[BinaryIO, int] | None = None) -> tuple[str, int | None]:
+    """Write a JSON-form bundle of ``objects`` (in closure order) to ``write``.
+
+    Returns its digest in hex and, with ``git_section`` (a Git bundle's file and length, at most
+    :data:`MAX_JSON_CHECKPOINT_BYTES`, the ``git-checkpoints`` capability in ``hdr``), the character
+    offset of the ``checkpoints`` member's value (§12.7a), else None.
+    """
+    written = 0
+
+    def put(b: bytes) -> None:
+        nonlocal written
+        write(b)
+        written += len(b)
+
     digest = hdr.content_digest()
     head = {
         "format": JSON_FORMAT_NAME,
@@ -365,11 +431,29 @@ def write_json_bundle(hdr: _Header, objects: Iterable[RawObject], write: Callabl
         "objectCount": hdr.objects,
         "objectBytes": hdr.size,
     }
-    write(json.dumps(head, separators=(",", ":"))[:-1].encode() + b',"objects":[')
+    put(json.dumps(head, separators=(",", ":"))[:-1].encode() + b',"objects":[')
     for i, obj in enumerate(objects):
         digest.update(obj.id)
         el = {"id": obj.hex, "kind": obj.kind, "bytes": base64.b64encode(obj.raw).decode("ascii")}
-        write((",\n" if i else "\n").encode() + json.dumps(el, separators=(",", ":")).encode())
+        put((",\n" if i else "\n").encode() + json.dumps(el, separators=(",", ":")).encode())
+    put(b"\n]")
+    at = None
+    if git_section is not None:
+        # After the objects (a reader streams them before it must hold this member), under the digest.
+        f, n = git_section
+        digest.update(GIT_SECTION_MAGIC + _U64.pack(n))
+        put(b',"checkpoints":')
+        at = written
+        put(b'"')
+        left = n
+        while left:
+            chunk = f.read(min(left, 3 << 18))  # a multiple of 3: the pieces' base64 joins into one
+            if not chunk:
+                raise UsageError("the checkpoints' Git bundle ended early while it was copied; nothing was written")
+            digest.update(chunk)
+            put(base64.b64encode(chunk))
+            left -= len(chunk)
+        put(b'"')
     d = digest.hexdigest()
-    write(b'\n],"digest":"' + d.encode() + b'"}\n')
-    return d
+    put(b',"digest":"' + d.encode() + b'"}\n')
+    return d, at
