@@ -447,9 +447,10 @@ def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, appl
     before = 0
     log_gen: int | None = None
     log_damaged = False
+    sal = None
     if steps_data is not None:
         gens = tuple(dict.fromkeys(([base.steps_gen] if base else []) + [0, 1]))
-        sal: LogSalvage | None = salvage_log(store.io, steps_path, group, gens)
+        sal = salvage_log(store.io, steps_path, group, gens)
         if sal is None:
             try:
                 _v, _g, log_gen, hlen = read_header(steps_data, steps_path)
@@ -530,6 +531,10 @@ def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, appl
     # Never lower a fence: past every fence seen, and past any the damaged bytes could hold
     # (one raise per record that fits in them: a lease's taker raises it by one, §15.4).
     new_fence = seen_fence + (1 + gap_bytes // 96 if gap_bytes else 0)
+    if log_damaged and (sal is None or sal.line is None):
+        # The log's header is gone (a file cut to nothing): how many records it held, and how often they
+        # raised the fence, is unknown: a jump no lease history reaches keeps the rule (fences are 64-bit).
+        new_fence = seen_fence + (1 << 20)
     if base_ok and not log_damaged and reflog_whole and base is not None and ambiguous is None:
         new_fence = max(new_fence, base.fence)
     # Every object of every record that checks becomes a loose object: nothing that checked is lost.
