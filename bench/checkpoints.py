@@ -13,9 +13,10 @@ directories, with the session's kept index warm, each repeat changes 1 or
 (:meth:`~kxen_agent.session.checkpoints.Checkpointer.take`: ``ls-files``,
 ``add -A``, ``write-tree``, ``commit-tree``, ``update-ref``, every git
 through the hardened runner, objects and ref fsynced) and runs ``git stash
-create`` on the same tree (the repository's index warm too; it hashes the
-same changed files, writes the same kind of commits, fsyncs nothing and
-moves no ref). Figures: wall and CPU (this process and its git children)
+create`` on the same tree with those files changed again (the repository's
+index warm too; each side hashes and writes n files of content it has not
+seen, since Git skips writing an object that exists; ``stash create``
+fsyncs nothing, moves no ref and leaves untracked files out). Figures: wall and CPU (this process and its git children)
 per checkpoint and the ratio to ``stash create``, target at most 1.5.
 
 Then the run's per-call figures with checkpoints on and off: one CLI run of
@@ -100,10 +101,13 @@ def w_checkpoints(plan: Any, res: Any, work: str, *, median: Callable, ms: Calla
     for n in changed_cases:
         k_wall, k_cpu, s_wall, s_cpu = [], [], [], []
         for r in range(repeats):
-            _change(repo, names, n, f"r{n}-{r}")
+            # Each side hashes and writes n files of content it has not seen: Git skips writing an object
+            # that exists, so measuring both on the same content would give the second a free ride.
+            _change(repo, names, n, f"k{n}-{r}")
             w, c, _ = _timed(lambda: cp.take(f"bench {n} {r}"))
             k_wall.append(w)
             k_cpu.append(c)
+            _change(repo, names, n, f"s{n}-{r}")
             w, c, out = _timed(lambda: subprocess.run(["git", *_GIT_ID, "-C", repo, "stash", "create"],
                                                       check=True, capture_output=True))
             assert out.stdout.strip(), "git stash create saw no change"

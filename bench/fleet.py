@@ -439,12 +439,36 @@ def push_pull_figures(work: str, sizes: Sequence[int], repeats: int, messages: i
         med["advert_bytes"] = len(refs) + 4 * med["refs"]  # a v0 advertisement: a pkt-line per ref
         res[n] = med
         log(f"push/pull against {n:,} sessions: {json.dumps(med)}")
+    # Git's own cost of a remote's size: a plain `git push` of one new commit into each remote.
+    probe = os.path.join(work, "probe.git")
+    shutil.rmtree(probe, ignore_errors=True)
+    _git("init", "-q", "--bare", probe)
+    blob = _git("hash-object", "-w", "--stdin", cwd=probe, input=b"probe\n").decode().strip()
+    tree = _git("mktree", cwd=probe, input=f"100644 blob {blob}\tprobe\n".encode()).decode().strip()
+    for n in sizes:
+        times, cpus = [], []
+        for r in range(max(repeats, 3)):
+            commit = _probe_commit(probe, tree, f"{n}-{r}")
+            c0, t0 = _children_cpu(), time.perf_counter()
+            _git("push", "-q", os.path.join(work, f"pp-{n}.git"), f"{commit}:refs/kxen/probe/p{r}", cwd=probe)
+            times.append(time.perf_counter() - t0)
+            cpus.append(_children_cpu() - c0)
+        res[n]["git_push"] = statistics.median(times)
+        res[n]["git_push_cpu"] = statistics.median(cpus)
     lo, hi = min(sizes), max(sizes)
-    for k in ("push", "inc", "pull"):
+    for k in ("push", "inc", "pull", "git_push"):
         res.setdefault("ratios", {})[k] = res[hi][k] / res[lo][k]
         res["ratios"][k + "_cpu"] = res[hi][k + "_cpu"] / res[lo][k + "_cpu"]
     log(f"ratios {hi:,} / {lo:,}: {json.dumps(res['ratios'])}")
     return res
+
+
+def _probe_commit(repo: str, tree: str, tag: str) -> str:
+    env = dict(os.environ, **_GIT_ENV, GIT_AUTHOR_NAME="p", GIT_AUTHOR_EMAIL="p@example.invalid",
+               GIT_COMMITTER_NAME="p", GIT_COMMITTER_EMAIL="p@example.invalid")
+    p = subprocess.run(["git", "commit-tree", tree, "-m", f"probe {tag}"], cwd=repo, env=env, capture_output=True,
+                       check=True)
+    return p.stdout.decode().strip()
 
 
 def _pusher(state: str, ws: str, rounds: int, start_at: float, out: str) -> None:

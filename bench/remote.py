@@ -11,8 +11,8 @@ commits (one commit + tree + blob per message, ``git fast-import``, as the
 export workload builds them). Each repeat uses fresh remotes and measures:
 
 - **push**: ``push_sessions`` of the whole session (kxen reads its objects,
-  builds their Git image, ``git index-pack``, ``git push --atomic``) vs
-  ``git push`` of the branch;
+  builds their Git image, writes it as one pack with its index,
+  ``git push --atomic``) vs ``git push`` of the branch;
 - **pull**: ``pull_sessions`` into a fresh state dir and clone (fetch, then
   every object rehashed, decoded strictly and schema-checked, then written)
   vs ``git fetch`` into a fresh bare repository with

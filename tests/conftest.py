@@ -29,36 +29,46 @@ if os.environ.get(LONG_ENV, "") not in ("", "0"):
 pytest_plugins = ["pytester"]
 
 
-#: The bytecode cache of this test session (see :func:`_bytecode_cache`), removed at the end.
-_PYCACHE_ENV = "KXEN_TEST_PYCACHE"
+#: What the CLI processes of the suite import: compiled into the bytecode cache while the workers start.
+_WARM = ("kxen_agent.cli.main", "kxen_agent.cli.run_cmds", "kxen_agent.cli.session_cmds", "kxen_agent.cli.store_cmds",
+         "kxen_agent.cli.remote_cmds", "kxen_agent.runtime.providers.anthropic", "kxen_agent.runtime.providers.openai_compat",
+         "anthropic", "openai")
 
 
 def _bytecode_cache(config: pytest.Config) -> None:
     """Under ``PYTHONDONTWRITEBYTECODE`` every CLI process the tests start would compile all of
-    kxen_agent from source (a third of a ``session show``'s CPU). Set once by the process that
-    starts the session (xdist workers and every CLI inherit it), the bytecode goes to a private
-    cache of this session instead (``PYTHONPYCACHEPREFIX``): still nothing written next to the
-    sources, and each module compiled once. The CLI runs the same code; only its start is cheaper.
+    kxen_agent from source (a third of a ``session show``'s CPU). Set by the process that starts
+    the session (xdist workers and every CLI inherit it), bytecode goes to a cache of the venv's
+    own instead (``PYTHONPYCACHEPREFIX``, ``<venv>/kxen-test-pycache``, gone with the venv): still
+    nothing written next to the sources, and each module compiled once. Python checks each cached
+    file against its source, so the CLI runs the same code; only its start is cheaper. A process
+    started in the background fills the cache while the workers start, so that the first tests'
+    processes do not all compile the same modules at once.
     """
     if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
         return
     if os.environ.get("PYTHONPYCACHEPREFIX"):
         return  # a cache of the caller's (or an outer session's: pytester runs this plugin again)
+    import subprocess
     import tempfile
 
-    cache = tempfile.mkdtemp(prefix="kxen-test-pycache-")
-    os.environ[_PYCACHE_ENV] = os.environ["PYTHONPYCACHEPREFIX"] = cache
+    cache = os.path.join(sys.prefix, "kxen-test-pycache")
+    if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
+        cache = tempfile.mkdtemp(prefix="kxen-test-pycache-")  # not a venv of ours: this session's only
+        config.add_cleanup(lambda: __import__("shutil").rmtree(cache, ignore_errors=True))
+    os.environ["PYTHONPYCACHEPREFIX"] = cache
     del os.environ["PYTHONDONTWRITEBYTECODE"]
-    config.add_cleanup(lambda: _drop_bytecode_cache(cache))
+    code = "import importlib\nfor m in %r:\n    try: importlib.import_module(m)\n    except ImportError: pass" % (_WARM,)
+    warm = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
-
-def _drop_bytecode_cache(cache: str) -> None:
-    import shutil
-
-    shutil.rmtree(cache, ignore_errors=True)
-    if os.environ.get(_PYCACHE_ENV) == cache:
-        del os.environ[_PYCACHE_ENV], os.environ["PYTHONPYCACHEPREFIX"]
+    def restore() -> None:
+        warm.kill()
+        warm.wait()
+        del os.environ["PYTHONPYCACHEPREFIX"]
         os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    config.add_cleanup(restore)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +85,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "long(why): a test that repeats, at more cost, what a faster test covers (named in why); "
         "runs only under KXEN_TEST_LONG=1",
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-n N`` without ``--dist``: ``worksteal`` rather than xdist's ``load``. A worker that runs out
+    of tests takes half of the other's queue, so no worker ends alone on a long tail (replaying a
+    whole run's per-test CPU on two workers: ``load`` ended one 8% after the other). Set here, not
+    in ``addopts``, so that ``-p no:xdist`` still works; an explicit ``--dist`` wins."""
+    if getattr(config.option, "dist", None) == "no" and getattr(config.option, "numprocesses", None):
+        config.option.dist = "worksteal"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first, the rest in their order: with ``-n auto`` the workers take the long
+    tests while the queue is full and finish on short ones, instead of one worker running a
+    half-minute torture alone at the end. (xdist hands tests out in this order; every worker
+    computes the same order.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -31,15 +31,15 @@ STEPS = [
     {"content": "Let me look.", "tool_calls": [{"name": "list_files", "arguments": {}}]},
     {"content": "There is one file: README.md."},
     {"content": "Second answer, no tool."},
-    {"content": "Cleaning up.", "tool_calls": [{"name": "shell", "arguments": {"command": "rm README.md"}}]},
-    {"content": "Left as it is."},
+    {"content": "Noting it.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo checked > NOTES.md"}}]},
+    {"content": "Wrote NOTES.md."},
 ]
 
 
 def spawn(cli: Cli, cwd: Path, *args: str, env: dict | None = None, stderr: Path | None = None) -> pexpect.spawn:
     """``kxen-agent ARGS`` on a pseudo-terminal (with ``stderr``: standard error redirected to that file)."""
     # No cursor position requests: pexpect's terminal answers none (a real one does).
-    e = dict(cli.env, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", **(env or {}))
+    e = dict(cli.env, PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", PAGER="cat", **(env or {}))
     if stderr is None:
         return pexpect.spawn(KXEN_AGENT, list(args), cwd=str(cwd), env=e, encoding="utf-8", timeout=30,
                              dimensions=(50, 200))
@@ -82,9 +82,12 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     child.expect("Esc or Ctrl-C cancels a run; Ctrl-D leaves")
     shown = child.before
     assert all(f"  {c}" in shown for c in ("/sessions", "/resume [SES]", "/fork [MSG]", "/compact", "/model [NAME]",
-                                           "/show [RUN]", "/help", "/quit")), shown
-    assert "/rewind" not in shown and "/diff" not in shown
+                                           "/show [RUN]", "/diff [--run RUN|--op OP|--at MSG] [--stat]", "/help",
+                                           "/quit")), shown
+    assert "/rewind" not in shown
     child.expect(PROMPT)
+    command(child, "/nope", r"no command /nope; /help lists them")
+    command(child, "/show\x1b\rmore", "a slash command is one line")
     child.send("/show\r")
     child.expect(r"(run_[0-9a-f]+)  #0 completed")
     run0 = child.match.group(1)
@@ -106,12 +109,15 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     child.expect(f"session {first}")
     child.expect(PROMPT)
     # A third run, on the model /model chose; its call waits for a yes: the question reads the terminal.
-    child.send("clean up\r")
+    child.send("leave a note\r")
     child.expect(r"allow shell\?")
-    child.send("n\r")
-    child.expect("Left as it is.")
+    child.send("y\r")
+    child.expect(r"-> shell")
+    child.expect("Wrote NOTES.md.")
     child.expect(PROMPT)
-    assert (workspace / "README.md").exists()
+    assert (workspace / "NOTES.md").read_text() == "checked\n"
+    command(child, "/diff --stat", r"NOTES\.md +\| +1 \+")
+    command(child, "/diff --bogus", r"/diff takes")
     command(child, "/show", r"#2 completed")
     child.send("/quit\r")
     child.expect(f"session {first}: `kxen-agent chat -c` continues it here")
@@ -125,7 +131,7 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     assert runs[0]["task"] == "what files are there?\nuse [REDACTED] if you must"
     third = cli.run_show(first, runs[2]["id"])
     assert third["requestedModel"] == "gpt-x"
-    assert [(j["tool"], j["approval"]) for j in third["journal"]] == [("shell", {"answer": "no", "by": "user"})]
+    assert [(j["tool"], j["approval"]) for j in third["journal"]] == [("shell", {"answer": "yes", "by": "user"})]
     assert cli.session_show(fork)["parentId"] == first
 
     # The prompt history: one 0600 file for this workspace, redacted, oldest first.
@@ -245,7 +251,16 @@ def test_provider_sdk_and_key_are_checked_before_anything_is_written(cli: Cli, w
     child.close()
     assert child.exitstatus == 2
     assert _tree(cli.state_dir) == before
-    assert re.search("chat", cli("--help", expect=0).out)
+    # With a default agent: `kxen-agent` alone opens the prompt; leaving at once writes nothing.
+    script = write_agent(tmp_path / "script", [{"content": "x"}])
+    child = spawn(cli, workspace, env={"KXEN_AGENT_AGENT": str(script)})
+    child.expect("a new session in")
+    child.expect(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and _tree(cli.state_dir) == before
+    assert re.search(r"chat +Talk with the agent at the terminal", cli("--help", expect=0).out)
 
 
 def test_the_interactive_bench_runs(tmp_path: Path) -> None:

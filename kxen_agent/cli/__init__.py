@@ -17,6 +17,8 @@ Modules, one line each:
   delete, undelete, export, import``;
 - :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
 - :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
+- :mod:`.rewind_cmds` — ``session rewind``: the workspace and/or the conversation back to a message;
+- :mod:`.checkpoint_travel_cmds` — ``--with-checkpoints``/``--restore-workspace`` of export, import, push, pull;
 - :mod:`.store_cmds` — ``fsck``, ``gc``, ``cat-object`` and ``bundle verify``;
 - :mod:`.repair_cmds` — ``kxen-agent repair`` (dry run, ``--apply``, ``--from``, ``--remote``);
 - :mod:`.demo` — ``kxen-agent demo``, the README's main job, offline;

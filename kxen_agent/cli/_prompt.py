@@ -20,7 +20,6 @@ import os
 import select
 import termios
 import threading
-import tty
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -59,10 +58,9 @@ class PromptHistory(History):
         self.problem: str | None = None  # the last write that failed, said once by the caller
 
     def _read(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
-        except OSError:
+        try:  # through the store's file seam, as every state dir read (tracing, fault injection)
+            lines = self.store.io.read(self.path).decode("utf-8", "replace").splitlines()
+        except Exception:  # noqa: BLE001 - none yet, or unreadable: the prompt works without a history
             return []
         entries = []
         for line in lines:
@@ -128,7 +126,11 @@ class KeyWatch:
     def _start(self) -> None:
         try:
             self._saved = termios.tcgetattr(self.fd)
-            tty.setcbreak(self.fd, termios.TCSANOW)
+            mode = termios.tcgetattr(self.fd)
+            # Each key as it comes, not echoed; ISIG kept: Ctrl-C still sends SIGINT (the run's cancel).
+            mode[3] &= ~(termios.ECHO | termios.ICANON)  # lflag
+            mode[6][termios.VMIN], mode[6][termios.VTIME] = 1, 0
+            termios.tcsetattr(self.fd, termios.TCSANOW, mode)
         except (termios.error, OSError):
             self._saved = None
             return  # not a terminal after all: nothing to watch

@@ -41,6 +41,8 @@ from ._render import err, out, term_text as t
 __all__ = ["chat_cmd", "open_chat"]
 
 #: The slash commands, in the order /help lists them: (arguments, what it does, the command it is).
+#: ``/rewind MSG`` comes when the workspace checkpoints have a rewind command: an entry here and a
+#: branch in :func:`_slash` calling it, as the others do.
 SLASH: dict[str, tuple[str, str, str]] = {
     "/sessions": ("", "pick a session to continue (name, last task, status, age)", "session list"),
     "/resume": ("[SES]", "continue an unfinished run (of SES: switch to it first)", "kxen-agent --resume SES"),
@@ -48,13 +50,17 @@ SLASH: dict[str, tuple[str, str, str]] = {
     "/compact": ("", "summarize the history for the model from now on", "session compact SES"),
     "/model": ("[NAME]", "the model of the next runs (alone: which one)", "--resume SES --model NAME"),
     "/show": ("[RUN]", "the session (with RUN: that run and its tool journal)", "session show / run show"),
+    "/diff": ("[--run RUN|--op OP|--at MSG] [--stat]", "what the agent changed in the workspace (checkpoints)",
+              "session diff SES"),
     "/help": ("", "this list", ""),
     "/quit": ("", "leave (as Ctrl-D)", ""),
 }
 
 
-#: The runner's notes the interactive session does not repeat: a run started, a run completed.
-_ROUTINE = re.compile(r"run run_\w+ (started in session ses_\w+|completed)$")
+#: The runner's notes the interactive session does not repeat: a run started, a run ended (the prompt's
+#: coming back says the first, :func:`_ended` the second, with its error once).
+_ROUTINE = re.compile(r"run run_\w+ (started in session ses_\w+(, retrying run run_\w+)?|"
+                      r"(completed|canceled|failed|input_required)(: .*)?)", re.DOTALL)
 
 
 @dataclass
@@ -219,7 +225,11 @@ def _loop(chat: Chat, lock: dict) -> None:
         if not text.strip():
             continue
         try:
-            if text.lstrip().startswith("/"):
+            # A message that must begin with "/" (a path) is sent with a space before it.
+            if text.startswith("/"):
+                if "\n" in text.strip():
+                    raise UsageError("a slash command is one line; to send a message that begins with /, "
+                                     "put a space before it")
                 if _slash(chat, text.strip()) == "quit":
                     break
             else:
@@ -292,6 +302,7 @@ def _message(chat: Chat, text: str) -> None:
     waiting = _unfinished(chat) if chat.ses is not None else None
     if waiting is not None:
         raise UsageError(waiting)
+    _ready(chat)
     if chat.ses is None:
         lock = chat.lock or {}
         _drive(chat, lambda runner: runner.start(chat.workspace, text, lock, model=chat.model))
@@ -300,7 +311,19 @@ def _message(chat: Chat, text: str) -> None:
         _drive(chat, lambda runner: runner.resume(ses, task=text, model=chat.model))
 
 
+def _ready(chat: Chat) -> None:
+    """The provider of the session's agent, checked before a run is made (a session opened since the start
+    may have another agent than the one checked then)."""
+    if chat.ses is None:
+        return  # the agent checked at the start
+    from kxen_agent.session.sessions import SessionStore
+
+    sessions = SessionStore(chat.store)
+    check_provider(sessions.agent(sessions.get(chat.ses)), None, import_sdk=False)
+
+
 def _continue(chat: Chat) -> None:
+    _ready(chat)
     ses = chat.ses or ""
     _drive(chat, lambda runner: runner.resume(ses, model=chat.model))
 
@@ -320,7 +343,7 @@ def _drive(chat: Chat, call: Callable[[Any], Any]) -> None:
     view = _Live(signal_notes=True, stream=sys.stdout)
     shown = view.note
     # Each message is a run: its start and end are what the prompt's coming back says already.
-    view.note = lambda line: None if _ROUTINE.match(line) else shown(line)  # type: ignore[method-assign]
+    view.note = lambda line: None if _ROUTINE.fullmatch(line) else shown(line)  # type: ignore[method-assign]
     runners: list[Any] = []
     escs = [0, 0.0]
 
@@ -372,7 +395,7 @@ def _ended(res: Any) -> None:
     if res.status == RunStatus.CANCELED:
         line += " — the next message starts a new run"
     out(line)
-    if res.error and res.status != RunStatus.CANCELED:
+    if res.error:
         out(f"  {'waits' if res.status == RunStatus.INPUT_REQUIRED else 'error'}: {t(res.error, quote=False)}")
     for op in map(t, res.unknown_ops):
         out(f"  UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
@@ -403,6 +426,7 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         width = max(len(f"{n} {a[0]}") for n, a in SLASH.items())
         for n, (arg, what, cmd) in SLASH.items():
             out(f"  {(n + ' ' + arg).strip():<{width}}  {what}" + (f"  [{cmd}]" if cmd else ""))
+        out("  A message that begins with / is sent with a space before it.")
         out("  Enter sends; Alt-Enter or \\ at the end adds a line; Esc or Ctrl-C cancels a run; Ctrl-D leaves")
         return None
     if name == "/sessions":
@@ -436,6 +460,15 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
             from . import session_cmds
 
             session_cmds.show_cmd(ses=ses, json_out=False)
+    elif name == "/diff":
+        from .checkpoint_cmds import diff_cmd
+
+        opts = _options(name, args, values=("--run", "--op", "--at"), flags=("--stat",))
+        # Its text, printed here: no pager between two prompts (the command pages on a terminal).
+        sys.stdout.write(_captured(lambda: diff_cmd(ses=ses, run=opts.get("--run"), at=opts.get("--at"),
+                                                    op=opts.get("--op"), stat=bool(opts.get("--stat")),
+                                                    json_out=False)))
+        sys.stdout.flush()
     elif name == "/compact":
         from . import session_cmds
 
@@ -451,6 +484,24 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         chat.ses = lines[0].strip()
         out(f"now in the fork {chat.ses}; /resume {ses} goes back")
     return None
+
+
+def _options(name: str, args: list[str], *, values: tuple[str, ...], flags: tuple[str, ...]) -> dict[str, Any]:
+    """``--opt VALUE`` and ``--flag`` words of a slash command, as its command's options."""
+    got: dict[str, Any] = {}
+    words = iter(args)
+    for w in words:
+        if w in flags:
+            got[w] = True
+        elif w in values:
+            value = next(words, None)
+            if value is None:
+                raise UsageError(f"{name} {w} needs a value")
+            got[w] = value
+        else:
+            raise UsageError(f"{name} takes {' '.join(f'[{v} X]' for v in values)} {' '.join(f'[{f}]' for f in flags)}"
+                             f", not {w!r}")
+    return got
 
 
 def _need_session(chat: Chat, name: str) -> str:

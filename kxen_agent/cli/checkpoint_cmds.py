@@ -95,18 +95,11 @@ def _range(sessions: Any, info: Any, repo: ckpt.Repo, *, run: str | None, at: st
         raise UsageError(none)
     if at is not None:
         oid = sessions.resolve_message(info, at)
-        history = set()
-        cur: bytes | None = oid
-        while cur is not None:
-            history.add(cur)
-            cur = sessions.read_message(cur).parent
-        idx = [i for i, o in enumerate(ops) if o.message in history]
-        if not idx:
+        at_cp = ckpt.checkpoint_at(sessions, info, oid)
+        if at_cp is None:
             raise UsageError(f"no checkpoint up to {msg_id(oid)} in session {info.id}: no tool changed files before it")
-        after, note = _after_of(ops, idx[-1], repo, info.id)
-        assert after is not None
-        return (_need(repo, start.before, f"{start.op}, before"), _need(repo, after, f"{ops[idx[-1]].op}, after"),
-                f"up to {msg_id(oid)}", [note] if note else [])
+        return (_need(repo, start.before, f"{start.op}, before"), _need(repo, at_cp, f"at {msg_id(oid)}"),
+                f"up to {msg_id(oid)}", [])
     tip = repo.tip(info.id)
     if tip is None:
         raise UsageError(none)
@@ -117,7 +110,8 @@ def diff_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
     run: Optional[str] = typer.Option(None, "--run", metavar="RUN", help="What this run changed."),
     at: Optional[str] = typer.Option(None, "--at", metavar="MSG", help="What the session changed up to this message."),
-    op: Optional[str] = typer.Option(None, "--op", metavar="OP", help="What this one operation changed."),
+    op: Optional[str] = typer.Option(None, "--op", metavar="ID",
+                                     help="What this one operation changed: an op_ id or a unique prefix of one."),
     stat: bool = typer.Option(False, "--stat", help="Only the files and their counts of lines (git diff --stat)."),
     json_out: bool = typer.Option(False, "--json", help="The checkpoints compared and the files that differ, as JSON."),
 ) -> None:
@@ -158,12 +152,38 @@ def diff_cmd(
         out(f"no changes ({what}: {a[:12]}..{b[:12]})")
         return
     if tty:
-        import click
-
-        os.environ.setdefault("LESS", "FRX")  # colors pass through, short output does not wait
-        click.echo_via_pager(text)
+        _page(text)
     else:
         sys.stdout.write(text)
+
+
+def _page(text: str) -> None:
+    """Show ``text`` through the user's pager (``PAGER``, else ``less``), or plainly when there is none.
+
+    The user's own pager, never the repository's ``core.pager``: the diff comes from a workspace that may be
+    someone else's.
+    """
+    import shlex
+    import subprocess
+
+    argv = shlex.split(os.environ.get("PAGER") or "less")
+    if not argv or argv[0] == "cat":
+        sys.stdout.write(text)
+        return
+    env = dict(os.environ)
+    env.setdefault("LESS", "FRX")  # colors pass through, short output does not wait
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env)
+    except OSError:
+        sys.stdout.write(text)  # no such pager: the text all the same
+        return
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(text.encode("utf-8", "surrogateescape"))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the user left the pager before the end
+    proc.wait()
 
 
 def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) -> list[str]:
@@ -177,9 +197,9 @@ def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) ->
         if not repo.exists(before):
             return [f"checkpoint {before} (before) is not in the repository {repo.root}: nothing to compare"]
         index = sessions.store.caches.path(ckpt.INDEX_CACHE, info.group)
-        now = ckpt.snapshot_tree(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {})))
-        text = ckpt.diff(repo, before, now, stat=not full)
-    except (ckpt.CheckpointError, ckpt.NoCheckpoints) as ex:
+        with ckpt.snapshot(repo, index, ckpt.Bounds.of(sessions.agent(info).get("policy", {}))) as (now, env):
+            text = ckpt.diff(repo, before, now, stat=not full, env=env)
+    except (ckpt.CheckpointError, ckpt.NoCheckpoints, OSError) as ex:
         return [f"the workspace's changes cannot be shown: {ex}"]
     head = f"changes in the workspace since checkpoint {before[:12]} (before it started):"
     return [head] + (text.rstrip("\n").splitlines() or ["(none)"])

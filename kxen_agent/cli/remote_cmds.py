@@ -2,8 +2,9 @@
 
 Registered on the ``session`` group by :func:`register` (main.py calls it;
 this module must not import main.py). Each command calls
-:mod:`kxen_agent.session.remote` (push) or
-:mod:`kxen_agent.session.remote_pull` (pull, ls-remote) and renders text or
+:mod:`kxen_agent.session.remote` (push),
+:mod:`kxen_agent.session.remote_pull` (pull) or
+:mod:`kxen_agent.session.remote_listing` (ls-remote) and renders text or
 ``--json``; its errors are :class:`~kxen_agent.errors.KxenError`
 subclasses that main.py prints as one line and maps to an exit code (1:
 refused or unreachable, 75: another machine holds the session's remote
@@ -45,6 +46,8 @@ def push_cmd(
         False, "--allow-secrets", help="Push even if the scan finds text that looks like a credential (warned of)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {pushes: [{remote, sessions, commits, newObjects, branches}]} as JSON."),
+    with_checkpoints: bool = typer.Option(
+        False, "--with-checkpoints", help="Also push refs/kxen/checkpoints/SES (scanned for credentials first)."),
 ) -> None:
     """Push sessions to refs/kxen/sessions/SES of their remote: atomic, fast-forward only, incremental.
 
@@ -75,7 +78,13 @@ def push_cmd(
         raise KxenError(f"refusing to push: the sessions hold {len(found.hits)} text(s) that look like credentials "
                         "(listed above); nothing was pushed — remove them (fork the session before them), or give "
                         "--allow-secrets to push anyway")
+    from .checkpoint_travel_cmds import note_stays_behind, push_with_checkpoints
+
+    if with_checkpoints:  # first: the remote never names checkpoints asked for that it lacks
+        push_with_checkpoints(store, full, remote, allow_secrets=allow_secrets)
     reports = push_sessions(store, full, remote=remote, with_branch=with_branch)
+    if not with_checkpoints:  # once pushed: a refused push stays one line
+        note_stays_behind(store, full)
     if json_out:
         emit_json({"pushes": [r.to_json() for r in reports]})
         return
@@ -108,6 +117,10 @@ def pull_cmd(
              "the remote); SES=DIR binds one session elsewhere (a worktree fork: a worktree of its branch)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {remote, sessions, newObjects, workspaces} as JSON."),
+    with_checkpoints: bool = typer.Option(
+        False, "--with-checkpoints", help="Also fetch the sessions' checkpoints into the workspace repository."),
+    restore_workspace: bool = typer.Option(
+        False, "--restore-workspace", help="Fetch the checkpoints and write the last one into the workspace."),
 ) -> None:
     """Fetch sessions, verify every object, then fast-forward them here (or create them, bound to DIR).
 
@@ -123,6 +136,12 @@ def pull_cmd(
     store = Store.open(namespaces=(NS,))
     rep = pull_sessions(store, sessions, default, workspaces=per_session, remote=remote,
                         acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
+    if with_checkpoints or restore_workspace:
+        from .checkpoint_travel_cmds import pull_checkpoints, restore
+
+        pull_checkpoints(store, list(rep.sessions), remote, quiet=json_out)
+        if restore_workspace:
+            restore(store, list(rep.sessions), quiet=json_out)
     if json_out:
         emit_json(rep.to_json())
         return

@@ -201,7 +201,8 @@ def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> No
             out_text("waits" if res.status == RunStatus.INPUT_REQUIRED else "error", res.error)
         for op in map(t, res.unknown_ops):
             out(
-                f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace, then "
+                f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace "
+                f"(`kxen-agent run show {res.session} {res.run}` shows what changed since it started), then "
                 f"`kxen-agent run resolve {res.session} {res.run} {op} --output TEXT [--is-error]` "
                 f"and `kxen-agent --resume {res.session}`"
             )

@@ -373,6 +373,8 @@ def fork_cmd(
     workspace: Optional[str] = typer.Option(
         None, "--workspace", "-w", metavar="DIR",
         help="Bind the fork to DIR: a checkout of the same repository on any branch (after `git switch -c feature-x`)."),
+    with_code: bool = typer.Option(
+        False, "--with-code", help="With --worktree: start the worktree at the workspace checkpoint of the fork point."),
     json_out: bool = typer.Option(False, "--json", help="Print the new session as `session show --json` does."),
 ) -> None:
     """A new complete Session sharing SES's history up to the fork point.
@@ -390,14 +392,24 @@ def fork_cmd(
     """
     sessions = _sessions()
     ses = sessions.resolve_id(ses)
-    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace)
+    start = None
+    if with_code:
+        if worktree is None:
+            raise UsageError("--with-code goes with --worktree NAME (the worktree starts at the checkpoint)")
+        from kxen_agent.session.worktrees import checkpoint_for_fork
+
+        start, note = checkpoint_for_fork(sessions, sessions.get(ses), at)
+        if note and not json_out:
+            err(f"note: {t(note, quote=False)}")
+    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace, worktree_at=start)
     if json_out:
         emit_json(info.to_json())
         return
     out(f"{info.id}")
     ws = info.workspace
     if worktree:
-        extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}"
+        extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}" + (
+            f" at checkpoint {start[:12]}" if start else "")
     elif workspace is not None:
         extra = f", bound to {t(ws.root)} on {t('branch ' + ws.branch if ws.branch else 'a detached HEAD')}"
     else:
@@ -414,6 +426,8 @@ def delete_cmd(
         help="Also remove the session's Git worktree and its kxen/NAME branch (refused if it has uncommitted changes)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {session, deleted, worktree, branch, commit} as JSON."),
+    force: bool = typer.Option(
+        False, "--force", help="A session that does not read: move its files to lost-found/ (nothing is deleted)."),
 ) -> None:
     """Mark SES deleted; gc removes it after the grace period, until then `session undelete` restores it.
 
@@ -431,8 +445,15 @@ def delete_cmd(
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
 
     lease_ttl_s()
-    with Lease.acquire(sessions.store, ses, purpose="delete"):
-        info, wt = sessions.delete(ses, worktree=worktree)
+    try:
+        with Lease.acquire(sessions.store, ses, purpose="delete"):
+            info, wt = sessions.delete(ses, worktree=worktree)
+    except KxenError as e:
+        # --force: a session that does not read (its lease's fence neither) goes to lost-found/ whole.
+        if not force or isinstance(e, UsageError) or type(e).__name__ == "LeaseBusy":
+            raise
+        _delete_forced(sessions.store, ses, e, json_out)
+        return
     if json_out:
         emit_json({"session": info.id, "deleted": True, "worktree": wt.path if wt else None,
                    "branch": wt.branch if wt else None, "commit": wt.commit if wt else None})
@@ -441,6 +462,19 @@ def delete_cmd(
         out(f"removed worktree {t(wt.path)} and branch {t(wt.branch)} (it was at {t(wt.commit or '?')})")
     out(f"session {info.id} deleted; `kxen-agent session undelete {info.id}` restores it"
         f"{' and its worktree' if wt else ''} until `kxen-agent gc` removes it (after {DEFAULT_PRUNE} by default)")
+
+
+def _delete_forced(store: object, ses: str, why: KxenError, json_out: bool) -> None:
+    """``delete --force`` of a session that does not read: its group's files go to lost-found/ (§18)."""
+    from kxen_agent.store.repair import quarantine_group
+
+    group = f"sessions/{ses}"
+    with store.refs.lock(group):  # type: ignore[attr-defined]
+        where = quarantine_group(store, group, why=f"session delete --force: {why}")  # type: ignore[arg-type]
+    if json_out:
+        emit_json({"session": ses, "deleted": True, "lostFound": where, "worktree": None})
+        return
+    out(f"session {ses} did not read; its files are in {t(where)} (nothing was deleted)")
 
 
 @session_app.command("undelete")
@@ -478,7 +512,12 @@ def export_cmd(
         False, "--json", help="Print what was written as JSON: format, refs, objects, bytes, digest."),
     scan: bool = typer.Option(False, "--scan", help="Look for text that looks like a credential first; "
                               "refuse to write if there is any."),
-    allow_secrets: bool = typer.Option(False, "--allow-secrets", help="With --scan: warn, then write anyway."),
+    allow_secrets: bool = typer.Option(False, "--allow-secrets",
+                                       help="With --scan or --with-checkpoints: warn, then write anyway."),
+    salvage: bool = typer.Option(False, "--salvage", help="A damaged session up to its damage: its last "
+                                 "message whose history reads, and the runs that read."),
+    with_checkpoints: bool = typer.Option(
+        False, "--with-checkpoints", help="Also carry the workspace checkpoints (scanned for credentials first)."),
 ) -> None:
     """Write a self-contained, credential-free bundle of the sessions.
 
@@ -492,8 +531,10 @@ def export_cmd(
     from ._render import Progress
     from .secret_scan import SecretScan
 
-    if allow_secrets and not scan:
+    if allow_secrets and not (scan or with_checkpoints):
         raise UsageError("--allow-secrets goes with --scan (it writes a bundle the scan found credentials in)")
+    if salvage and with_checkpoints:
+        raise UsageError("give --salvage or --with-checkpoints, not both (a salvaged export carries no checkpoints)")
     store = _store()
     full = [SessionStore(store).resolve_id(s) for s in sessions]
     if scan:
@@ -506,12 +547,35 @@ def export_cmd(
                             "like credentials (listed above); nothing was written — remove them, or give "
                             "--allow-secrets to write the bundle anyway")
     prog = Progress("export", enabled=not json_out)
-    info = export_sessions(store, full, output, fmt=fmt, progress=prog)
+    from .checkpoint_travel_cmds import export_with_checkpoints, note_stays_behind
+
+    if with_checkpoints:
+        info = export_with_checkpoints(store, full, output, fmt, allow_secrets=allow_secrets, progress=prog)
+    elif salvage:
+        info = _export_salvaged(store, full, output, fmt, prog)
+    else:
+        info = export_sessions(store, full, output, fmt=fmt, progress=prog)
     prog.done()
+    if not with_checkpoints:
+        note_stays_behind(store, full)
     if json_out:
         emit_json(info.to_json())
         return
     out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
+
+
+def _export_salvaged(store: object, full: list[str], output: str, fmt: Optional[str], prog: object) -> object:
+    """``export --salvage``: each session's refs up to its damage (session/damage.py), one warning per cut."""
+    from kxen_agent.session.damage import salvage_refs
+    from kxen_agent.store.bundle import format_for_path
+    from kxen_agent.store.bundle.export import export_bundle
+
+    refs = {}
+    for ses in full:
+        refs[f"sessions/{ses}"], left = salvage_refs(store, ses)
+        for what in left:
+            err(f"kxen-agent: warning: {ses}: {t(what, quote=False)}")
+    return export_bundle(store, list(refs), output, fmt=format_for_path(output, fmt), progress=prog, refs=refs)
 
 
 @session_app.command("import")
@@ -523,6 +587,8 @@ def import_cmd(
              "(a worktree fork: a worktree of its branch). Repeatable."),
     json_out: bool = typer.Option(
         False, "--json", help="Print what was imported as JSON: sessions and their fate, bindings, new objects."),
+    restore_workspace: bool = typer.Option(
+        False, "--restore-workspace", help="Write the session's last checkpoint (carried in the bundle) into the workspace."),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to DIR.
 
@@ -542,6 +608,11 @@ def import_cmd(
     res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
                           acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
     prog.done()
+    from .checkpoint_travel_cmds import adopt_from_bundle, restore
+
+    adopted = adopt_from_bundle(store, bundle, res, quiet=json_out)
+    if restore_workspace:
+        restore(store, sorted(adopted) or sorted(res.sessions), quiet=json_out)
     if json_out:
         emit_json(res.to_json())
         return
@@ -559,6 +630,9 @@ _register_remote_cmds(session_app)
 from .checkpoint_cmds import register as _register_checkpoint_cmds  # noqa: E402
 
 _register_checkpoint_cmds(session_app)
+from .rewind_cmds import register as _register_rewind_cmds  # noqa: E402
+
+_register_rewind_cmds(session_app)
 
 
 @session_app.command("trust")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from kxen_agent.errors import KxenError
+
 from ._render import Progress, dumps_json, emit_json, err, out, term_text as t, to_jsonable
 
 if TYPE_CHECKING:
@@ -147,6 +149,18 @@ def cat_object_cmd(
         out(dumps_json(to_jsonable(value), indent=2))
 
 
+def _checkpoint_roots(store: Any) -> dict[str, str]:
+    """``{ses: repository}`` of the deleted sessions a gc may remove; {} when the sessions cannot be listed
+    (damage: the gc itself says what it skips, and a checkpoint ref left behind only keeps objects)."""
+    from kxen_agent.session import checkpoints as ckpt
+    from kxen_agent.session.sessions import SessionStore
+
+    try:
+        return ckpt.checkpoint_roots(SessionStore(store))
+    except (KxenError, OSError, ValueError):
+        return {}
+
+
 def gc_cmd(
     prune: str = typer.Option(
         DEFAULT_PRUNE, "--prune", metavar="DURATION",
@@ -171,10 +185,16 @@ def gc_cmd(
     parse_duration(prune)  # a bad value is a usage error before anything is opened
     store = _store()
     prog = Progress("gc", enabled=not json_out)
+    # The repositories of deleted sessions are named by their metadata, which the gc removes with them: read
+    # first, so their workspace checkpoint refs go too (Git's own gc then reclaims the objects).
+    roots = _checkpoint_roots(store)
     rep = run_gc(store, prune=prune, progress=prog)
     prog.done()
+    from kxen_agent.session import checkpoints as ckpt
+
+    refs_gone = ckpt.delete_pruned(roots, rep.groups_removed)
     if json_out:
-        emit_json(rep.to_json())
+        emit_json({**rep.to_json(), "checkpointRefsDeleted": refs_gone})
         return
     if rep.pack:
         packed = f"packed {rep.packed} objects into pack-{rep.pack[:16]}"
@@ -190,6 +210,8 @@ def gc_cmd(
     )
     for g in rep.groups_removed:
         out(f"removed deleted group {t(g)}")
+    for ref in refs_gone:
+        out(f"deleted workspace checkpoint ref {t(ref)}")
     if rep.damaged:
         for what in rep.damaged[:20]:
             err(t(f"damaged: {what}", quote=False))

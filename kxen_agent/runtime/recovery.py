@@ -14,13 +14,15 @@ same function decides what resuming does: a process that died anywhere
 leaves one of these states, and each has exactly one next step.
 
 Limitation: the decision for each call of an interrupted tool turn (run it,
-run it again, call it UNKNOWN) is still made inside the runner's tool turn.
+run it again, call it UNKNOWN) is still made inside the runner's tool turn;
+:func:`provable_file_outcome` is the one rule it asks here: whether a file
+tool's effect is proven by the workspace (``objects_spec.md`` §14.14).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Any, Iterable, Mapping, Union
 
 from kxen_agent.session.status import OpState, RunStatus
 
@@ -36,6 +38,7 @@ __all__ = [
     "Step",
     "Stop",
     "next_step",
+    "provable_file_outcome",
 ]
 
 
@@ -98,3 +101,38 @@ def next_step(run: str, status: RunStatus, settled: bool, last: LastMessage | No
         if last.role == "tool":
             return SettleThenAsk()
     return AskModel()
+
+
+def provable_file_outcome(tool: str, args: Mapping[str, Any], before: bytes | None, now: bytes | None) -> bool:
+    """Whether a ``write_file``/``edit_file`` call found ``Started`` after a crash provably took effect (§14.14).
+
+    ``before``: the file's bytes in the operation's before checkpoint (None: absent there); ``now``: its
+    bytes in the workspace (None: absent, or not a regular file). Proven when the file now holds exactly what
+    the call would have written — ``content``, or the before bytes with their one occurrence of ``old``
+    replaced — and that differs from ``before``. Never for any other tool (the shell's effects cannot be
+    read back): only a provable outcome is known.
+    """
+    if now is None:
+        return False
+    if tool == "write_file":
+        content = args.get("content")
+        if not isinstance(content, str):
+            return False
+        try:
+            expected = content.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    elif tool == "edit_file":
+        old, new = args.get("old"), args.get("new")
+        if before is None or not isinstance(old, str) or not isinstance(new, str) or not old:
+            return False
+        try:
+            text = before.decode("utf-8")
+            if text.count(old) != 1:
+                return False  # the call would have been refused: nothing was written
+            expected = text.replace(old, new, 1).encode("utf-8")
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            return False
+    else:
+        return False
+    return now == expected and before != expected

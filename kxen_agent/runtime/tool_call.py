@@ -18,6 +18,7 @@ does this; every write goes through the context's ``journal_write`` /
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from kxen_agent.session import checkpoints as ckpt
@@ -30,6 +31,7 @@ from .answer_check import parse_arguments
 from .approvals import REFUSED, needs_approval, plan_approval
 from .events import Activity, ToolFinished, ToolStarted
 from .plan import KEEP_OUTPUT
+from .recovery import provable_file_outcome
 from .run_reader import JournalView
 from .tools import TOOLS, ToolContext, ToolOutcome, ToolOutcomeUnknown
 from .tools.files import DEFAULT_MAX_FILE_BYTES
@@ -95,6 +97,13 @@ class ToolTurn:
                 if tool is not None and not tool.side_effects:
                     self.r.on_event(f"{e['op']}: {e['tool']} has no side effects; running it again after the crash")
                     self.execute(assistant, call, allowed, policy, op=e["op"], judged=judged)
+                    continue
+                proven = self.proven_outcome(e, judged)
+                if proven is not None:
+                    self.journal_write([dict(e, state=OpState.OUTCOME_KNOWN, source=OpSource.RECOVERY, isError=False)],
+                                       outputs=[proven], reason=f"run {self.run}: {e['op']} outcome proven by the workspace")
+                    self.r.on_event(f"{e['op']}: {e['tool']} was started before the crash and the workspace proves "
+                                    "it took effect (its checkpoint differs, the file holds what it wrote)")
                     continue
                 self.journal_write([dict(e, state=OpState.OUTCOME_UNKNOWN, source=OpSource.RECOVERY)],
                                    reason=f"run {self.run}: {e['op']} outcome unknown after a crash",
@@ -230,13 +239,47 @@ class ToolTurn:
                 self.__dict__.setdefault("_ckpt_after", {})[op] = after
         self.fault("tool:after-outcome")
 
+    def proven_outcome(self: _RunCtx, e: dict, args: dict[str, Any]) -> str | None:
+        """The output of a ``write_file``/``edit_file`` op found Started whose effect the workspace proves
+        (:func:`.recovery.provable_file_outcome`, §14.14), or None: it is UNKNOWN as before."""
+        before = e.get(ckpt.BEFORE_KEY)
+        if e["tool"] not in ("write_file", "edit_file") or not before or not isinstance(args.get("path"), str):
+            return None
+        from .tools import files as file_tools
+
+        root = self.info.workspace.root
+        limit = self.agent.get("policy", {}).get("max_file_bytes", DEFAULT_MAX_FILE_BYTES)
+        ctx = ToolContext(max_file_bytes=limit, workspace=root, timeout_s=1, cancel_window_s=0, cancel=self.r.cancel,
+                          secret_env_names=())
+        try:
+            repo = ckpt.open_repo(self.info.workspace, self.agent.get("policy", {}))
+            if not repo.exists(before):
+                return None
+            real = file_tools._resolve(args["path"], ctx)  # as the tool resolves it: inside, no .git
+            rel = os.path.relpath(real, os.path.realpath(root))
+            if rel in ckpt.left_out_of(repo, before):
+                return None  # the checkpoint holds an older version of it: nothing to compare
+            try:
+                now: bytes | None = file_tools._read_regular(real, ctx, args["path"], e["tool"], limit + 1)[0]
+            except FileNotFoundError:
+                now = None
+            was = ckpt.file_at(repo, before, os.path.relpath(real, repo.top))
+        except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout, OSError, file_tools.BadArguments,
+                file_tools._Refused):
+            return None
+        if not provable_file_outcome(e["tool"], args, was, now):
+            return None
+        assert now is not None
+        return (f"wrote {len(now)} bytes to '{rel}'" if e["tool"] == "write_file"
+                else f"edited '{rel}': replaced 1 occurrence")
+
     def checkpoint(self: _RunCtx, label: str, *, before: bool = False) -> str | None:
         """A checkpoint of the workspace now (``before``: the one taken after the previous op of this process
         if any), its commit id; None when the session records none (said once) or git failed (said)."""
         if "_ckpt" not in self.__dict__:
             try:
                 self._ckpt, why = ckpt.for_session(self.store, self.sessions, self.info, self.agent.get("policy", {}))
-            except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout) as ex:
+            except (ckpt.CheckpointError, ckpt.NoCheckpoints, GitTimeout, OSError) as ex:
                 self._ckpt, why = None, str(ex)
             if why is not None:
                 self.r.on_event(f"run {self.run}: no workspace checkpoints: {why}")
@@ -245,7 +288,7 @@ class ToolTurn:
             return None
         try:
             taken = cp.before(label) if before else cp.take(label)
-        except (ckpt.CheckpointError, GitTimeout) as ex:
+        except (ckpt.CheckpointError, GitTimeout, OSError) as ex:  # a read-only .git/objects, a full disk...
             self.r.on_event(f"warning: run {self.run}: no checkpoint {label}: {ex}")
             return None
         if taken.left_out and not taken.reused:

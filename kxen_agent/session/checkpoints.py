@@ -22,20 +22,43 @@ It never touches the user's index, working tree, branches or ``HEAD``: the
 only Git state it changes is the objects it adds and the refs under
 ``refs/kxen/checkpoints/``. It reads the store only to find where a session
 forked (:func:`fork_base`) and the journal fields (:func:`session_checkpoints`).
+
+The API (what ``session diff``, ``run show`` and a rewind or a fork with
+code build on):
+
+- :func:`open_repo` (or :func:`unavailable_reason`): the workspace
+  repository, or :class:`NoCheckpoints` saying why there are none;
+- :func:`for_session`: a session's :class:`Checkpointer` (kept index,
+  bounds, fork base); :meth:`Checkpointer.take` records the workspace now;
+- :func:`session_checkpoints`: the operations naming checkpoints, in
+  history order (a fork's parent's up to the fork point included);
+  :func:`checkpoint_at`: the checkpoint at a message;
+- :meth:`Repo.tip`, :func:`checkpoints_of`, :meth:`Repo.exists`,
+  :func:`file_at`, :func:`left_out_of`: reading them back;
+  :func:`snapshot` / :func:`snapshot_tree`: the workspace now as a tree, no
+  commit, nothing kept (compare it with a checkpoint's tree to find changes
+  no checkpoint holds);
+- :func:`diff`, :func:`numstat`: Git's diff between two of them;
+- :func:`delete_checkpoint_refs`: the refs of pruned sessions;
+  :func:`checkpoint_roots` (before a gc) and :func:`delete_pruned` (after
+  it, with the groups it removed) wire that into gc.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
+from kxen_agent.store.fsio import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, SHARED_FILE_MODE
 
 from . import gitproc
 from .workspace import WorkspaceIdentity
@@ -52,16 +75,22 @@ __all__ = [
     "OpCheckpoints",
     "REF_PREFIX",
     "Repo",
+    "checkpoint_at",
     "checkpoint_ref",
+    "checkpoint_roots",
     "chain_size",
     "checkpoints_of",
     "delete_checkpoint_refs",
+    "delete_pruned",
     "diff",
     "for_session",
+    "file_at",
     "fork_base",
+    "left_out_of",
     "numstat",
     "open_repo",
     "session_checkpoints",
+    "snapshot",
     "snapshot_tree",
     "stage",
     "unavailable_reason",
@@ -199,14 +228,20 @@ class Checkpointer:
     session with no ref chains onto ``base`` (a fork's parent checkpoint at the fork point, :func:`fork_base`).
     """
 
-    def __init__(self, repo: Repo, ses: str, index_path: str, bounds: Bounds, *, base: str | None = None) -> None:
+    def __init__(self, repo: Repo, ses: str, index_path: str, bounds: Bounds, *, base: str | None = None,
+                 io: Any = None) -> None:
         self.repo = repo
+        # The store's file layer (None: a throw-away index outside the state dir): the kept index is state,
+        # and takes the state dir's modes (§10.4) whatever the umask, as every other file there does.
+        self.io = io
         self.ses = ses
         self.index_path = index_path
         self.bounds = bounds
         self.base = base
         self.last: Checkpoint | None = None
         self._heads: dict[str, str | None] = {}  # checkpoint commit -> the HEAD it recorded
+        # The tree of the kept index as this object last wrote it: when nothing changed since, no write-tree.
+        self._staged: str | None = None
 
     def before(self, label: str) -> Checkpoint:
         """The checkpoint before an operation: the one this process took last (after the previous operation),
@@ -224,7 +259,7 @@ class Checkpointer:
             shutil.copy2(self.index_path, work)
         try:
             with _Quarantine(self.repo) as q:
-                left_out, tree = stage(self.repo, work, self.bounds, env=q.env)
+                left_out, tree = stage(self.repo, work, self.bounds, env=q.env, config=q.config, known=self._staged)
                 reuse = tip is not None and tip[1] == tree and (head is None or self._recorded_head(tip[0]) == head)
                 if not reuse:
                     parents = [p for p in ((tip[0] if tip else self.base), head) if p]
@@ -233,9 +268,11 @@ class Checkpointer:
                     for p in dict.fromkeys(parents):
                         args += ["-p", p]
                     commit = self.repo.git([*args, "-F", "-"], input=msg.encode("utf-8", "surrogateescape"),
-                                           env=q.env).decode().strip()
+                                           env=q.env, config=q.config).decode().strip()
                 q.persist()
+            self._own_mode(work)  # Git made it with 0666 less the umask, or copy2 kept the old mode
             os.replace(work, self.index_path)
+            self._staged = tree
         finally:
             if os.path.exists(work):
                 os.unlink(work)
@@ -276,14 +313,22 @@ class Checkpointer:
         what changed is hashed; ``copy2`` keeps its time, so Git's racy-entry check still holds)."""
         if os.path.exists(self.index_path):
             return
-        os.makedirs(os.path.dirname(self.index_path), exist_ok=True)
+        if self.io is not None:
+            self.io.makedirs(os.path.dirname(self.index_path))
+        else:
+            os.makedirs(os.path.dirname(self.index_path), PRIVATE_DIR_MODE, exist_ok=True)
         gitdir = gitproc.run(["rev-parse", "--path-format=absolute", "--git-dir"], cwd=self.repo.root, env=_IDENT)
         real = os.path.join(gitdir.stdout.decode("utf-8", "surrogateescape").strip(), "index")
         if gitdir.returncode == 0 and os.path.isfile(real):
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.index_path), prefix=".seed-")
             os.close(fd)
             shutil.copy2(real, tmp)
+            self._own_mode(tmp)
             os.replace(tmp, self.index_path)
+
+    def _own_mode(self, path: str) -> None:
+        shared = self.io is not None and self.io.is_shared(path)
+        os.chmod(path, SHARED_FILE_MODE if shared else PRIVATE_FILE_MODE)
 
     @staticmethod
     def _fsync_dir(d: str) -> None:
@@ -299,6 +344,7 @@ class Checkpointer:
 
 
 _QUARANTINE = "kxen-incoming-"
+_LISTED_ADD = 200
 
 
 class _Quarantine:
@@ -313,12 +359,32 @@ class _Quarantine:
         self.dir = ""
 
     def __enter__(self) -> _Quarantine:
+        self._sweep()
         self.dir = tempfile.mkdtemp(prefix=_QUARANTINE, dir=self.objects)
         return self
+
+    def _sweep(self) -> None:
+        """Remove quarantines a killed checkpoint left (Git never looks at them), once they are an hour old:
+        a younger one may be another session's checkpoint at work."""
+        old = time.time() - 3600
+        try:
+            names = [n for n in os.listdir(self.objects) if n.startswith(_QUARANTINE)]
+        except OSError:
+            return
+        for n in names:
+            path = os.path.join(self.objects, n)
+            try:
+                if os.stat(path).st_mtime < old:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
 
     @property
     def env(self) -> dict[str, str]:
         return {"GIT_OBJECT_DIRECTORY": self.dir, "GIT_ALTERNATE_OBJECT_DIRECTORIES": self.objects}
+
+    #: Loose objects here are read once, by pack-objects: not compressing them saves a zlib pass.
+    config = ("core.looseCompression=0",)
 
     def persist(self) -> None:
         """Pack what was written here into the repository's ``objects/pack``, fsynced (nothing when nothing was)."""
@@ -332,7 +398,8 @@ class _Quarantine:
         os.makedirs(pack_dir, exist_ok=True)
         self.repo.git(["pack-objects", "-q", "--window=0", os.path.join(pack_dir, "pack")],
                       input="".join(i + "\n" for i in ids).encode(), env=self.env,
-                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false"))
+                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false",
+                              "pack.compression=1"))
         Checkpointer._fsync_dir(pack_dir)
 
     def __exit__(self, *exc: object) -> None:
@@ -340,14 +407,19 @@ class _Quarantine:
 
 
 def stage(repo: Repo, index_path: str, bounds: Bounds, *,
-          env: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], str]:
+          env: Mapping[str, str] | None = None, config: Sequence[str] = (),
+          known: str | None = None) -> tuple[list[tuple[str, str]], str]:
     """Stage the workspace into the index at ``index_path`` within ``bounds``: (the files left out, the tree).
+
+    ``known``: the index's tree when the caller wrote it last; taken as it is when nothing is to be staged
+    (a command that changed no file, the common case of a shell tool running tests, costs no ``write-tree``).
 
     Every command that reads the work tree or writes the index runs with the repository's command-running
     keys made inert (:func:`.gitproc.repository_overrides`): ``ls-files`` hashes a racily clean entry to
     compare it and ``write-tree``, writing the index back, does too — both through the clean filter.
     """
-    cfg, cenv = gitproc.repository_overrides(repo.root)
+    overrides, cenv = gitproc.repository_overrides(repo.root)
+    cfg = [*overrides, *config]
     env = {**(env or {}), "GIT_INDEX_FILE": index_path, **cenv}
     raw = repo.git(["ls-files", "-z", "-t", "-m", "-o", "-d", "--exclude-standard"], env=env, config=cfg)
     new: list[str] = []
@@ -375,13 +447,17 @@ def stage(repo: Repo, index_path: str, bounds: Bounds, *,
             files += 1
             total += size
             keep.append(path)
-    if not left:
-        if keep:
-            repo.git(["add", "-A", "--", "."], env=env)
+    if not keep and known is not None:
+        return left, known
+    if not left and len(keep) > _LISTED_ADD:
+        repo.git(["add", "-A", "--", "."], env=env, config=config)
     elif keep:
+        # By name: Git then walks only the directories that hold them (on 10,000 files, one changed file
+        # costs ~0 s of CPU instead of ~0.05 s); past a few hundred, matching every entry against every
+        # name costs more than the walk.
         repo.git(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
                  input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in keep),
-                 env={**env, "GIT_LITERAL_PATHSPECS": "1"})
+                 env={**env, "GIT_LITERAL_PATHSPECS": "1"}, config=config)
     tree = repo.git(["write-tree"], env=env, config=cfg).decode().strip()
     return left, tree
 
@@ -468,6 +544,23 @@ def session_checkpoints(sessions: Any, info: Any) -> list[OpCheckpoints]:
     return out
 
 
+def checkpoint_at(sessions: Any, info: Any, message: bytes) -> str | None:
+    """The checkpoint of session ``info`` at ``message`` (a message of its history): the last one named by an
+    operation asked for at or before it (its after, else its before), or None when no tool changed files
+    before it. What ``session diff --at``, a rewind and a fork with code start from."""
+    from kxen_agent.session.schema import read
+
+    history = set()
+    cur: bytes | None = message
+    while cur is not None:
+        history.add(cur)
+        cur = read(sessions.store, cur, "message").get("parent")
+    for o in reversed(session_checkpoints(sessions, info)):
+        if o.message in history:
+            return o.after or o.before
+    return None
+
+
 def fork_base(sessions: Any, info: Any) -> str | None:
     """Where a session's first checkpoint chains on: the last checkpoint named in its history (for a fork,
     its parent's at the fork point), or None."""
@@ -521,27 +614,63 @@ def delete_checkpoint_refs(repo_root: str, sessions: Iterable[str]) -> list[str]
     return gone
 
 
-def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
-    """The tree of the workspace now, made with a copy of the session's kept index (no commit, no ref)."""
-    with tempfile.TemporaryDirectory(prefix="kxen-ckpt-") as d:
+@contextlib.contextmanager
+def snapshot(repo: Repo, index_path: str, bounds: Bounds) -> Iterator[tuple[str, dict[str, str]]]:
+    """``(tree, env)``: the workspace now as a tree, made with a copy of the session's kept index in a
+    quarantine; ``env`` lets git read its objects (pass it to :func:`diff`). Nothing stays in the repository:
+    no commit, no ref, no object once the block ends."""
+    with tempfile.TemporaryDirectory(prefix="kxen-ckpt-") as d, _Quarantine(repo) as q:
         tmp = os.path.join(d, "index")
         if os.path.exists(index_path):
             shutil.copy2(index_path, tmp)
         else:
             Checkpointer(repo, "-", tmp, bounds)._seed_index()
-        return stage(repo, tmp, bounds)[1]
+        yield stage(repo, tmp, bounds, env=q.env, config=q.config)[1], q.env
+
+
+def snapshot_tree(repo: Repo, index_path: str, bounds: Bounds) -> str:
+    """The tree id of the workspace now (:func:`snapshot`; its objects are not kept): equal to a checkpoint's
+    tree exactly when the workspace holds nothing that checkpoint does not."""
+    with snapshot(repo, index_path, bounds) as (tree, _env):
+        return tree
+
+
+def file_at(repo: Repo, commit: str, path: str) -> bytes | None:
+    """The bytes of ``path`` (relative to the repository's top) in checkpoint ``commit``; None if it has none
+    there or it is not a file."""
+    p = gitproc.run(["cat-file", "--batch"], cwd=repo.root, input=f"{commit}:{path}\n".encode("utf-8",
+                    "surrogateescape"), env=_IDENT)
+    head, _, rest = p.stdout.partition(b"\n")
+    parts = head.split()
+    if p.returncode != 0 or len(parts) != 3 or parts[1] != b"blob":
+        return None
+    return rest[: int(parts[2])]
+
+
+def left_out_of(repo: Repo, commit: str) -> set[str]:
+    """The paths (relative to the bound directory) checkpoint ``commit`` lists as left out (§14.14)."""
+    msg = repo.git(["log", "-1", "--format=%B", commit]).decode("utf-8", "surrogateescape")
+    out = set()
+    listing = False
+    for line in msg.splitlines():
+        if line.startswith("left out ("):
+            listing = True
+        elif listing and line.startswith("  "):
+            out.add(line[2:].rpartition(": ")[0])
+    return out
 
 
 _DIFF_SAFE = ("--no-ext-diff", "--no-textconv")
 
 
-def diff(repo: Repo, a: str, b: str, *, stat: bool = False, color: bool = False) -> str:
+def diff(repo: Repo, a: str, b: str, *, stat: bool = False, color: bool = False,
+         env: Mapping[str, str] | None = None) -> str:
     """``git diff A B`` between two checkpoints (commits or trees), never running the repository's
     configured diff commands (``--no-ext-diff --no-textconv``; :mod:`.gitproc` empties them too)."""
     args = ["diff", *_DIFF_SAFE, "--color=always" if color else "--no-color"]
     if stat:
         args.append("--stat")
-    return repo.git([*args, a, b, "--"], cwd=repo.top).decode("utf-8", "replace")
+    return repo.git([*args, a, b, "--"], cwd=repo.top, env=env).decode("utf-8", "replace")
 
 
 def numstat(repo: Repo, a: str, b: str) -> list[dict]:
@@ -569,8 +698,37 @@ def for_session(store: Any, sessions: Any, info: Any, policy: Mapping[str, Any])
     if why is not None:
         return None, why
     repo = open_repo(info.workspace, policy)
-    cp = Checkpointer(repo, info.id, store.caches.path(INDEX_CACHE, info.group), Bounds.of(policy))
+    cp = Checkpointer(repo, info.id, store.caches.path(INDEX_CACHE, info.group), Bounds.of(policy), io=getattr(store, "io", None))
     if repo.tip(info.id) is None:
         base = fork_base(sessions, info)
         cp.base = base if base is not None and repo.exists(base) else None
     return cp, None
+
+
+def checkpoint_roots(sessions: Any) -> dict[str, str]:
+    """``{ses: repository top}`` of every deleted session bound to a Git workspace: what a gc must read before
+    it removes their groups (their metadata, which names the repository, goes with them)."""
+    out: dict[str, str] = {}
+    for info in sessions.list(include_deleted=True):
+        if info.deleted_ns is not None and info.workspace.repo_root is not None:
+            out[info.id] = info.workspace.repo_root
+    return out
+
+
+def delete_pruned(roots: Mapping[str, str], removed_groups: Iterable[str]) -> list[str]:
+    """Delete the checkpoint refs of the sessions whose groups a gc removed (``sessions/<ses>``), in the
+    repositories :func:`checkpoint_roots` named before it; the refs deleted. A repository that is gone or
+    fails is skipped: its refs only keep objects, and the next gc is no better placed to find it."""
+    by_repo: dict[str, list[str]] = {}
+    for group in removed_groups:
+        ses = group.partition("/")[2]
+        if ses in roots:
+            by_repo.setdefault(roots[ses], []).append(ses)
+    gone: list[str] = []
+    for repo_root, ids in sorted(by_repo.items()):
+        if os.path.isdir(repo_root):
+            try:
+                gone += delete_checkpoint_refs(repo_root, ids)
+            except (CheckpointError, gitproc.GitTimeout):
+                continue
+    return gone

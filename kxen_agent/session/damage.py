@@ -22,7 +22,7 @@ from kxen_agent.store.objects import links_of
 from .schema import put
 from .sessions import NS, msg_id, new_id
 
-__all__ = ["branch_at", "classify", "closure_reads", "last_intact"]
+__all__ = ["branch_at", "classify", "closure_reads", "last_intact", "salvage_refs"]
 
 
 def closure_reads(store: Any, oid: bytes, memo: dict[bytes, bool]) -> bool:
@@ -164,3 +164,45 @@ def branch_at(store: Any, ses: str, meta: dict, agent: bytes, point: bytes | Non
         step.update("head", None, point)
     step.commit(reason)
     return new
+
+
+def salvage_refs(store: Any, ses: str) -> tuple[dict[str, bytes], list[str]]:
+    """The refs of ``ses`` up to its damage (``session export --salvage``): what was left out, in words.
+
+    ``head`` moves back to the last message whose whole history reads (the
+    current head, else the newest its reflog names); a run whose state does
+    not read is left out. Refused if the group or its metadata does not read.
+    """
+    from kxen_agent.errors import KxenError as _E
+
+    group = f"{NS}/{ses}"
+    try:
+        state = store.refs.read(group)
+        log = store.refs.reflog(group, state)
+    except _E as e:
+        raise _E(f"session {ses} does not read ({e}); `kxen-agent repair --apply` keeps every record that "
+                 "checks, then export it") from None
+    memo: dict[bytes, bool] = {}
+    meta = state.refs.get("meta")
+    if meta is None or not closure_reads(store, meta, memo):
+        raise _E(f"session {ses}: its metadata does not read, so no bundle of it can be made; "
+                 "`kxen-agent repair --from BUNDLE` or `--remote NAME` restores it from a good copy")
+    refs = {"meta": meta}
+    left: list[str] = []
+    head = state.refs.get("head")
+    if head is not None:
+        heads = [head] + [e.new for e in reversed(log) if e.name == "head"]
+        good = last_intact(store, heads, memo)
+        if good is not None:
+            refs["head"] = good
+        if good != head:
+            left.append(f"head {msg_id(head)} -> {msg_id(good) if good else 'no message'} (the last message "
+                        "whose history reads)")
+    for name, v in sorted(state.refs.items()):
+        if name in ("meta", "head"):
+            continue
+        if closure_reads(store, v, memo):
+            refs[name] = v
+        else:
+            left.append(f"{name} left out (it does not read)")
+    return refs, left

@@ -54,7 +54,7 @@ import blake3
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import OS_IO
 from kxen_agent.store.locks import file_lock
-from kxen_agent.store.gitmap import GitObject, encode_pack, hex40, kxen_id_of_path
+from kxen_agent.store.gitmap import GitObject, encode_indexed_pack, hex40, kxen_id_of_path
 
 from . import gitproc
 from .workspace import normalize_remote_url, strip_credentials
@@ -532,15 +532,24 @@ class Workbench:
     # ------------------------------------------------------------ objects
 
     def write(self, objects: Sequence[GitObject]) -> None:
-        """Add ``objects`` as one pack (indexed by ``git index-pack``, which checks each)."""
+        """Add ``objects`` as one pack with its index, both written here (no ``git index-pack``).
+
+        Every id was computed from its object's bytes by :mod:`~kxen_agent.store.gitmap`,
+        which writes the index ``git index-pack`` would (byte for byte): running it
+        cost a process that re-read, inflated and re-hashed every object. The
+        remote checks what it receives as it always does. The index goes in
+        last: Git never sees an index without its pack.
+        """
         if not objects:
             return
-        data = encode_pack(objects)
-        pack_dir = os.path.join(self.path, "objects", "pack")
-        path = os.path.join(pack_dir, f"pack-{data[-20:].hex()}.pack")
-        with open(path, "wb") as f:
-            f.write(data)
-        self.git(["index-pack", path])
+        data, idx = encode_indexed_pack(objects)
+        base = os.path.join(self.path, "objects", "pack", f"pack-{data[-20:].hex()}")
+        for ext, body in ((".pack", data), (".idx", idx)):
+            tmp = base + ext + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(body)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, base + ext)
 
     def sizes(self, oids: Sequence[bytes]) -> dict[bytes, tuple[str, int]]:
         """(type, size) of each object present (``git cat-file --batch-check``); absent ones are left out."""

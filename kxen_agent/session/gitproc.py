@@ -78,8 +78,11 @@ SAFE_CONFIG: tuple[str, ...] = (
 )
 #: Subcommands that may run a filter (checkout, status's clean filter), fetch
 #: (submodules) or ask for credentials: they also get :func:`repository_overrides`.
+# Plumbing that writes or refreshes an index re-hashes "racily clean" entries through the clean filter, so it
+# is listed too (a checkpoint's write-tree was caught running a repository's filter).
 CONFIG_RUNNERS = frozenset({"worktree", "submodule", "status", "checkout", "switch", "reset", "fetch", "clone",
-                            "pull", "push", "ls-remote", "add", "stash", "diff"})
+                            "pull", "push", "ls-remote", "add", "stash", "diff", "write-tree", "ls-files",
+                            "update-index", "read-tree", "checkout-index", "diff-files", "diff-index"})
 #: A git command that does not talk to a remote is given this long (seconds).
 LOCAL_TIMEOUT_S = 300.0
 #: The environment variable that sets how long a command talking to a remote may take (seconds; default 900).

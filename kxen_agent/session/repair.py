@@ -29,17 +29,17 @@ from .sessions import NS, msg_id
 __all__ = ["bundle_source", "remote_source", "repair_sessions"]
 
 
-def bundle_source(path: str) -> tuple[str, Callable[[ObjectId], RawObject | None]]:
+def bundle_source(path: str) -> tuple[str, Callable[[ObjectId], RawObject | None], dict]:
     """Every object of the bundle at ``path``, verified (a bad bundle is refused whole: BadBundle)."""
     from kxen_agent.store.bundle import verify_bundle
 
     objs: dict[ObjectId, RawObject] = {}
-    verify_bundle(path, schema=SESSION_SCHEMA, on_object=lambda o: objs.__setitem__(o.id, o))
-    return f"bundle {path}", objs.get
+    info = verify_bundle(path, schema=SESSION_SCHEMA, on_object=lambda o: objs.__setitem__(o.id, o))
+    return f"bundle {path}", objs.get, dict(info.refs)
 
 
 def remote_source(store: Store, ses_ids: list[str], workspace: str, remote: str,
-                  scratch: str) -> tuple[str, Callable[[ObjectId], RawObject | None]]:
+                  scratch: str) -> tuple[str, Callable[[ObjectId], RawObject | None], dict]:
     """The sessions ``ses_ids`` as ``remote`` holds them, pulled (and verified) into a scratch state dir."""
     from .remote_pull import pull_sessions
 
@@ -52,7 +52,15 @@ def remote_source(store: Store, ses_ids: list[str], workspace: str, remote: str,
         except KxenError:
             return None
 
-    return f"remote {remote}", read
+    refs = {}
+    for ses in ses_ids:
+        try:
+            state = other.refs.read(f"{NS}/{ses}")
+        except KxenError:
+            continue
+        if state.refs:
+            refs[f"{NS}/{ses}"] = dict(state.refs)
+    return f"remote {remote}", read, refs
 
 
 def _on_lost(store: Store, lost: GroupSalvage) -> str | None:

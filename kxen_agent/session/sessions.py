@@ -18,6 +18,7 @@ one ref transaction whatever the history's length.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -577,7 +578,7 @@ class SessionStore:
         return self.get(ses)
 
     def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None,
-             workspace: str | None = None) -> SessionInfo:
+             workspace: str | None = None, worktree_at: str | None = None) -> SessionInfo:
         """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
 
         Never needs the parent's run lease: it reads immutable objects and
@@ -588,7 +589,7 @@ class SessionStore:
         directory), the fork is bound to that checkout of the same repository
         and subdirectory, on whatever branch it is (``git switch -c
         feature-x``, then fork onto it): the metadata's reason is
-        ``fork-workspace``.
+        ``fork-workspace``. ``worktree_at`` (a checkpoint commit, ``--with-code``) starts the worktree there.
         """
         if worktree is not None and workspace is not None:
             raise UsageError("give either --worktree NAME (a new worktree) or --workspace DIR (an existing "
@@ -616,7 +617,8 @@ class SessionStore:
             # top directory: the new binding may be a subdirectory of it.
             path = worktree_location(repo, worktree)
             made = (repo, path, f"kxen/{worktree}", highest_missing_dir(path))
-            bound = create_worktree(current, worktree)
+            bound = create_worktree(dataclasses.replace(current, head=worktree_at) if worktree_at else current,
+                                    worktree)
         try:
             new = new_id("ses")
             step = self.store.step(self.group(new))

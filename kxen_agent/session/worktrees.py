@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .workspace import (
     WORKTREE_BRANCH_PREFIX,
@@ -24,7 +25,7 @@ from .workspace import (
     git_failed,
 )
 
-__all__ = ["KxenWorktree", "find_kxen_worktree", "restore_worktree"]
+__all__ = ["KxenWorktree", "checkpoint_for_fork", "find_kxen_worktree", "restore_worktree"]
 
 COMMIT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # SHA-1 or SHA-256 object names
 
@@ -122,3 +123,24 @@ def restore_worktree(wt: KxenWorktree) -> None:
         raise git_failed(f"re-creating worktree {wt.path}: git worktree add", proc)
     if os.path.exists(os.path.join(wt.path, ".gitmodules")):
         git(wt.path, "submodule", "update", "--init", "--recursive")
+
+
+def checkpoint_for_fork(sessions: Any, info: Any, at: str | None) -> tuple[str, str | None]:
+    """``fork --worktree NAME --with-code``: (the checkpoint commit the worktree starts at, a note or None).
+
+    The checkpoint of the workspace as it was at message ``at`` (default: the session's newest message),
+    :func:`.checkpoint_restore.checkpoint_at`. Its history holds the ``HEAD`` of its time (its last parent),
+    so a branch made there reverts no commit made later on the workspace's branch.
+    """
+    from . import checkpoint_restore, checkpoints
+    from .checkpoint_restore import RewindRefused
+
+    repo = checkpoints.open_repo(info.workspace, sessions.agent(info).get("policy", {}))
+    point = sessions.resolve_message(info, at) if at else info.head
+    if point is None:
+        raise RewindRefused(f"session {info.id} has no messages, so no checkpoint to start a worktree at")
+    commit, note = checkpoint_restore.checkpoint_at(sessions, info, repo, point)
+    if not repo.exists(commit):
+        raise RewindRefused(f"checkpoint {commit} is not in the repository {repo.root}: the session was imported or "
+                            "pulled without its checkpoints; fork without --with-code")
+    return commit, note

@@ -68,6 +68,10 @@ NEXT = {
     "reflog-mismatch": "kxen-agent repair --apply",
     "skeleton": "any write makes the directory again (kxen-agent gc)",
     "schema": "kxen-agent repair --from BUNDLE or --remote NAME (an object of the right shape)",
+    "history-index": "kxen-agent repair --apply (a cache: moved to lost-found/, the session's next run "
+                     "writes it again)",
+    "run-state": "kxen-agent run show SES names the run; kxen-agent session fork SES --at MSG goes on from "
+                 "before it",
 }
 NEXT_OTHER = "kxen-agent repair (a dry run first: it says what it would change)"
 
@@ -235,11 +239,13 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
         path = getattr(pack, "path", "pack")
         verify = getattr(pack, "verify", None)
         broken = False
+        verr: str | None = None
         if verify is not None:
             try:
                 verify()
-            except KxenError:
+            except KxenError as e:
                 broken = True
+                verr = getattr(e, "reason", None) or str(e)
         if not broken:
             for oid in pack.iter_ids():
                 try:
@@ -279,9 +285,11 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
             damage.append(Damage(d.oid, path, d.offset, d.reason))
         rep.damaged_packs[path] = {"pack": path, "index": sal.idx_path, "entriesRead": len(sal.good),
                                    "entriesDamaged": len(sal.damaged), "frame": list(sal.frame)}
-        if sal.frame and not sal.damaged:
-            rep.problems.append(Problem("corrupt-pack", path, f"{'; '.join(sal.frame)}; all {len(sal.good)} "
+        frame = sal.frame or ([verr] if verr and not sal.damaged else [])  # e.g. the index disagrees with an entry
+        if frame and not sal.damaged:
+            rep.problems.append(Problem("corrupt-pack", path, f"{'; '.join(frame)}; all {len(sal.good)} "
                                         "entries read and are counted"))
+            rep.damaged_packs[path]["frame"] = list(frame)
         elif sal.damaged and not sal.good and len(sal.damaged) > 1:
             rep.problems.append(Problem("corrupt-pack", path, f"no entry reads ({'; '.join(sal.frame) or 'damaged'})"))
     # 2b. Every object in a step log (§6.8): each record's checksum, each

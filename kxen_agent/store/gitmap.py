@@ -50,6 +50,7 @@ __all__ = [
     "TreeEntry",
     "encode_commit",
     "encode_group_blob",
+    "encode_indexed_pack",
     "encode_pack",
     "encode_tree",
     "git_object",
@@ -483,14 +484,30 @@ def lease_tree_blob(tree_body: bytes, where: str) -> bytes:
 
 
 def encode_pack(objects: Iterable[GitObject], level: int = 1) -> bytes:
-    """A Git pack (version 2) of ``objects``, each stored whole (no deltas), zlib at ``level``.
+    """A Git pack (version 2) of ``objects``, each once and stored whole (no deltas), zlib at ``level``.
 
     ``git index-pack`` indexes it (and checks every object); Git's own
     pushes then delta and compress what goes over the wire.
     """
-    objs = list(objects)
+    return encode_indexed_pack(objects, level)[0]
+
+
+def encode_indexed_pack(objects: Iterable[GitObject], level: int = 1) -> tuple[bytes, bytes]:
+    """A Git pack (version 2) of ``objects`` as :func:`encode_pack` makes it, and its index (``.idx`` version 2).
+
+    The index is what ``git index-pack`` would write for this pack: the
+    magic ``\\377tOc``, version 2, the 256-entry fan-out of first bytes,
+    the object ids sorted, the CRC-32 of each entry's bytes, each entry's
+    offset (32-bit; past 2 GiB, an index into a table of 64-bit offsets),
+    the pack's checksum and the index's own (SHA-1). The objects' ids are
+    the ones :func:`git_object` computed from their bodies, so the writer
+    of both (the one who made the objects) needs Git only to send them.
+    """
+    objs = list({o.oid: o for o in objects}.values())  # each object once (an index lists every entry)
     out = bytearray(b"PACK" + struct.pack(">II", 2, len(objs)))
+    entries: dict[bytes, tuple[int, int]] = {}  # id -> (offset, crc32)
     for o in objs:
+        at = len(out)
         size = len(o.body)
         byte = (_GIT_TYPES[o.type] << 4) | (size & 0x0F)
         size >>= 4
@@ -502,8 +519,33 @@ def encode_pack(objects: Iterable[GitObject], level: int = 1) -> bytes:
         head.append(byte)
         out += head
         out += zlib.compress(o.body, level)
-    out += hashlib.sha1(out).digest()
-    return bytes(out)
+        entries[o.oid] = (at, zlib.crc32(memoryview(out)[at:]))
+    pack_sum = hashlib.sha1(out).digest()
+    out += pack_sum
+    ids = sorted(entries)
+    fanout = [0] * 256
+    for oid in ids:
+        fanout[oid[0]] += 1
+    total = 0
+    for i in range(256):
+        total += fanout[i]
+        fanout[i] = total
+    small, large = [], []
+    for oid in ids:
+        off = entries[oid][0]
+        if off < 1 << 31:
+            small.append(off)
+        else:
+            small.append((1 << 31) | len(large))
+            large.append(off)
+    idx = bytearray(b"\377tOc" + struct.pack(">I", 2) + struct.pack(">256I", *fanout))
+    idx += b"".join(ids)
+    idx += struct.pack(f">{len(ids)}I", *(entries[oid][1] for oid in ids))
+    idx += struct.pack(f">{len(small)}I", *small)
+    idx += struct.pack(f">{len(large)}Q", *large)
+    idx += pack_sum
+    idx += hashlib.sha1(idx).digest()
+    return bytes(out), bytes(idx)
 
 
 def hex40(text: str) -> bytes | None:

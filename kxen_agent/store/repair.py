@@ -177,10 +177,18 @@ class _LostFound:
 
 
 class _Sources:
-    """Good copies by id: every object a source gives is checked against its id before use."""
+    """Good copies by id: every object a source gives is checked against its id before use.
 
-    def __init__(self, sources: Iterable[tuple[str, Callable[[ObjectId], RawObject | None]]]) -> None:
-        self.sources = list(sources)
+    A source is (name, read by id) or (name, read by id, its refs: group -> name -> id): a
+    bundle's refs, or a remote's, say what a damaged group held when the source was made.
+    """
+
+    def __init__(self, sources: Iterable[tuple]) -> None:
+        self.sources = [(x[0], x[1]) for x in sources]
+        self.refs: dict[str, tuple[str, dict[str, bytes]]] = {}
+        for x in sources:
+            for g, r in (x[2] if len(x) > 2 else {}).items():
+                self.refs.setdefault(g, (x[0], dict(r)))
 
     def get(self, oid: ObjectId) -> tuple[RawObject, str] | None:
         for name, read in self.sources:
@@ -217,6 +225,7 @@ def repair(store: Store, *, sources: Iterable[tuple[str, Callable[[ObjectId], Ra
     """
     rep = RepairReport(store.root, apply)
     lost = _LostFound(store)
+    sources = list(sources)
     src = _Sources(sources)
     found = fsck(store, schema=schema)
     if found.clean:
@@ -229,8 +238,8 @@ def repair(store: Store, *, sources: Iterable[tuple[str, Callable[[ObjectId], Ra
         if apply:
             store.reload_packs()
             store.steps.scan_all()
-        _groups(store, found, rep, lost, apply, on_lost)
-        _skeleton(store, found, rep, apply)
+        _groups(store, found, rep, lost, apply, on_lost, src)
+        _skeleton(store, found, rep, apply, lost)
     if apply:
         store.reload_packs()
         # What still reaches an object that nothing holds: quarantined, the layer above branches.
@@ -241,6 +250,21 @@ def repair(store: Store, *, sources: Iterable[tuple[str, Callable[[ObjectId], Ra
         rep.left = [p.line() for p in again.problems]
     else:
         rep.left = [p.line() for p in found.problems]
+        # What step 4 would do: groups reaching an object that neither the store nor a source holds.
+        restored = {a.target for a in rep.actions if a.kind == "restore"}
+        done = {a.target for a in rep.actions if a.kind in ("quarantine", "rebuild")}
+        lost_groups: dict[str, set[str]] = {}
+        for oid in found.bad_ids:
+            if oid.hex() in restored:
+                continue
+            for where in found.reached_from.get(oid, []):
+                parts = where.split("/")
+                lost_groups.setdefault("/".join(parts[:2]), set()).add("/".join(parts[2:]))
+        for group, names in sorted(lost_groups.items()):
+            if group not in done:
+                rep.actions.append(Action("quarantine", group, f"its refs {', '.join(sorted(names))} reach an "
+                                          "object that no file and no source holds (a session: a new branch at "
+                                          "its last intact message)"))
     if lost._made:
         rep.lost_found = lost.dir
     return rep
@@ -302,20 +326,37 @@ def _repack(store: Store, found: FsckReport, rep: RepairReport, lost: _LostFound
         sal = salvage_pack(store.io, path, raws=raws)
         elsewhere = [p for p in store.packs if getattr(p, "path", None) != path]
         keep = [oid for oid in raws if not any(p.has(oid) for p in elsewhere if not hasattr(p, "error"))]
-        if keep:
-            pack_objects(store, keep, raws.get)
-        # The index first (§12.6: a pack without its index does not exist), then the pack.
+        # Copies first: the new pack may have the old one's very name (the same entries: a damaged
+        # index alone), and its commit then replaces the damaged files.
         lost.note({"pack": os.path.relpath(path, store.root),
                    "damaged": [{"id": d.oid.hex() if d.oid else None, "offset": d.offset, "reason": d.reason}
                                for d in sal.damaged], "frame": sal.frame})
+        why = "a pack with damage, replaced by a new pack of every entry that reads"
+        for f in (idx, path):
+            data = _read_or_none(store, f)
+            if data is not None and data != b"\x00unreadable":
+                lost.copy(f, data, why)
+        info = pack_objects(store, keep, raws.get)[1] if keep else None
+        if info is not None and os.path.basename(path) == f"pack-{info.name}.pack":
+            store.reload_packs()
+            continue  # rewritten whole in place
+        # The index first (§12.6: a pack without its index does not exist), then the pack.
         for f in (idx, path):
             if store.io.lexists(f):
-                lost.move(f, "a pack with damage, replaced by a new pack of every entry that reads")
+                store.io.unlink(f)
+                store.io.fsync_dir(os.path.dirname(f))
         store.reload_packs()
 
 
-def _skeleton(store: Store, found: FsckReport, rep: RepairReport, apply: bool) -> None:
+def _skeleton(store: Store, found: FsckReport, rep: RepairReport, apply: bool, lost: "_LostFound") -> None:
+    cache = os.path.join(store.root, "cache") + os.sep
     for p in found.problems:
+        if p.where.startswith(cache) and store.io.lexists(p.where):
+            # A derived cache (§11a) that does not check: out of the way; its owner writes it again.
+            rep.actions.append(Action("lost-found", p.where, "a cache that does not check"))
+            if apply:
+                lost.move(p.where, f"{p.kind}: {p.message}")
+            continue
         if p.kind == "skeleton" and "missing" in p.message:
             rep.actions.append(Action("skeleton", p.where, "made again"))
             if apply:
@@ -333,7 +374,7 @@ def _damaged_groups(store: Store, found: FsckReport) -> list[str]:
 
 
 def _groups(store: Store, found: FsckReport, rep: RepairReport, lost: _LostFound, apply: bool,
-            on_lost: OnLost | None) -> None:
+            on_lost: OnLost | None, src: "_Sources") -> None:
     from .refformat import validate_group
     from .refs import BadRefName
 
@@ -349,7 +390,7 @@ def _groups(store: Store, found: FsckReport, rep: RepairReport, lost: _LostFound
                     lost.move(path, "not a group")
             continue
         with store.refs.lock(group):
-            _rebuild(store, group, rep, lost, apply, on_lost)
+            _rebuild(store, group, rep, lost, apply, on_lost, src)
 
 
 def _read_or_none(store: Store, path: str) -> bytes | None:
@@ -380,7 +421,7 @@ def _reflog_lines(data: bytes | None, where: str) -> tuple[list[ReflogEntry], in
 
 
 def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, apply: bool,
-             on_lost: OnLost | None) -> None:
+             on_lost: OnLost | None, src: "_Sources") -> None:
     """Step 3 for one group (its lock held): rebuild it from what checks, or quarantine it."""
     ref_path, log_path, steps_path = store.refs.ref_path(group), store.refs.log_path(group), store.steps.path(group)
     ref_data = _read_or_none(store, ref_path)
@@ -473,6 +514,19 @@ def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, appl
             if t.deleted != "leave":
                 deleted = t.deleted  # type: ignore[assignment]
             applied.append(r)
+    # A source's refs of this group (a bundle, the remote): taken whole when they hold every value the
+    # records and lines that check prove (each newest one equal, or reached from the source's): the
+    # gap's changes are then in them. Their objects come from the source where the store lacks them.
+    from_source = None
+    if group in src.refs:
+        name, theirs = src.refs[group]
+        proven = {n: v[0] for n, v in values.items() if v}
+        if all(n in theirs and _reaches(store, src, theirs[n], v) for n, v in proven.items()
+               if n in refs or n in theirs):
+            from_source = (name, theirs)
+            if ambiguous is not None or refs != theirs:
+                refs, ambiguous = dict(theirs), None
+                applied = [r for r in applied if records.index(r) < before]
     # Never lower a fence: past every fence seen, and past any the damaged bytes could hold
     # (one raise per record that fits in them: a lease's taker raises it by one, §15.4).
     new_fence = seen_fence + (1 + gap_bytes // 96 if gap_bytes else 0)
@@ -513,10 +567,14 @@ def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, appl
             + f", fence {new_fence}" + (f" (was {base.fence})" if base is not None else "")
             + (f"; {', '.join(os.path.relpath(f, store.root) for f in damaged_files)} to lost-found/"
                if damaged_files else ""))
+    if from_source is not None:
+        what += f"; its refs as {from_source[0]} holds them"
     rep.actions.append(Action("rebuild", group, what))
     if not apply:
         return
     _keep_objects(store, objs)
+    if from_source is not None:
+        _restore_closure(store, src, list(refs.values()), rep)
     # The new reflog: the lines that check, each applied record's, then one repair line per name whose last
     # line does not say its value (or every ref's, so the reflog records the repair).
     entries = list(lines) + [ReflogEntry(u.old, u.new, r.tx.time_ns, r.tx.fence, u.name, r.tx.reason)
@@ -541,6 +599,52 @@ def _rebuild(store: Store, group: str, rep: RepairReport, lost: _LostFound, appl
     store.refs._ensure_dir(os.path.dirname(steps_path))
     store.steps.start_generation(group, gen)
     store.refs._applied.pop(group, None)
+
+
+def _read_any(store: Store, src: "_Sources", oid: ObjectId) -> RawObject | None:
+    got = _store_reads(store, oid)
+    if got is None:
+        hit = src.get(oid)
+        got = hit[0] if hit else None
+    return got
+
+
+def _reaches(store: Store, src: "_Sources", start: ObjectId, target: ObjectId, limit: int = 200_000) -> bool:
+    """Whether ``target`` is ``start`` or in its closure (read from the store, else the sources)."""
+    seen: set[ObjectId] = set()
+    stack = [start]
+    while stack and len(seen) < limit:
+        cur = stack.pop()
+        if cur == target:
+            return True
+        if cur in seen:
+            continue
+        seen.add(cur)
+        obj = _read_any(store, src, cur)
+        if obj is not None and obj.kind != "blob":
+            stack.extend(links_of(obj.kind, decode_body(obj)))
+    return False
+
+
+def _restore_closure(store: Store, src: "_Sources", roots: list[ObjectId], rep: RepairReport) -> None:
+    """Write, from the sources, every object of ``roots``' closure that the store cannot read."""
+    seen: set[ObjectId] = set()
+    stack = list(roots)
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        obj = _store_reads(store, cur)
+        if obj is None:
+            hit = src.get(cur)
+            if hit is None:
+                continue
+            obj = hit[0]
+            store.loose.write(obj)
+            rep.actions.append(Action("restore", cur.hex(), f"a good copy from {hit[1]}, checked against its id"))
+        if obj.kind != "blob":
+            stack.extend(links_of(obj.kind, decode_body(obj)))
 
 
 def _valid_name(name: str) -> bool:

@@ -30,6 +30,7 @@ from .objects import CorruptObject, ObjectId, RawObject, decode_kind, encode_obj
 from .refs import RefGroupState, RefStore, RefUpdate, validate_namespace
 from .step import Step
 from .steps import StepLogs
+from .salvage import salvage_log
 
 __all__ = [
     "AmbiguousId",
@@ -266,6 +267,7 @@ class Store:
         #: The step logs of every group (§6.8): the store's, read by its
         #: object reads and by its ref store alike.
         self.steps = StepLogs(self.root, io)
+        self.steps.salvager = salvage_log  # a damaged log's records that check still serve their objects (§18.1)
         #: The derived caches (§11a): placed, removed with their group, and checked by fsck (``caches``: the kinds).
         self.caches = Caches(self.root, io, caches)
         self._steps_engine = _DiskSteps(self)

@@ -25,20 +25,6 @@ from kxen_agent.errors import KxenError
 
 from .fsio import FileIO
 from .objects import CorruptObject, ObjectId, RawObject, parse_object
-from .pack.compress import Decompressor
-from .pack.format import (
-    _ENTRY,
-    END_SIZE,
-    ENTRY_HEADER_SIZE,
-    PACK_PREFIX_SIZE,
-    TRAILER_SIZE,
-    BadPack,
-    parse_index,
-    parse_pack_header_prefix,
-    scan_entries,
-    verify_index,
-    verify_pack_trailer,
-)
 from .steps import (
     _FRAME,
     RECORD_MAGIC,
@@ -107,6 +93,22 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
     re-packs them). Reading whole files is fine here: this runs on damage
     only, never on the hot path.
     """
+    # The pack code, imported only here: a store opens (and a step log is salvaged) without it.
+    from .pack.compress import Decompressor
+    from .pack.format import (
+        _ENTRY,
+        END_SIZE,
+        ENTRY_HEADER_SIZE,
+        PACK_PREFIX_SIZE,
+        TRAILER_SIZE,
+        BadPack,
+        parse_index,
+        parse_pack_header_prefix,
+        scan_entries,
+        verify_index,
+        verify_pack_trailer,
+    )
+
     idx_path = pack_path[: -len(".pack")] + ".idx"
     out = PackSalvage(pack_path, idx_path)
     pack = _read_all(io, pack_path)
@@ -114,6 +116,7 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
     # What the index says (if it parses): id -> (offset, crc).
     indexed: dict[ObjectId, int] = {}
     layout = None
+    index_ok = False  # its own checksum matches: what it names is what was written
     if idx is None:
         out.frame.append(f"index {idx_path} is missing or unreadable")
     else:
@@ -123,6 +126,7 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
                 oid = bytes(idx[layout.ids_at + 32 * i: layout.ids_at + 32 * i + 32])
                 indexed[oid] = int.from_bytes(idx[layout.offs_at + 8 * i: layout.offs_at + 8 * i + 8], "big")
             verify_index(idx, layout, idx_path)
+            index_ok = True
         except BadPack as e:
             out.frame.append(f"index {idx_path}: {e.reason}")
     if pack is None:
@@ -176,9 +180,15 @@ def salvage_pack(io: FileIO, pack_path: str, *, keep_raw: bool = False,
             out.damaged.append(DamagedEntry(oid, indexed.get(oid, a), why))
         if not ids:
             out.damaged.append(DamagedEntry(None, a, why))
+    phantom = 0
     for oid, off in sorted(indexed.items(), key=lambda x: x[1]):
         if oid not in out.good and oid not in named:
+            if not index_ok:
+                phantom += 1  # a damaged index names an id no entry holds: the index's damage, not an object's
+                continue
             out.damaged.append(DamagedEntry(oid, off, "the index names it, but no entry that checks holds it"))
+    if phantom:
+        out.frame.append(f"the damaged index names {phantom} id(s) that no entry holds")
     out.damaged.sort(key=lambda d: d.offset)
     # The frame: the end record's count and the trailer (checked only if the entries leave them unexplained).
     try:

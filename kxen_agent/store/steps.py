@@ -255,7 +255,8 @@ def _damage(where: str, at: int, what: str, last: tuple[int, int] | None) -> Cor
     else:
         held = f"the last committed record is the one at offset {last[0]} (ending at {last[1]})"
     e = CorruptSteps(f"step log {where} is damaged at offset {at}: {what}; {held}; no writer cuts it: "
-                     f"run fsck, and keep a copy of the file before any repair")
+                     f"`kxen-agent fsck` names every record that still checks, `kxen-agent repair` keeps them "
+                     f"(the session's other commands: `session export --salvage`, `session delete --force`)")
     e.offset = at  # type: ignore[attr-defined]
     return e
 
@@ -526,6 +527,11 @@ class StepLogs:
         self.written = 0
         # (path, inode) of logs whose every byte this instance has fsynced.
         self._synced: dict[tuple[str, tuple[int, int], int], int] = {}
+        # Damaged logs whose checking records' objects are indexed: path -> ((size, mtime, inode), log).
+        self._salvaged: dict[str, tuple[tuple[int, int, int], _Log]] = {}
+        #: Reads a damaged log's records that check (store.salvage.salvage_log, which imports this
+        #: module: the store hands it in); None: a damaged log serves nothing.
+        self.salvager: Any = None
 
     def path(self, group: str) -> str:
         ns, gid = group.split("/")
@@ -635,7 +641,35 @@ class StepLogs:
                 try:
                     self.load(f"{ns}/{gid}")
                 except (CorruptSteps, ValueError):
-                    continue  # fsck names it; a reader looks elsewhere
+                    # fsck names it; its records that check still hold objects other groups may
+                    # name (a fork's shared history): those are served, read-only (§18.1).
+                    self._salvage(f"{ns}/{gid}")
+
+    def _salvage(self, group: str) -> None:
+        """Index the objects of the records of ``group``'s damaged log that check (never its state)."""
+        path = self.path(group)
+        try:
+            st = self.io.stat(path)
+        except OSError:
+            return
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        with self._mu:
+            if self._salvaged.get(path, (None,))[0] == key:
+                return
+        if self.salvager is None:
+            return
+        try:
+            sal = self.salvager(self.io, path, group)
+        except (KxenError, ValueError, OSError):
+            return
+        if sal is None or not sal.records:
+            return
+        log = _Log(path, (0, 0), group, sal.gen or 0, 0, len(sal.data), len(sal.data), [0], [sal.data], [])
+        with self._mu:
+            self._salvaged[path] = (key, log)
+            for r in sal.records:
+                for oid, at, n in r.objects:
+                    self._index.setdefault(oid, (log, at, n))
 
     # ---------------------------------------------------------------- objects
 
@@ -666,10 +700,15 @@ class StepLogs:
         if hit is None or hit[0] is but:
             return
         log, at, _ = hit
+        if log.ident == (0, 0):
+            return  # a record of a damaged log (served read-only, §18.1): committed long before the damage
         key = (log.path, log.ident, log.gen)
         if self._synced.get(key, -1) > at:
             return
-        st = self.io.stat(log.path)
+        try:
+            st = self.io.stat(log.path)
+        except FileNotFoundError:
+            return  # removed with its group (gc) or moved to lost-found/ (repair): its objects were copied
         if (st.st_dev, st.st_ino) != log.ident:
             return  # replaced by a checkpoint: its objects are in a committed pack now
         self.io.fsync_path(log.path)

@@ -354,8 +354,9 @@ class Checker:
         fs.materialize(top)
         return top, os.path.join(top, "state")
 
-    def check(self, k: int, policy: str, fs: FS, *, recover: bool) -> list[str]:
-        fp = fs.fingerprint()
+    def check(self, k: int, policy: str, fs: FS, *, recover: bool, fp: str | None = None) -> list[str]:
+        """``fp``: ``fs.fingerprint()`` if the caller has it already."""
+        fp = fs.fingerprint() if fp is None else fp
         verdict = self.cache.get(fp)
         problems: list[str] = []
         if verdict is None or (recover and fp not in self.recovered):
@@ -573,7 +574,7 @@ def explore(
                         sampled_recoveries += 1
                     rep.states += 1
                     rep.by_policy[policy] = rep.by_policy.get(policy, 0) + 1
-                    rep.failures += checker.check(k, policy, fs, recover=recover)
+                    rep.failures += checker.check(k, policy, fs, recover=recover, fp=fp)
         rep.distinct = len(checker.cache)
         rep.recovered = len(checker.recovered)
     finally:

@@ -48,6 +48,20 @@ class _Node:
         self.data = data
 
 
+#: Content digests of file data: the states of one exploration share most files' bytes (the same
+#: objects, copied by reference), so each is hashed once rather than once per state.
+_DIGESTS: dict[bytes, bytes] = {}
+
+
+def _digest(data: bytes) -> bytes:
+    d = _DIGESTS.get(data)
+    if d is None:
+        if len(_DIGESTS) >= 50_000:
+            _DIGESTS.clear()
+        d = _DIGESTS[data] = hashlib.blake2b(data).digest()
+    return d
+
+
 def _splice(data: bytes, offset: int, chunk: bytes) -> bytes:
     if offset > len(data):
         data = data + b"\0" * (offset - len(data))
@@ -111,8 +125,9 @@ class FS:
             if rel:
                 yield rel, node
             if node.is_dir:
+                prefix = rel + os.sep if rel else ""  # (os.path.join per entry was a tenth of a crash exploration)
                 for name in sorted(node.entries, reverse=True):
-                    stack.append((os.path.join(rel, name) if rel else name, node.entries[name]))
+                    stack.append((prefix + name, node.entries[name]))
 
     def listing(self, skip: Callable[[str], bool] = lambda rel: False) -> dict[str, bytes | None]:
         """Every directory (None) and file (its bytes); ``skip`` drops files by path."""
@@ -121,7 +136,7 @@ class FS:
     def fingerprint(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for rel, n in self.files():
-            h.update(rel.encode() + (b"/\0" if n.is_dir else b"\0" + hashlib.blake2b(n.data).digest()))
+            h.update(rel.encode() + (b"/\0" if n.is_dir else b"\0" + _digest(n.data)))
         return h.hexdigest()
 
     def materialize(self, dest: str) -> None:

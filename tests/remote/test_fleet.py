@@ -143,3 +143,27 @@ def test_the_builder_makes_what_a_real_push_makes(tmp_path: Path) -> None:
     from bench.fleet import template_check
 
     assert template_check(str(tmp_path))["commit"]
+
+
+def test_a_tip_the_remote_cannot_send_is_that_sessions_row_and_the_rest_are_listed(tmp_path: Path) -> None:
+    remote = tmp_path / "remote.git"
+    ids = build_remote(str(remote), 12, leases_every=0)
+    # A commit whose tree the remote lacks (a damaged repository): upload-pack cannot send it.
+    body = b"tree " + b"1" * 40 + b"\nauthor a <a@b> 1 +0000\ncommitter a <a@b> 1 +0000\n\nx\n"
+    broken = subprocess.run(["git", "-C", str(remote), "hash-object", "-t", "commit", "--literally", "-w", "--stdin"],
+                            input=body, capture_output=True, check=True).stdout.decode().strip()
+    git(remote, "update-ref", "refs/kxen/sessions/ses_broken0000", broken)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q", "-b", "main")
+    git(ws, "remote", "add", "origin", str(remote))
+    state = _state(tmp_path, "state")
+    p = run_kxen(["session", "ls-remote", "--json"], env=cli_env(state), cwd=ws, expect=0)
+    rows = {r["id"]: r for r in json.loads(p.out)["sessions"]}
+    assert sorted(rows) == sorted([*ids, "ses_broken0000"])
+    assert "cannot be fetched" in rows.pop("ses_broken0000")["error"]
+    assert all("error" not in r and r["messages"] == 2 for r in rows.values()), rows
+    # The text listing names it as that session's problem, and lists the others.
+    text = run_kxen(["session", "ls-remote"], env=cli_env(state), cwd=ws, expect=0).out
+    assert "ses_broken0000  (unreadable: its commit cannot be fetched" in text, text
+    assert all(ses in text for ses in ids)

@@ -100,6 +100,15 @@ def test_session_diff_per_op_is_what_the_tools_did(cli: Cli, workspace: Path, tm
     show = cli("session", "show", ses, "--json", expect=0).json()["checkpoints"]
     assert show["count"] == 4 and show["bytes"] > 0 and show["ref"] == ref, show
     assert "checkpoints:  4 (" in cli("session", "show", ses, expect=0).out
+    # Up to a message: the results of the first turn hold the shell's and write_file's changes, not the edit.
+    first_results = [m["id"] for m in cli.log(ses) if m["role"] == "tool"][1]
+    at = cli("session", "diff", ses, "--at", first_results, "--json", expect=0).json()
+    assert (at["from"], at["to"]) == (sh["checkpointBefore"], wr["checkpointAfter"])
+    # A journal naming a checkpoint the repository does not have (refs deleted, objects pruned): said, exit 1.
+    git(workspace, "update-ref", "-d", ref)
+    git(workspace, "-c", "gc.reflogExpire=now", "gc", "-q", "--prune=now")
+    msg = cli.refused("session", "diff", ses, "--op", ed["op"], code=1)
+    assert f"checkpoint {ed['checkpointBefore']} ({ed['op']}, before) is not in the repository" in msg, msg
 
 
 def test_no_checkpoints_when_off_or_outside_git(cli: Cli, tmp_path: Path) -> None:
@@ -167,3 +176,64 @@ def test_a_kill_in_a_tool_turn_leaves_only_checkpoints_that_exist(point: str, cl
         assert op["checkpointAfter"] is None
         d = cli("session", "diff", ses, "--op", op["op"], "--json", expect=0)
         assert "has no after checkpoint" in d.err and [f["path"] for f in d.json()["files"]] == ["made.txt"]
+
+
+def test_a_forks_checkpoints_chain_onto_its_parents_at_the_fork_point(cli: Cli, workspace: Path,
+                                                                      tmp_path: Path) -> None:
+    steps = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "first\n"}}]},
+             {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "second\n"}}]},
+             {"content": "done"}]
+    p = cli("run", "--workspace", str(workspace), "--task", "t",
+            "--agent", str(write_agent(tmp_path / "parent", steps)), expect=0)
+    ses, run = session_of(p)
+    first, second = cli.run_show(ses, run)["journal"]
+    point = next(m["id"] for m in cli.log(ses) if m["role"] == "tool")  # the results of the first call
+    fork = cli("session", "fork", ses, "--at", point, "--json", expect=0).json()["id"]
+    # The script provider answers by the number of assistant messages it is shown: the fork's history has one.
+    fork_steps = [{"content": "(the parent's first turn)"},
+                  {"tool_calls": [{"name": "write_file", "arguments": {"path": "c.txt", "content": "fork\n"}}]},
+                  {"content": "done"}]
+    cli("--resume", fork, "--task", "in the fork", "--agent", str(write_agent(tmp_path / "fork", fork_steps)),
+        expect=0)
+    chain = git_out(workspace, "rev-list", "--first-parent", f"refs/kxen/checkpoints/{fork}").split()
+    # The fork's own checkpoints come first, then its parent's at the fork point (the first call's after).
+    assert first["checkpointAfter"] in chain and second["checkpointAfter"] not in chain
+    own = chain[:chain.index(first["checkpointAfter"])]
+    # Its before (the workspace holds b.txt, which the parent wrote after the fork point) and its after.
+    [fork_op] = cli.run_show(fork, cli.session_show(fork)["runs"][0]["id"])["journal"]
+    assert own == [fork_op["checkpointAfter"], fork_op["checkpointBefore"]], (own, fork_op)
+    assert cli("session", "show", fork, "--json", expect=0).json()["checkpoints"]["count"] == 2
+    # The fork's diff starts at the checkpoint before the parent's first call (its history holds that call).
+    d = cli("session", "diff", fork, "--json", expect=0).json()
+    assert (d["from"], d["to"]) == (first["checkpointBefore"], own[0])
+    # b.txt, which the parent wrote after the fork point, is in the workspace too: the fork's checkpoint holds it.
+    assert [f["path"] for f in d["files"]] == ["a.txt", "b.txt", "c.txt"]
+
+    # Retention: once a gc removes the deleted fork's group, its checkpoint ref goes (the parent's stays).
+    cli("session", "delete", fork, expect=0)
+    rep = cli("gc", "--prune=now", "--json", expect=0).json()
+    assert rep["checkpointRefsDeleted"] == [f"refs/kxen/checkpoints/{fork}"], rep
+    assert git_out(workspace, "for-each-ref", "--format=%(refname)", "refs/kxen/").split() == [
+        f"refs/kxen/checkpoints/{ses}"]
+    assert cli("gc", "--prune=now", "--json", expect=0).json()["checkpointRefsDeleted"] == []
+
+
+@pytest.mark.parametrize("point,proven", [("tool:after-effect", True), ("tool:after-started", False)])
+def test_a_file_write_the_workspace_proves_is_settled_without_asking(point: str, proven: bool, cli: Cli,
+                                                                     workspace: Path, tmp_path: Path) -> None:
+    steps = [{"tool_calls": [{"name": "edit_file", "arguments": {"path": "README.md", "old": "test workspace",
+                                                                 "new": "edited workspace"}}]},
+             {"content": "done"}]
+    p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(write_agent(tmp_path / "a", steps)),
+            env={"KXEN_AGENT_FAULT": point})
+    assert p.killed, str(p)
+    ses, run = session_of(p)
+    resumed = cli.resume(ses)
+    [op] = cli.run_show(ses, run)["journal"]
+    if proven:
+        assert resumed.rc == 0, str(resumed)
+        assert (op["state"], op["outcome"]["output"]) == ("Settled", "edited 'README.md': replaced 1 occurrence")
+        assert op["source"] == "recovery"  # settled by the resume from the workspace, no question asked
+    else:  # killed before the edit: the file is as it was, which proves nothing
+        assert resumed.rc == 3 and op["state"] == "OutcomeUnknown", str(resumed)
+        assert (workspace / "README.md").read_text() == "# test workspace\n"

@@ -101,11 +101,11 @@ def test_http_400_fails_the_run_and_keeps_the_history(okey: Cli, server: Sequenc
 
 
 def test_missing_key_fails_clearly(cli: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:
+    # Refused before a session exists (exit 2, one line): no failed run to --retry.
     agent = openai_agent(tmp_path, server)
-    res = cli.run_json(workspace, "anything", agent, expect=1).json()
-    assert res["status"] == "failed" and KEY_ENV in res["error"]
-    assert server.requests == []
-    assert [m["role"] for m in cli.log(res["session"])] == ["user"]
+    p = cli.run_json(workspace, "anything", agent, expect=2)
+    assert p.out == "" and len(p.err.strip().splitlines()) == 1 and f"{KEY_ENV} is not set or empty" in p.err
+    assert server.requests == [] and not cli.state_dir.exists()
 
 
 def test_dropped_connection_is_retried(okey: Cli, server: SequencedOpenAI, workspace: Path, tmp_path: Path) -> None:

@@ -130,3 +130,24 @@ def test_sha256_repository_and_policy_off_record_nothing(tmp_path: Path) -> None
     with pytest.raises(ckpt.NoCheckpoints, match="checkpoints support sha1 repositories only"):
         ckpt.open_repo(inspect_workspace(str(ws)), {})
     assert ckpt.unavailable_reason(inspect_workspace(str(ws)), {"checkpoints": False}).startswith("[policy]")
+
+
+def test_the_policy_keys_make_a_version_5_lock(tmp_path: Path) -> None:
+    from kxen_agent.session.agent_def import AgentDefinitionError, parse_agent_definition
+    from kxen_agent.session.schema import SchemaViolation, check
+
+    base = 'name = "a"\nprovider = "openai"\nmodel = "m"\n'
+    plain = parse_agent_definition(base, str(tmp_path), "a.toml")
+    assert plain["version"] == 3 and "checkpoints" not in plain["policy"]  # unchanged: the same lock id as before
+    lock = parse_agent_definition(base + "[policy]\ncheckpoints = false\ncheckpoint_max_file_bytes = 1024\n",
+                                  str(tmp_path), "a.toml")
+    assert lock["version"] == 5
+    assert (lock["policy"]["checkpoints"], lock["policy"]["checkpoint_max_file_bytes"]) == (False, 1024)
+    check("agent", lock)
+    assert ckpt.Bounds.of(lock["policy"]).max_file_bytes == 1024
+    with pytest.raises(AgentDefinitionError, match="policy.checkpoints"):
+        parse_agent_definition(base + "[policy]\ncheckpoints = 1\n", str(tmp_path), "a.toml")
+    with pytest.raises(AgentDefinitionError, match="out of range"):
+        parse_agent_definition(base + "[policy]\ncheckpoint_max_files = -1\n", str(tmp_path), "a.toml")
+    with pytest.raises(SchemaViolation, match="policy.checkpoints"):
+        check("agent", {**lock, "policy": {**lock["policy"], "checkpoints": "no"}})

@@ -26,11 +26,11 @@ from typing import IO, BinaryIO, Iterator
 from kxen_agent.errors import KxenError, UsageError
 
 from ..fsio import FileIO
-from ..objects import ObjectId, RawObject, decode_stored, links_of
+from ..objects import CorruptObject, ObjectId, RawObject, decode_stored, links_of
 from ..pack import DICT_SAMPLE_BUDGET, DICT_SAMPLE_MAX_OBJECT, sample_dictionary
 from ..refs import validate_group
 from ..repo import MissingObject, Store
-from .header import BUNDLE_VERSION, CAP_ZSTD_DICT, BundleInfo, Progress, _Header, _set_total, format_for_path
+from .header import BUNDLE_VERSION, CAP_GIT_CHECKPOINTS, CAP_ZSTD_DICT, BundleInfo, Progress, _Header, _set_total, format_for_path
 from .json_form import write_json_bundle
 from .pack_form import write_pack_bundle
 
@@ -94,9 +94,14 @@ def _closure_order(
             continue
         try:
             obj = read_raw(oid)
+        except CorruptObject as e:
+            who = who if isinstance(who, str) else f"object {who.hex()}"
+            raise CorruptObject(e.where, f"{e.reason} (reached from {who}); nothing exported; "
+                                "`session export --salvage` exports up to the damage, `kxen-agent repair` "
+                                "mends it") from None
         except MissingObject:
             who = who if isinstance(who, str) else f"object {who.hex()}"
-            raise MissingObject(oid.hex(), f"{store.root} (reached from {who}); nothing exported, run 'kxen-agent fsck'") from None
+            raise MissingObject(oid.hex(), f"{store.root} (reached from {who}); nothing exported; `kxen-agent fsck` names what is damaged, `session export --salvage` exports up to it") from None
         kind = obj.kind
         size = len(obj.raw)
         seen.add(oid)
@@ -225,6 +230,8 @@ def export_bundle(
     *,
     fmt: str = "pack",
     progress: Progress | None = None,
+    refs: dict[str, dict[str, bytes]] | None = None,
+    git_section: tuple[BinaryIO, int] | None = None,
 ) -> BundleInfo:
     """Write one bundle of ``groups``' refs and every object reachable from them.
 
@@ -238,7 +245,9 @@ def export_bundle(
     fmt = format_for_path("", fmt)
     if not hasattr(out, "write"):
         _export_target(os.fspath(out), store.io)  # a device or FIFO there is refused before the closure walk
-    refs = _export_roots(store, groups)
+    # ``refs``: the refs to write instead of the groups' own (``session export --salvage``: a damaged
+    # session up to its damage, §18); their closure must read, as any export's.
+    refs = _export_roots(store, groups) if refs is None else {g: dict(r) for g, r in sorted(refs.items())}
     kept: dict[ObjectId, RawObject] = {}
     compressed: dict[ObjectId, tuple[int, bytes]] = {}
     order, total, smalls, small, kinds = _closure_order(store, refs, kept if fmt == "pack" else None, EXPORT_KEEP_BUDGET)
@@ -250,6 +259,11 @@ def export_bundle(
     else:
         dictionary = None
     caps = (CAP_ZSTD_DICT,) if dictionary else ()
+    if git_section is not None:  # workspace checkpoints (§12.7a): the pack form only
+        if fmt != "pack":
+            raise UsageError("checkpoints travel in the pack form of a bundle only (objects_spec.md §12.7a); "
+                             "write a .kxb (or --format pack)")
+        caps = tuple(sorted((*caps, CAP_GIT_CHECKPOINTS)))
     hdr = _Header(caps, refs, len(order), total)
     try:
         sink = _Sink(out, store.io)
@@ -262,7 +276,7 @@ def export_bundle(
         if fmt == "pack":
             # The walk's objects from memory (each given up once written), the others read again.
             objects = _objects(store, order, progress, kept)
-            digest, pack_bytes = write_pack_bundle(hdr, objects, dictionary, sink.write, compressed)
+            digest, pack_bytes = write_pack_bundle(hdr, objects, dictionary, sink.write, compressed, git_section)
         else:
             digest, pack_bytes = write_json_bundle(hdr, _objects(store, order, progress), sink.write), 0
         sink.commit()
@@ -276,7 +290,7 @@ def export_bundle(
     for oid in order:
         content.update(oid)
     return BundleInfo(sink.path, fmt, BUNDLE_VERSION, caps, refs, len(order), total, pack_bytes, sink.size, digest, kinds,
-                      content.hexdigest())
+                      content.hexdigest(), (sink.size - 32 - git_section[1], git_section[1]) if git_section is not None else None)
 
 
 def bundle_objects(store: Store, groups: list[str]) -> Iterator[RawObject]:

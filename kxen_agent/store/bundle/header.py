@@ -33,8 +33,10 @@ __all__ = sorted(
         "BadBundle",
         "BundleInfo",
         "BundleLimits",
+        "CAP_GIT_CHECKPOINTS",
         "CAP_ZSTD_DICT",
         "CONTENT_DIGEST_PREFIX",
+        "GIT_SECTION_MAGIC",
         "KNOWN_CAPABILITIES",
         "MAX_HEADER_SIZE",
         "MAX_HEADER_NAMES",
@@ -53,7 +55,11 @@ BUNDLE_MAGIC = b"KXBUNDLE"
 BUNDLE_VERSION = 1
 #: Capabilities a version-1 reader understands; any other is refused.
 CAP_ZSTD_DICT = "zstd-dict"  # entries may use the pack's zstd dictionary
-KNOWN_CAPABILITIES = frozenset({CAP_ZSTD_DICT})
+#: A checkpoint section (a Git bundle of workspace checkpoints) follows the pack section (§12.7a).
+CAP_GIT_CHECKPOINTS = "git-checkpoints"
+KNOWN_CAPABILITIES = frozenset({CAP_ZSTD_DICT, CAP_GIT_CHECKPOINTS})
+#: The checkpoint section's magic, then its length (u64, big-endian), then that many bytes of a Git bundle.
+GIT_SECTION_MAGIC = b"KXGITCKP"
 MAX_HEADER_SIZE = 16 << 20
 
 #: The most group and ref names one header may hold: the header is decoded as
@@ -164,6 +170,8 @@ class BundleInfo:
     #: and the object ids in order; the same bundle exported in the two forms
     #: has the same one (the JSON form's ``digest``). Imports name it.
     content_digest: str = ""
+    #: (offset, length) of the checkpoint section's Git bundle in the file (§12.7a), or None.
+    checkpoints: tuple[int, int] | None = None
 
     def to_json(self) -> dict:
         return {
@@ -179,6 +187,7 @@ class BundleInfo:
             "digest": self.digest,
             "contentDigest": self.content_digest,
             "kinds": dict(sorted(self.kinds.items())),
+            **({"checkpointBytes": self.checkpoints[1]} if self.checkpoints else {}),
         }
 
 

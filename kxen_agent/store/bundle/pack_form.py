@@ -41,7 +41,9 @@ from .closure import _Closure, _Item
 from .hashing_reader import _Input
 from .header import (
     BUNDLE_VERSION,
+    CAP_GIT_CHECKPOINTS,
     CAP_ZSTD_DICT,
+    GIT_SECTION_MAGIC,
     MAX_HEADER_SIZE,
     PREFIX_SIZE,
     BadBundle,
@@ -163,6 +165,7 @@ class _PackBundleReader:
         if inp.read(TRAILER_SIZE, "the pack trailer") != pack_digest:
             raise BadBundle(where, "pack trailer checksum mismatch", inp.pos - TRAILER_SIZE)
         pack_bytes = inp.pos - self.pack_start
+        checkpoints = self._git_section() if CAP_GIT_CHECKPOINTS in self.header.capabilities else None
         digest = inp.digest()
         if inp.read(TRAILER_SIZE, "the bundle trailer") != digest:
             raise BadBundle(where, "bundle trailer checksum mismatch", inp.pos - TRAILER_SIZE)
@@ -172,17 +175,45 @@ class _PackBundleReader:
         c = self.closure
         self.info = BundleInfo(self.path, "pack", BUNDLE_VERSION, self.header.capabilities, self.header.refs,
                                c.count, c.bytes, pack_bytes, inp.pos, digest.hex(), dict(c.kinds),
-                               c.content.hexdigest())
+                               c.content.hexdigest(), checkpoints)
+
+    def _git_section(self) -> tuple[int, int]:
+        """Read the checkpoint section (§12.7a) through the bundle hash, holding none of it: (offset, length)."""
+        inp, where = self.inp, self.where
+        at = inp.pos
+        if inp.read(len(GIT_SECTION_MAGIC), "the checkpoint section") != GIT_SECTION_MAGIC:
+            raise BadBundle(where, "the git-checkpoints capability is declared but no checkpoint section follows "
+                            "the pack", at)
+        (n,) = _U64.unpack(inp.read(8, "the checkpoint section's length"))
+        start = inp.pos
+        if self.size is not None and n > self.size - start - 32:
+            raise BadBundle(where, f"the checkpoint section declares {n} bytes, more than the file holds", at)
+        if n < len(_GIT_BUNDLE_V2):
+            raise BadBundle(where, "the checkpoint section is not a Git bundle (version 2)", start)
+        if inp.read(len(_GIT_BUNDLE_V2), "the checkpoint section") != _GIT_BUNDLE_V2:
+            raise BadBundle(where, "the checkpoint section is not a Git bundle (version 2)", start)
+        left = n - len(_GIT_BUNDLE_V2)
+        while left:
+            step = min(left, 1 << 20)
+            inp.read(step, "the checkpoint section")
+            left -= step
+        return start, n
+
+
+_U64 = struct.Struct(">Q")
+_GIT_BUNDLE_V2 = b"# v2 git bundle\n"
 
 
 def write_pack_bundle(hdr: _Header, objects: Iterable[RawObject], dictionary: bytes | None,
                       write: Callable[[bytes | memoryview], None],
-                      precompressed: dict[ObjectId, tuple[int, bytes]] | None = None) -> tuple[str, int]:
+                      precompressed: dict[ObjectId, tuple[int, bytes]] | None = None,
+                      git_section: tuple[BinaryIO, int] | None = None) -> tuple[str, int]:
     """Write a pack-form bundle of ``objects`` (in closure order) to ``write``.
 
     Returns the bundle trailer in hex and the pack section's size.
     ``precompressed`` is :meth:`~kxen_agent.store.pack.PackStream.add_many`'s.
-    Raises ``UsageError`` before writing anything if the header is too large.
+    Raises ``UsageError`` before writing anything if the header is too large. ``git_section``
+    (a file and its length, with the ``git-checkpoints`` capability in ``hdr``) is copied after the pack.
     """
     h = blake3.blake3()
 
@@ -197,6 +228,17 @@ def write_pack_bundle(hdr: _Header, objects: Iterable[RawObject], dictionary: by
     stream = PackStream(emit, dictionary)
     stream.add_many(objects, precompressed=precompressed)
     stream.finish()
+    if git_section is not None:
+        # The checkpoint section (§12.7a): after the pack, under the bundle trailer.
+        f, n = git_section
+        emit(GIT_SECTION_MAGIC + _U64.pack(n))
+        left = n
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                raise UsageError("the checkpoints' Git bundle ended early while it was copied; nothing was written")
+            emit(chunk)
+            left -= len(chunk)
     digest = h.digest()
     write(digest)
     return digest.hex(), stream.size
