@@ -173,12 +173,14 @@ class _Change:
     blob: str
 
 
-def _diff(repo: ckpt.Repo, a: str, b: str, scope: str | None) -> list[tuple[str, str, str, str]]:
-    """(old mode, new mode, new blob, path) of every path that differs between trees/commits ``a`` and ``b``."""
+def _diff(repo: ckpt.Repo, a: str, b: str, scope: str | None,
+          env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(old mode, new mode, new blob, path) of every path that differs between trees/commits ``a`` and ``b``
+    (``env``: a snapshot's, to read a tree that lives in its quarantine)."""
     args = ["diff-tree", "-r", "-z", "--no-renames", "--raw", a, b, "--"]
     if scope:
         args.append(scope)
-    raw = repo.git(args, cwd=repo.top, env={"GIT_LITERAL_PATHSPECS": "1"}).split(b"\0")
+    raw = repo.git(args, cwd=repo.top, env={**(env or {}), "GIT_LITERAL_PATHSPECS": "1"}).split(b"\0")
     out = []
     i = 0
     while i + 1 < len(raw):
@@ -375,11 +377,14 @@ def _interrupted(repo: ckpt.Repo, ses: str) -> tuple[str, str, str] | None:
     return (tip, m.group(2), m.group(1)) if m else None
 
 
-def _provable_mix(repo: ckpt.Repo, now: str, frm: str, to: str) -> bool:
-    """Whether every path under the bound directory is as ``frm`` or as ``to`` has it (a half-done restore)."""
+def _provable_mix(repo: ckpt.Repo, index_path: str, bounds: ckpt.Bounds, frm: str, to: str) -> bool:
+    """Whether every path under the bound directory is as ``frm`` or as ``to`` has it (a half-done restore).
+
+    The workspace's tree is compared inside its snapshot: a snapshot keeps no object once it ends."""
     scope = _scope(repo)
-    from_diff = {p for *_x, p in _diff(repo, now, frm, scope)}
-    to_diff = {p for *_x, p in _diff(repo, now, to, scope)}
+    with ckpt.snapshot(repo, index_path, bounds) as (now, env):
+        from_diff = {p for *_x, p in _diff(repo, now, frm, scope, env)}
+        to_diff = {p for *_x, p in _diff(repo, now, to, scope, env)}
     return not (from_diff & to_diff)
 
 
@@ -406,7 +411,7 @@ def rewind_code(sessions: Any, info: Any, policy: Mapping[str, Any], target: str
     pending = _interrupted(repo, info.id)
     if pending is not None:
         marker, frm, to = pending
-        if _provable_mix(repo, now, frm, to):
+        if _provable_mix(repo, cp.index_path, bounds, frm, to):
             # Complete it: the files not yet written are written, then the restored checkpoint ends it.
             skip = dict(left_out_of(repo, frm)) | dict(left_out_of(repo, to))
             changes, _alone = _plan(repo, frm, to, skip)
