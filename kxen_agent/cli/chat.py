@@ -455,7 +455,7 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         if args:
             from . import run_cmds
 
-            run_cmds.show_cmd(ses=ses, run=args[0], json_out=False)
+            run_cmds.show_cmd(ses=ses, run=args[0], json_out=False, full_diff=False)
         else:
             from . import session_cmds
 
@@ -476,7 +476,7 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
     elif name == "/fork":
         from . import session_cmds
 
-        said = _captured(lambda: session_cmds.fork_cmd(ses=ses, at=args[0] if args else None, worktree=None,
+        said = _captured(lambda: session_cmds.fork_cmd(ses=ses, at=args[0] if args else None, worktree=None, with_code=False,
                                                         workspace=None, json_out=False))
         lines = said.splitlines()
         for extra in lines[1:2]:

@@ -2,8 +2,11 @@
 
 Real ``kxen-agent run`` processes whose bound is set low
 (``KXEN_AGENT_CHECKPOINT_RECORDS=4``: a checkpoint pass every tool call or
-so, small packs merged every eighth) are SIGKILLed at a random moment,
-then resumed until the run is terminal. After every trial: fsck is clean,
+so, small packs merged every eighth) are SIGKILLed, then resumed until
+the run is terminal: every other trial at a random moment (a checkpoint
+pass may be at work), the others at a fault point of a random tool call
+(``KXEN_AGENT_FAULT``), so a trial surely kills a run in the middle however
+fast the machine finishes it. After every trial: fsck is clean,
 the history is the script's whole conversation (every tool call answered
 once, in order), and the session's step log is under the bound plus the
 records of the turns a pass could not keep up with. The fast suite runs a
@@ -41,17 +44,25 @@ def test_killed_runs_under_a_low_bound_resume_to_a_whole_history_and_a_clean_sto
         root = tmp_path / f"t{trial}"
         ws = git_workspace(root / "ws")
         env = cli_env(root / "state", {"KXEN_AGENT_CHECKPOINT_RECORDS": "4"})
-        p = spawn_kxen(["run", "-q", "--json", "--task", "read it many times", "--agent", str(agent)], env=env,
-                       cwd=ws)
-        steps = root / "state" / "steps" / "sessions"
-        deadline = time.monotonic() + 60
-        while p.poll() is None and time.monotonic() < deadline and not (steps.is_dir() and any(steps.iterdir())):
-            time.sleep(0.05)  # until the session exists: the run's steps are what is under test
-        time.sleep(rng.uniform(0.0, 2.0))  # then a random moment of the run (not a wait for a race)
-        if p.poll() is None:
+        at_fault = trial % 2 == 0
+        fault = {"KXEN_AGENT_FAULT": rng.choice(["tool:after-started", "tool:after-effect", "tool:after-outcome",
+                                                 "tool:after-turn"]) + f"@{rng.randint(2, CALLS)}"}
+        p = spawn_kxen(["run", "-q", "--json", "--task", "read it many times", "--agent", str(agent)],
+                       env={**env, **fault} if at_fault else env, cwd=ws)
+        if at_fault:
+            p.communicate(timeout=120)
+            assert p.returncode == -9, (trial, seed, fault, p.returncode)  # it killed itself mid-run
             killed += 1
-        p.kill()
-        p.communicate()
+        else:
+            steps = root / "state" / "steps" / "sessions"
+            deadline = time.monotonic() + 60
+            while p.poll() is None and time.monotonic() < deadline and not (steps.is_dir() and any(steps.iterdir())):
+                time.sleep(0.05)  # until the session exists: the run's steps are what is under test
+            time.sleep(rng.uniform(0.0, 2.0))  # then a random moment of the run (not a wait for a race)
+            if p.poll() is None:
+                killed += 1
+            p.kill()
+            p.communicate()
         store = Store(str(root / "state"), namespaces=(NS,), caches=CACHES)
         sessions = SessionStore(store)
         found = sessions.list() if store.exists else []
