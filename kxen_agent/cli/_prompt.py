@@ -145,8 +145,10 @@ class KeyWatch:
             os.close(self._stop_w)
             self._thread = None
         if self._saved is not None:
+            # TCSANOW, not TCSADRAIN: only local modes change (no output processing), so nothing needs the
+            # output drained first; a rare hang after Ctrl-C on a pseudo-terminal was suspected in that wait.
             with contextlib.suppress(termios.error, OSError):
-                termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+                termios.tcsetattr(self.fd, termios.TCSANOW, self._saved)
             self._saved = None
 
     def _watch(self, stop_r: int) -> None:
