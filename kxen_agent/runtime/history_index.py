@@ -345,17 +345,9 @@ def verify_indexes(sessions: Any) -> tuple[list[tuple[str, str]], list[str]]:
     from kxen_agent.store import MissingObject
 
     store = sessions.store
-    base = os.path.dirname(Caches(store.root, store.io).path(HISTORY, f"{NS}/_"))
-    try:
-        names = sorted(store.io.listdir(base))
-    except (FileNotFoundError, NotADirectoryError):
-        return [], []
     problems: list[tuple[str, str]] = []
     notes: list[str] = []
-    for name in names:
-        path = os.path.join(base, name)
-        if name.startswith("tmp_") or store.io.isdir(path):
-            continue  # fsck's stray-file listing names those
+    for path in Caches(store.root, store.io).files(HISTORY, NS):
         parsed = read_index(store.io, path)
         if parsed is None:
             problems.append((path, "cannot be read"))

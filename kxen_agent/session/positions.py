@@ -197,17 +197,9 @@ def verify_positions(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
     what is normal for a cache (a torn tail, a file whose messages gc pruned after a rewind)."""
     from kxen_agent.store import MissingObject
 
-    base = os.path.dirname(store.caches.path(POSITIONS, f"{NS}/_"))
-    try:
-        names = sorted(store.io.listdir(base))
-    except (FileNotFoundError, NotADirectoryError):
-        return [], []
     problems: list[tuple[str, str]] = []
     notes: list[str] = []
-    for name in names:
-        path = os.path.join(base, name)
-        if name.startswith("tmp_") or store.io.isdir(path):
-            continue
+    for path in store.caches.files(POSITIONS, NS):
         try:
             data = store.io.read(path)
         except OSError as e:

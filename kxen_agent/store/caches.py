@@ -70,6 +70,17 @@ class Caches:
         """Where ``group``'s cache of ``kind`` lives: ``cache/<kind>/<ns>/<id>``."""
         return os.path.join(self.dir, kind.name, *validate_group(group).split("/"))
 
+    def files(self, kind: CacheKind, ns: str) -> list[str]:
+        """The paths of the caches of ``kind`` in namespace ``ns``, sorted (temp files and directories are
+        fsck's stray-file listing's to name, not a cache's)."""
+        base = os.path.dirname(self.path(kind, f"{ns}/_"))
+        try:
+            names = sorted(self.io.listdir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        paths = (os.path.join(base, name) for name in names if not name.startswith("tmp_"))
+        return [p for p in paths if not self.io.isdir(p)]
+
     def remove(self, group: str) -> None:
         """Remove every cache of ``group``, of any kind found on disk (the group is gone).
 
