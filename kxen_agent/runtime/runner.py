@@ -77,6 +77,7 @@ from .plan import KEEP_OUTPUT, Committed, JournalWrite, StepPlan
 from .run_reader import JournalView, check_tip, turn_usage
 from .run_status import read_run, shown_status
 from .tool_call import StopRun as _Stop, ToolTurn
+from .mcp_tools import mcp_specs, record_listings
 from .tools import TOOLS, tool_specs
 from .tools.files import GitInternalsWatch
 from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
@@ -536,6 +537,7 @@ class Runner:
         for t in agent_lock.get("tools", []):
             if t not in TOOLS:
                 raise UsageError(f"agent lock names unknown tool {t!r}")
+        record_listings(self.store, agent_lock, os.getcwd())  # its MCP servers' tool lists, into the new lock
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:
@@ -608,6 +610,7 @@ class _RunCtx(ToolTurn):
         return self._provider
 
     def close(self) -> None:
+        self.close_mcp()
         if self._provider is not None:
             self._provider.close()
             self._provider = None
@@ -716,7 +719,7 @@ class _RunCtx(ToolTurn):
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
         messages = self.provider_history([{"role": "system", "content": self.agent.get("system", "")}])
-        specs = tool_specs(self.agent.get("tools", []))
+        specs = tool_specs(self.agent.get("tools", [])) + mcp_specs(self.agent)
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"
 

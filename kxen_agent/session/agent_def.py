@@ -73,6 +73,8 @@ from kxen_agent.errors import UsageError
 from kxen_agent.store import codec
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
+from .mcp_def import McpDefinitionError, mcp_tools, parse_mcp
+
 __all__ = [
     "DEFAULT_KEY_ENV",
     "DEFAULT_SYSTEM",
@@ -107,7 +109,8 @@ PROVIDERS = ("script", "openai", "anthropic")
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_SYSTEM = "You are a careful coding agent."
 
-TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy")
+TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy",
+                  "mcp")
 STEP_KEYS = ("tool_calls", "content")
 TOOL_CALL_KEYS = ("id", "name", "arguments")
 
@@ -132,8 +135,8 @@ _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``, 4 the answer limits,
-#: 5 the workspace checkpoint keys.
-LOCK_VERSION = 5
+#: 5 the workspace checkpoint keys, 6 ``mcp`` (§14.15; written only when the definition has MCP servers).
+LOCK_VERSION = 6
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
 POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
 #: ``policy`` keys only a version-5 lock has (workspace checkpoints; absent, on with the default bounds).
@@ -418,6 +421,9 @@ def _approve(source: str, tools: Any) -> list[str]:
     for tool in tools:
         if not isinstance(tool, str):
             raise AgentDefinitionError(source, key, f"expected tool names (strings), got {_type_name(tool)}")
+        if tool.startswith("mcp__") and tool not in out:  # an MCP tool: checked against [mcp.servers] later
+            out.append(tool)
+            continue
         if tool not in KNOWN_TOOLS:
             raise AgentDefinitionError(source, key, f"unknown tool {tool!r} (expected any of: {', '.join(SIDE_EFFECT_TOOLS)})")
         if tool not in SIDE_EFFECT_TOOLS:
@@ -559,13 +565,14 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "policy.env_keep", f"{kept[0]!r} keeps {api_key_env}, the provider "
                                        "key's variable, which is never given to tools; remove it")
 
+    mcp = _mcp(source, doc, policy, api_key_env)
     script_text: str | None = None
     script = _string(source, doc, "script")
     if provider == "script":
         if script is None:
             raise AgentDefinitionError(source, "script", "missing; the script provider needs script = \"steps.json\"")
         steps = _read_steps(source, base_dir, script)
-        problem = _steps_problem(steps, tools)
+        problem = _steps_problem(steps, [*tools, *mcp_tools({"mcp": mcp})])
         if problem is not None:
             raise AgentDefinitionError(source, "script", f"{script}: {problem}")
         try:
@@ -581,7 +588,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
     lock = {
-        "version": lock_version_for(policy),
+        "version": 6 if mcp is not None else lock_version_for(policy),
         "name": name,
         "provider": provider,
         "model": model,
@@ -591,9 +598,31 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         "tools": tools,
         "policy": policy,
         "script": script_text,
+        **({"mcp": mcp} if mcp is not None else {}),  # only when set: a lock without servers keeps its id
     }
     _check_lock_size(source, lock)
     return lock
+
+
+def _mcp(source: str, doc: dict[str, Any], policy: dict[str, Any], api_key_env: str | None) -> dict | None:
+    """The lock's ``mcp`` (:mod:`.mcp_def`), None without ``[mcp]``; ``[policy] approve`` may name its tools."""
+    mcp = None
+    if "mcp" in doc:
+        try:
+            mcp = parse_mcp(doc["mcp"], api_key_env=api_key_env)
+        except McpDefinitionError as e:
+            raise AgentDefinitionError(source, e.key, e.problem) from None
+    named = mcp_tools({"mcp": mcp})
+    for tool in policy["approve"]:
+        if tool.startswith("mcp__"):
+            server, name = named.get(tool, (None, None))
+            if server is None:
+                raise AgentDefinitionError(source, "policy.approve", f"{tool!r} is not a tool of the definition's "
+                                           f"MCP servers ({', '.join(named) or 'none'})")
+            if name in mcp["servers"][server]["read_only"]:
+                raise AgentDefinitionError(source, "policy.approve", f"{tool!r} is declared read_only, so its "
+                                           "calls never ask; remove it")
+    return mcp
 
 
 def _check_lock_size(source: str, lock: dict[str, Any]) -> None:

@@ -182,9 +182,21 @@ def _agent(v: Any) -> Links:
         for key in ("checkpoint_max_file_bytes", "checkpoint_max_files", "checkpoint_max_bytes"):
             if key in p.d:
                 p.int(key)
+    mcp_names: dict = {}
+    if "mcp" in f.d:  # MCP servers (§14.15), version 6 on
+        from .mcp_def import check_lock_mcp, mcp_tools
+
+        if version < 6:
+            raise SchemaViolation(f"key 'mcp' needs a version-6 lock, not version {version}")
+        try:
+            check_lock_mcp(f.d["mcp"])
+        except ValueError as e:
+            raise SchemaViolation(str(e)) from None
+        mcp_names = mcp_tools(f.d)
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
-        if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
+        if type(approve) is not list or any(type(t) is not str or (t not in SIDE_EFFECT_TOOLS and t not in mcp_names)
+                                            for t in approve):
             raise SchemaViolation("key 'policy.approve' must be an array of the tools with side effects "
                                   f"({', '.join(SIDE_EFFECT_TOOLS)})")
     script = f.text("script", null=True)
@@ -195,7 +207,7 @@ def _agent(v: Any) -> Links:
 
         try:
             steps = json.loads(script, parse_constant=_no_constant)
-            validate_script_steps(steps, tools, source="the agent lock's script")
+            validate_script_steps(steps, [*tools, *mcp_names], source="the agent lock's script")
             canonical = canonical_steps_json(steps)
         except (ValueError, RecursionError, AgentDefinitionError) as e:
             raise SchemaViolation(f"key 'script' is not a valid steps list: {_one_line(e)}") from None
