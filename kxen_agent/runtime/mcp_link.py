@@ -184,6 +184,8 @@ class ServerLink:
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                     pass
             self.returncode = proc.returncode if proc.returncode is not None else await _reap(proc)
+            if self._closing is not None:
+                self._closing.set()  # the server is gone: its session ends, the next call starts it again
 
         async def writer() -> None:
             assert proc.stdin is not None

@@ -227,8 +227,8 @@ def _capped(text: str, cap: int) -> str:
 class RunMcp:
     """The MCP servers of one pass of a run: its tools, and its servers started at their first call."""
 
-    def __init__(self, store: Any, lock: dict, cwd: str) -> None:
-        self.store, self.lock, self.cwd = store, lock, cwd
+    def __init__(self, store: Any, lock: dict, cwd: str, ses: str = "SESSION") -> None:
+        self.store, self.lock, self.cwd, self.ses = store, lock, cwd, ses
         self._links: McpLinks | None = None
         self.servers = (lock.get("mcp") or {}).get("servers", {})
 
@@ -251,7 +251,7 @@ class RunMcp:
     def link(self, server: str) -> ServerLink:
         """The running server ``server``, started (and its tool list checked against the lock) if need be."""
         link = self.links.servers.get(server)
-        if link is not None and link.session is not None:
+        if link is not None and link.session is not None and link.returncode is None:
             return link
         spec = self.servers[server]
         link = _link(self.store, self.lock, server, spec, self.cwd)
@@ -264,7 +264,7 @@ class RunMcp:
             self.close()
             raise UsageError(f"MCP server {server!r} now offers a different tool list than the agent lock recorded "
                              f"({changed}); a run's tools are fixed by its lock: make a new agent revision with "
-                             "`kxen-agent --resume SESSION --agent FILE` (or start a new session)")
+                             f"`kxen-agent --resume {self.ses} --agent FILE` (or start a new session)")
         return link
 
     def close(self) -> None:

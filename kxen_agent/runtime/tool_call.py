@@ -254,7 +254,7 @@ class ToolTurn:
                 self.r.on_event(f"reaped {line}")
             self._run_tools: dict[str, Any] = dict(TOOLS)
             if self.agent.get("mcp"):
-                self._mcp = RunMcp(self.store, self.agent, self.info.workspace.root)
+                self._mcp = RunMcp(self.store, self.agent, self.info.workspace.root, self.ses)
                 self._run_tools.update(self._mcp.tools())
         return self._run_tools
 
