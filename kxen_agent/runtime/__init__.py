@@ -29,7 +29,10 @@ below); every module, one line each:
 - :mod:`.events` — what a run reports while it works (live output, ``--events``);
 - :mod:`.faults` — crash points for tests (``KXEN_AGENT_FAULT``);
 - :mod:`.providers` — the :class:`Provider` seam to a language model (package);
-- :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package).
+- :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package);
+- :mod:`.mcp_tools` — MCP servers' tools in a run: lock listing, specs, outcomes, recovery (§14.15);
+- :mod:`.mcp_link` — the connections to MCP servers through the ``mcp`` SDK (imported only when used);
+- :mod:`.mcp_procs` — the stdio servers' process-group records, and reaping those a killed run left.
 
 Nothing here renders text for a terminal or exits the process; that is the
 CLI's. Each module's docstring says what it owns and its limitations.

@@ -15,6 +15,7 @@ Modules, one line each:
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
+- :mod:`.mcp_def` — ``[mcp.servers.NAME]``: MCP servers in a definition and the lock's ``mcp`` (§14.15);
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
