@@ -307,6 +307,24 @@ class McpLinks:
         self.servers[link.name] = link
         return tools
 
+    def stop(self, link: ServerLink) -> None:
+        """End one server (as :meth:`close` does), e.g. one whose listing is not the lock's."""
+        async def go() -> None:
+            if link._closing is not None:
+                link._closing.set()
+            if link._task is not None:
+                await asyncio.gather(link._task, return_exceptions=True)
+
+        try:
+            self._submit(go()).result(timeout=3 * _EXIT_GRACE_S + 5)
+        except BaseException:  # noqa: BLE001 - a wedged server: its group is killed below anyway
+            pass
+        if link.pid is not None:
+            _kill_group(link.pid, signal.SIGKILL)
+        link._unrecord()
+        if self.servers.get(link.name) is link:
+            del self.servers[link.name]
+
     def call(self, link: ServerLink, tool: str, arguments: dict[str, Any], *, timeout_s: float,
              cancel: threading.Event) -> Any:
         """The server's ``CallToolResult``; raises :class:`McpFailure` (crash, protocol, timeout, canceled)."""

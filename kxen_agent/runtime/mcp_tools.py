@@ -128,8 +128,38 @@ def record_listings(store: Any, lock: dict, cwd: str) -> None:
             offered = _start(links, _link(store, lock, name, spec, cwd))
             spec["listing"] = listing_of(name, offered, spec["tools"])
             spec["listingHash"] = listing_hash(spec["listing"])
-    finally:
+    except BaseException:
         links.close()
+        raise
+    _park(links, cwd)
+
+
+# The servers record_listings started, kept for the run this process makes next (the same launch specs in
+# the same directory): starting each a second time would double the cost of a run's start. Closed at exit
+# if no run takes them.
+_parked: tuple[McpLinks, str] | None = None
+
+
+def _park(links: McpLinks, cwd: str) -> None:
+    global _parked
+    if _parked is not None:
+        _parked[0].close()
+    else:
+        import atexit
+
+        atexit.register(_close_parked)
+    _parked = (links, os.path.realpath(cwd))
+
+
+def _close_parked() -> None:
+    global _parked
+    if _parked is not None:
+        _parked[0].close()
+        _parked = None
+
+
+def _launch(spec: dict) -> str:
+    return _canonical({k: spec.get(k) for k in ("command", "args", "env_keep", "url")})
 
 
 def mcp_specs(lock: dict) -> list[dict[str, Any]]:
@@ -242,17 +272,26 @@ class RunMcp:
 
     @property
     def links(self) -> McpLinks:
+        global _parked
         if self._links is None:
-            from .mcp_link import McpLinks
+            if _parked is not None and _parked[1] == os.path.realpath(self.cwd) and all(
+                    name in self.servers and _launch(link.spec) == _launch(self.servers[name])
+                    for name, link in _parked[0].servers.items()):
+                self._links, _parked = _parked[0], None  # the servers the lock was just made from
+            else:
+                from .mcp_link import McpLinks
 
-            self._links = McpLinks(pid_dir(self.store))
+                self._links = McpLinks(pid_dir(self.store))
         return self._links
 
     def link(self, server: str) -> ServerLink:
         """The running server ``server``, started (and its tool list checked against the lock) if need be."""
         link = self.links.servers.get(server)
         if link is not None and link.session is not None and link.returncode is None:
-            return link
+            if link.spec.get("listingHash") == self.servers[server].get("listingHash"):
+                return link
+        if link is not None:
+            self.links.stop(link)
         spec = self.servers[server]
         link = _link(self.store, self.lock, server, spec, self.cwd)
         offered = _start(self.links, link)
