@@ -374,6 +374,13 @@ def show_cmd(
             "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
             "checkpointBefore": e.get("checkpointBefore"), "checkpointAfter": e.get("checkpointAfter"),
         })
+    if any(j["tool"].startswith("mcp__") for j in journal):  # §14.15: each MCP tool's hints, never obeyed
+        from kxen_agent.runtime.mcp_tools import annotations_doc
+
+        hints = {h["tool"]: h for h in annotations_doc(runner.sessions.agent(info))}
+        for j in journal:
+            if j["tool"] in hints:
+                j["mcp"] = hints[j["tool"]]
     evidence: dict[str, list[str]] = {}
     if any(j["state"] == OpState.OUTCOME_UNKNOWN for j in journal):
         from .checkpoint_cmds import unknown_op_evidence
@@ -412,6 +419,10 @@ def show_cmd(
         out(f"  {t(j['op'])}  {t(j['state']):<14} {t(j['tool'])} {t(str(j['arguments']))}")
         if j["approval"] is not None:
             out(f"      {approval_line(j['approval'])}")
+        if j.get("mcp"):
+            from kxen_agent.runtime.mcp_tools import hint_line
+
+            out(f"      {hint_line(j['mcp'])}")
         if j["outcome"] is not None:
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""

@@ -44,7 +44,7 @@ from .tools.protocol import ToolContext, ToolOutcome, ToolOutcomeUnknown, redact
 if TYPE_CHECKING:
     from .mcp_link import McpLinks, ServerLink
 
-__all__ = ["McpTool", "RunMcp", "annotations_doc", "mcp_doc", "mcp_specs", "pid_dir", "record_listings"]
+__all__ = ["McpTool", "RunMcp", "annotations_doc", "hint_line", "mcp_doc", "mcp_specs", "pid_dir", "record_listings"]
 
 _ANNOTATIONS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
@@ -185,6 +185,13 @@ def annotations_doc(lock: dict) -> list[dict[str, Any]]:
                         "declaredReadOnly": t["name"] in spec.get("read_only", ()),
                         "onRecovery": "run again" if t["name"] in spec.get("read_only", ()) else "UNKNOWN"})
     return out
+
+
+def hint_line(h: dict[str, Any]) -> str:
+    """One line of an MCP tool's hints and what recovery does with its calls (``session trust``, ``run show``)."""
+    flags = ", ".join(f"{k}={str(h[k]).lower()}" for k in ("readOnlyHint", "idempotentHint", "destructiveHint"))
+    return (f"server hints (not trusted): {flags}; declared read_only: {'yes' if h['declaredReadOnly'] else 'no'}; "
+            f"after a crash: {'run again' if h['declaredReadOnly'] else 'UNKNOWN'}")
 
 
 def mcp_doc(lock: dict) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ SERVER = textwrap.dedent('''
     from mcp_types import ToolAnnotations
 
     D = sys.argv[1]
+    open(os.path.join(D, f"server.{os.getpid()}"), "w").close()  # each start of the server, counted
     variant = open(os.path.join(D, "variant")).read().strip() if os.path.exists(os.path.join(D, "variant")) else "1"
     app = MCPServer("fx")
     WIRE = os.dup(1)
@@ -233,3 +234,23 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_an_imported_sessions_servers_wait_for_session_trust(fx: Path, tmp_path: Path) -> None:
+    """Its MCP servers are commands from elsewhere: shown by `session trust`, never started before it."""
+    steps = [call("echo", text="one"), {"content": "done"}, call("echo", text="two"), {"content": "done"}]
+    a, ws, agent, marks = setup(fx, tmp_path, steps)
+    ses = a("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent), "--json", expect=0).json()["session"]
+    a("session", "export", ses, "--output", str(tmp_path / "s.bundle"), expect=0)
+    b = Cli(tmp_path / "state-b", {k: v for k, v in a.env.items() if k.endswith("_TOKEN")}, strict=True)
+    b("session", "import", str(tmp_path / "s.bundle"), "--workspace", str(ws), expect=0)
+    starts = len(list(marks.glob("server.*")))
+    res = b("--resume", ses, "--task", "again", "--json").json()
+    assert res["status"] == "input_required" and len(list(marks.glob("server.*"))) == starts
+    shown = b("session", "trust", ses).out
+    assert "MCP servers (commands this machine would run)" in shown
+    assert f"MCP server fx: {sys.executable} {fx / 'server.py'}" in shown
+    assert "mcp__fx__echo: server hints (not trusted): readOnlyHint=true" in shown
+    b("session", "trust", ses, "--yes", expect=0)
+    assert b("--resume", ses, "--json", expect=0).json()["status"] == "completed"
+    assert [o["output"] for o in outputs(b, ses)] == ["echo: two"]
