@@ -87,11 +87,18 @@ SERVER = textwrap.dedent('''
     async def poke(name: str) -> str:
         return await hold(name)
 
-    app.run()
+    @app.tool()
+    def big() -> str:
+        return "head " + "x" * 200_000 + " tail"
+
+    if sys.argv[2:3] == ["http"]:
+        app.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
+    else:
+        app.run()
 ''')
 
-TOOLS = ["echo", "env_names", "env_value", "crash_read", "crash_write", "noisy", "peek", "poke"]
-READ_ONLY = ["echo", "env_names", "env_value", "crash_read", "noisy", "peek"]
+TOOLS = ["echo", "env_names", "env_value", "crash_read", "crash_write", "noisy", "peek", "poke", "big"]
+READ_ONLY = ["echo", "env_names", "env_value", "crash_read", "noisy", "peek", "big"]
 
 
 def call(tool: str, **arguments: object) -> dict:
@@ -142,8 +149,8 @@ def outputs(cli: Cli, ses: str) -> list[dict]:
 def test_failures_each_have_their_outcome_and_one_line(fx: Path, tmp_path: Path) -> None:
     """Env scrubbing and redaction, a read-only crash, a protocol error and a timeout are error outcomes the
     run reads on; a crash during a write call leaves it UNKNOWN and the run waiting."""
-    steps = [call("echo", text="hi"), call("env_names"), call("env_value", name="KEEP_TOKEN"), call("crash_read"),
-             call("noisy"), call("peek", name="slow"), call("crash_write"), {"content": "done"}]
+    steps = [call("echo", text="hi"), call("env_names"), call("env_value", name="KEEP_TOKEN"), call("big"),
+             call("crash_read"), call("noisy"), call("peek", name="slow"), call("crash_write"), {"content": "done"}]
     cli, ws, agent, marks = setup(fx, tmp_path, steps, timeout_s=2)
     p = cli("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent), "--json")
     res = p.json()
@@ -154,6 +161,8 @@ def test_failures_each_have_their_outcome_and_one_line(fx: Path, tmp_path: Path)
     names = out["env_names"]["output"].split()
     assert "KEEP_TOKEN" in names and "POLICY_TOKEN" in names and "SECRET_TOKEN" not in names
     assert "keep-3f9a1c77e2d04b6a" not in out["env_value"]["output"]  # the kept value is still redacted
+    big = out["big"]["output"]
+    assert big.startswith("head ") and big.endswith(" tail") and "bytes left out" in big and len(big) < 70_000
     assert "exited with status 3" in out["crash_read"]["output"] and out["crash_read"]["isError"]
     assert "not a JSON-RPC message" in out["noisy"]["output"] and out["noisy"]["isError"]
     assert "did not answer within 2 s" in out["peek"]["output"]
@@ -254,3 +263,34 @@ def test_an_imported_sessions_servers_wait_for_session_trust(fx: Path, tmp_path:
     b("session", "trust", ses, "--yes", expect=0)
     assert b("--resume", ses, "--json", expect=0).json()["status"] == "completed"
     assert [o["output"] for o in outputs(b, ses)] == ["echo: two"]
+
+
+def test_a_streamable_http_server(fx: Path, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cli, ws, agent, marks = setup(fx, tmp_path, [call("echo", text="over http"), {"content": "done"}])
+    server = subprocess.Popen([sys.executable, str(fx / "server.py"), str(marks), "http", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until it listens (synchronization on the event the test needs)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the HTTP server did not start"
+                time.sleep(0.05)
+        text = agent.read_text()
+        head, _, _ = text.partition("command = ")
+        agent.write_text(head + f'url = "http://127.0.0.1:{port}/mcp"\ntools = {json.dumps(TOOLS)}\n'
+                         f'read_only = {json.dumps(READ_ONLY)}\n')
+        res = cli("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent), "--json", expect=0).json()
+        assert [o["output"] for o in outputs(cli, res["session"])] == ["echo: over http"]
+    finally:
+        server.kill()
+        server.wait()
