@@ -32,8 +32,14 @@ Format (paths relative to the definition file)::
     checkpoint_max_file_bytes = 10485760 # a checkpoint leaves out larger files, 0 .. 1 TiB (version 5)
     checkpoint_max_files = 10000         # ... new or changed files past this many, 0 .. 10_000_000 (version 5)
     checkpoint_max_bytes = 268435456     # ... and past this many bytes of them in all, 0 .. 1 TiB (version 5)
+    [mcp.servers.git]                    # MCP servers (version 6, §14.15; parsed by :mod:`.mcp_def`)
+    command = "mcp-server-git"           # or url = "https://..." (streamable HTTP)
+    args = ["--repository", "."]
+    env_keep = ["GITHUB_TOKEN"]          # variable names the server gets, never values
+    tools = ["git_status", "git_commit"] # the model calls mcp__git__git_status ...
+    read_only = ["git_status"]           # run again after a crash; any other call is UNKNOWN
 
-The lock is format version :data:`LOCK_VERSION` (5, ``objects_spec.md``
+The lock is format version :data:`LOCK_VERSION` (6: written only with ``mcp``, §14.15; 5, ``objects_spec.md``
 §14.2; written as 3 unless it records a limit only version 4 has:
 ``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``,
 ``max_file_bytes``, or a checkpoint key only version 5 has: ``checkpoints``,
