@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,13 +180,18 @@ def read_instructions(root: str, cwd: str | None, names: Sequence[str], secrets:
     return Instructions(tuple(found), tuple(warnings), tuple(f.text.encode("utf-8") for f in found))
 
 
-def read_for_run(root: str, lock: Mapping[str, Any], secrets: Iterable[str]) -> Instructions:
-    """:func:`read_instructions` of ``root`` from this process's current directory, with the lock's names."""
+def read_for_run(root: str, lock: Mapping[str, Any], secrets: Iterable[str],
+                 warn: Callable[[str], None] = lambda line: None) -> Instructions:
+    """:func:`read_instructions` of ``root`` from this process's current directory, with the lock's names;
+    each warning passed to ``warn``."""
     try:
         cwd: str | None = os.getcwd()
     except OSError:  # the current directory was removed
         cwd = None
-    return read_instructions(root, cwd, instructions_of(dict(lock)), secrets)
+    found = read_instructions(root, cwd, instructions_of(dict(lock)), secrets)
+    for line in found.warnings:
+        warn(line)
+    return found
 
 
 def recorded_files(store: ObjectStore, st: Mapping[str, Any]) -> list[InstructionFile]:

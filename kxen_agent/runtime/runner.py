@@ -436,14 +436,13 @@ class Runner:
             st["retryOf"] = retry_of
         if key_env is not None:
             st["apiKeyEnv"] = key_env
-        found = read_for_run(info.workspace.root, agent, secrets)  # AGENTS.md, recorded in the run (§14.5)
+        # AGENTS.md, recorded in the run (§14.5); its warnings (a file cut at the bound) told now.
+        found = read_for_run(info.workspace.root, agent, secrets, lambda w: self.on_event(f"warning: run {run}: {w}"))
         # The task message (none for a retry: the retried run's is in the history) and the first state.
         assert retry_of is None or info.head is not None  # the retried run's task message at least
         task_msg = () if retry_of is not None else ({"role": "user", "content": stored_task, "run": run},)
         self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None,
                              {**st, **found.state}, blobs=found.blobs))
-        for line in found.warnings:
-            self.on_event(f"warning: run {run}: {line}")
         self.on_event(f"run {run} started in session {ses}" + (f", retrying run {retry_of}" if retry_of else ""))
         return self._loop(ses, run, lease, new=True)
 
