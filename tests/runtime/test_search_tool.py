@@ -89,6 +89,10 @@ def test_glob_path_and_ignore_case(repo: Path) -> None:
     out, _ = run(repo, pattern="NEEDLE", path="src", ignore_case=True)
     assert out.splitlines() == ["src/app.py:3:def needle():", "src/app.py:4:    return 'Needle'",
                                 "src/util.ts:1:export const needle = 1;"]
+    # Anchors hold per line; \\A and a negative lookbehind too (those skip the whole-file screen).
+    assert run(repo, pattern="^def needle", path="src")[0] == "src/app.py:3:def needle():"
+    assert run(repo, pattern=r"\Adef needle", path="src")[0] == "src/app.py:3:def needle():"
+    assert run(repo, pattern=r"(?<!x)needle\(", path="src")[0] == "src/app.py:3:def needle():"
     out, err = run(repo, pattern="absent-word", glob="*.md")
     assert not err and out.startswith("no match for 'absent-word' in '.' (glob '*.md'): 1 file(s) searched")
 
@@ -163,3 +167,34 @@ def test_lock_and_run(tmp_path: Path) -> None:
     assert r.entry_output(ops[1]) == "a.txt:1:needle"
     assert default_agent_definition([{"content": "x"}])["tools"] == ["shell", "read_file", "write_file",
                                                                       "edit_file", "list_files"]
+
+
+class Crash(BaseException):
+    """The process "dies" at a fault point: nothing in the runner catches it, as nothing catches a SIGKILL."""
+
+
+def test_a_search_interrupted_after_started_is_run_again_on_resume(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text('[{"tool_calls": [{"name": "search", "arguments": {"pattern": "payload"}}]}, '
+                                     '{"content": "done"}]')
+    lock = parse_agent_definition('name = "s"\nprovider = "script"\nscript = "s.json"\ntools = ["search"]\n',
+                                  str(tmp_path), "inline")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "data.txt").write_text("payload-42\n")
+    store = MemoryStore("search-crash")
+
+    def crash(point: str) -> None:
+        if point == "tool:after-started":
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        Runner(store, fault=crash).start(str(ws), "find", lock)
+    r = Runner(store, fault=lambda p: None)
+    [info] = r.sessions.list()
+    [run_id] = info.runs
+    [op] = r.ops(r.run_state(info, run_id)[1]).values()
+    assert (op["tool"], op["state"], op["sideEffects"]) == ("search", "Started", False)
+    res = r.resume(info.id)
+    assert (res.status, res.unknown_ops) == ("completed", [])
+    [done] = r.ops(r.run_state(r.sessions.get(info.id), run_id)[1]).values()
+    assert (done["op"], done["state"], r.entry_output(done)) == (op["op"], "Settled", "data.txt:1:payload-42")

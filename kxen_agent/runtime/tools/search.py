@@ -76,6 +76,22 @@ MAX_SECONDS = 10.0
 MAX_PATTERN_CHARS = 1000
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: What makes a whole-text match no proof of a line match's absence: \A and \Z (a line's start and end are
+#: the text's only once) and negative lookarounds (a newline next to a line may fail them).
+_NOT_SCREENABLE = re.compile(r"\\[AZ]|\(\?<?!")
+_Patterns = tuple[re.Pattern[str], "re.Pattern[str] | None"]
+
+
+def _screen(pattern: str, rx: re.Pattern[str]) -> re.Pattern[str] | None:
+    """A pattern that matches a whole text whenever ``rx`` matches one of its lines (or None, when the pattern
+    has no such form): ``^``/``$`` at every line, the rest as it is; a file it does not match is skipped in one
+    pass of the regular expression engine instead of a Python loop over its lines."""
+    if _NOT_SCREENABLE.search(pattern):
+        return None
+    try:
+        return re.compile(pattern, rx.flags | re.MULTILINE)
+    except re.error:
+        return None
 
 
 def _git_listed(root: str, timeout: float) -> set[str] | None:
@@ -147,6 +163,7 @@ class Search:
         try:
             args = check_arguments(self.name, arguments, self.parameters)
             rx = self._compile(args["pattern"], args["ignore_case"])
+            screen = _screen(args["pattern"], rx)
             real = _resolve(args["path"], ctx)
         except BadArguments as e:
             return ToolOutcome(str(e), is_error=True)
@@ -162,13 +179,13 @@ class Search:
         try:
             try:
                 with _open_dir(root, parts, path) as dfd:
-                    self._walk(dfd, "/".join(parts), rx, glob, listed, found, ctx, deadline)
+                    self._walk(dfd, "/".join(parts), (rx, screen), glob, listed, found, ctx, deadline)
             except NotADirectoryError:
                 if not parts:
                     raise
                 with _open_dir(root, parts[:-1], path) as dfd:
                     # A file named outright is searched even if Git ignores it (as rg does).
-                    self._file(dfd, parts[-1], "/".join(parts), rx, found, ctx, deadline)
+                    self._file(dfd, parts[-1], "/".join(parts), (rx, screen), found, ctx, deadline)
         except _Refused as e:
             return ToolOutcome(str(e), is_error=True)
         except FileNotFoundError:
@@ -193,7 +210,7 @@ class Search:
             raise BadArguments(f"search: invalid regular expression {pattern!r}: {msg}{where}; "
                                "escape special characters (\\. \\( \\[) to match them literally") from None
 
-    def _walk(self, dfd: int, rel_top: str, rx: re.Pattern[str], glob: str, listed: set[str] | None,
+    def _walk(self, dfd: int, rel_top: str, rx: _Patterns, glob: str, listed: set[str] | None,
               found: _Found, ctx: ToolContext, deadline: float) -> None:
         walk = os.fwalk(".", dir_fd=dfd, follow_symlinks=False)
         try:
@@ -223,7 +240,7 @@ class Search:
                 found.stopped = "time"
         return found.stopped is not None
 
-    def _file(self, dfd: int, name: str, rel: str, rx: re.Pattern[str], found: _Found, ctx: ToolContext,
+    def _file(self, dfd: int, name: str, rel: str, patterns: _Patterns, found: _Found, ctx: ToolContext,
               deadline: float) -> None:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -249,6 +266,9 @@ class Search:
             return
         found.files += 1
         text = data.decode("utf-8", errors="replace")
+        rx, screen = patterns
+        if screen is not None and not screen.search(text):
+            return  # one pass over the whole file proves no line matches
         for lineno, line in enumerate(text.split("\n"), 1):
             if lineno % 4096 == 0 and self._stop(found, ctx, deadline):
                 return
