@@ -455,8 +455,9 @@ def _instructions(source: str, names: Any) -> list[str]:
 
 
 def instructions_of(lock: dict[str, Any]) -> tuple[str, ...]:
-    """The project instruction file names a run of this lock reads (every lock: absent, the default)."""
-    names = lock.get("policy", {}).get("instructions")
+    """The project instruction file names a run of this lock reads (absent, or a lock older than version 6:
+    the default)."""
+    names = lock.get("policy", {}).get("instructions") if lock.get("version", 1) >= 6 else None
     return DEFAULT_INSTRUCTIONS if names is None else tuple(names)
 
 

@@ -169,3 +169,16 @@ def test_run_show_export_import_and_no_secret_stored(tmp_path: Path) -> None:
     assert b.run_show(res["session"], res["run"])["instructions"] == shown["instructions"]
     b.fsck_clean()
     assert json.loads(json.dumps(shown["instructions"]))  # plain JSON
+
+
+@pytest.mark.parametrize("value, why", [('"AGENTS.md"', "expected an array of file names, got string"),
+                                        ('["docs/AGENTS.md"]', "'docs/AGENTS.md' is not a file name"),
+                                        ('[".."]', "'..' is not a file name"),
+                                        ('["A.md", "A.md"]', "'A.md' is listed twice"),
+                                        ("[1]", "expected file names (strings), got integer")])
+def test_bad_instruction_names_are_refused_in_one_line(tmp_path: Path, value: str, why: str) -> None:
+    (tmp_path / "s.json").write_text('[{"content": "done"}]')
+    with pytest.raises(Exception, match=r"^inline: key 'policy.instructions': ") as e:
+        parse_agent_definition(f'name = "a"\nprovider = "script"\nscript = "s.json"\n[policy]\ninstructions = {value}\n',
+                               str(tmp_path), "inline")
+    assert why in str(e.value) and "\n" not in str(e.value)
