@@ -396,6 +396,8 @@ def show_cmd(
         "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
         "state": oid.hex(), "journal": journal,
+        "instructions": [{"path": i["path"], "object": i["blob"].hex(), "size": i["size"], "truncated": i["truncated"]}
+                         for i in st.get("instructions") or ()],
     }
     if json_out:
         emit_json(doc)
@@ -409,6 +411,9 @@ def show_cmd(
     out(f"usage: {usage_line(st.get('usage'))}")
     for tu in doc["turnUsage"]:
         out(f"  turn {tu['turn']}: {usage_line(tu)}")
+    if doc["instructions"]:
+        out("instructions: " + ", ".join(f"{t(i['path'])} ({i['object'][:12]}{', truncated' if i['truncated'] else ''})"
+                                          for i in doc["instructions"]))
     out_text("task", st["task"])
     if st.get("result") is not None:
         out_text("result", st["result"])
