@@ -10,6 +10,7 @@ runners as a bundle or through a Git remote.
 Modules, one line each:
 
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
+- :mod:`.names` — session names: their form, uniqueness, rename, and names from elsewhere (§14.15);
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
 - :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
 - :mod:`.status` — every status word of runs and operations;
