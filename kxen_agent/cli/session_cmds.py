@@ -666,6 +666,9 @@ _register_rewind_cmds(session_app)
 from .names_cmds import register as _register_names_cmds  # noqa: E402
 
 _register_names_cmds(session_app)
+from .grep_cmds import register as _register_grep_cmds  # noqa: E402
+
+_register_grep_cmds(session_app)
 
 
 @session_app.command("trust")
