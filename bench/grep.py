@@ -92,7 +92,7 @@ def export_jsonl(state: Path, out: Path) -> int:
     return out.stat().st_size
 
 
-def search_phase(state: Path, pattern: str, regex: bool, repeats: int) -> float:
+def search_phase(state: Path, pattern: str, regex: bool, repeats: int, sessions_only: bool = False) -> float:
     """CPU seconds of the search alone, in this process (modules imported, the index up to date): median."""
     from kxen_agent.cli.grep_cmds import matcher
     from kxen_agent.session.grep_index import search
@@ -103,7 +103,7 @@ def search_phase(state: Path, pattern: str, regex: bool, repeats: int) -> float:
     out = []
     for _ in range(repeats):
         t0 = time.process_time()
-        search(SessionStore(Store(str(state))), match)
+        search(SessionStore(Store(str(state))), match, sessions_only=sessions_only)
         out.append(time.process_time() - t0)
     return statistics.median(out)
 
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 r_runs.append(_time([rg, *rargs, str(jsonl)], env))
             kc, kw = statistics.median(r[0] for r in k_runs), statistics.median(r[1] for r in k_runs)
             rc, rw = statistics.median(r[0] for r in r_runs), statistics.median(r[1] for r in r_runs)
-            phase = search_phase(state, kargs[-1], kargs[0] == "-E", a.repeats)
+            phase = search_phase(state, kargs[-1], kargs[0] == "-E", a.repeats, sessions_only=kargs[0] == "-l")
             rows.append((title, kc, kw, rc, rw, k_runs[0][2], r_runs[0][2], phase))
         floor = [_time([sys.executable, "-c", "pass"], env) for _ in range(a.repeats)]
         version = [_time([*KXEN, "--version"], env) for _ in range(a.repeats)]

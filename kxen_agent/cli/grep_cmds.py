@@ -123,7 +123,7 @@ def grep_cmd(
                 "`kxen-agent fsck` checks the state dir")
 
         hits, _figures = search(sessions, match, only=only, roles=set(role) or None, since_ns=cutoff,
-                                on_damaged=damaged)
+                                sessions_only=sessions_only, on_damaged=damaged)
     matched = sorted({s for h in hits for s in h.sessions})
     if json_out:
         emit_json({"pattern": pattern, "sessions": matched, "matches": [] if sessions_only else [

@@ -327,13 +327,15 @@ def _family_order(infos: list[Any]) -> list[Any]:
 
 
 def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, only: set[str] | None = None,
-           roles: set[str] | None = None, since_ns: int | None = None,
+           roles: set[str] | None = None, since_ns: int | None = None, sessions_only: bool = False,
            on_damaged: Callable[[str, KxenError], None] | None = None) -> tuple[list[Hit], dict[str, int]]:
     """Every line of every session's messages that ``match`` finds, each message once with its sessions.
 
     ``match(buf, start, end)`` yields where each match in ``buf[start:end]`` begins (offsets into ``buf``);
     ``only``: session ids to search (a message shared with others is
-    reported with these only). Returns the hits, oldest session's first, and
+    reported with these only). ``sessions_only``: a file is left as soon as
+    every session it serves has a hit (``-l``: the hits are then the first
+    of each). Returns the hits, oldest session's first, and
     figures (``files``, ``written``, ``bytes``).
     """
     b = _Builder(sessions)
@@ -372,6 +374,7 @@ def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, on
         served = cover[ses]
         if not served:
             continue
+        unseen = {s for s, _lim in served}
         buf, t0 = f.buf, f.t0
         t1 = t0 + f.offsets[-1]
         total += t1 - t0
@@ -391,8 +394,13 @@ def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, on
             owners = tuple(s for s, lim in served if seq <= lim)
             if not owners:
                 continue
+            if sessions_only and unseen.isdisjoint(owners):
+                continue
             line_no = bytes(buf[t0 + f.offsets[i]:ls]).count(b"\n") + 1
             hits.append(Hit(oid, owners, role, date, seq, line_no, bytes(buf[ls:le]).decode("utf-8", "replace")))
+            unseen.difference_update(owners)
+            if sessions_only and not unseen:
+                break
     return hits, {"files": len(files), "written": b.written, "bytes": total}
 
 
