@@ -235,6 +235,8 @@ def run_cmd(
         False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
     api_key_env: Optional[str] = typer.Option(
         None, "--api-key-env", metavar="NAME", help="The variable holding the API key for this run (default: the agent's)."),
+    name: Optional[str] = typer.Option(
+        None, "--name", "-n", metavar="NAME", help="Name the new session (unique here; then usable wherever its id is)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
@@ -260,9 +262,27 @@ def run_cmd(
     lock = load_agent_definition(agent or default_agent())
     check_provider(lock, api_key_env)  # its SDK and key: before the session is created (exit 2, nothing written)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
+    if name is not None:
+        name_new_session(name)  # a bad or taken name is refused before anything is written
+    execute(lambda runner: _named(runner, name).start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel, workspace=workspace))
+
+
+def name_new_session(name: str) -> None:
+    """Refuse ``run -n NAME`` before anything is written: NAME is no name, or another session has it."""
+    from kxen_agent.session.names import check_name, claim
+    from kxen_agent.session.sessions import SessionStore
+
+    check_name(name)
+    store = Store.open(namespaces=(NS,))
+    if store.exists:
+        claim(SessionStore(store), name)  # checked again, under the names lock, when the session is made
+
+
+def _named(runner: Runner, name: Optional[str]) -> Runner:
+    runner.sessions.new_name = name  # the runner's create names the session (§14.16)
+    return runner
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],

@@ -241,6 +241,7 @@ def _session(v: Any) -> Links:
     f.int("revisedNs")
     f.text("reason")
     f.link("previous", "session", optional=True)
+    f.text("name", optional=True)
     return f.links
 
 
