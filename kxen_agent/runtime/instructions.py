@@ -120,6 +120,16 @@ def _read_one(path: str, root: str) -> tuple[bytes, int] | str | None:
         if not inside or any(_is_git_name(p) for p in os.path.relpath(real, root).split(os.sep)):
             return f"{path} is a symlink to {real}, outside the workspace (or in its Git internals): not read"
     try:
+        target = os.stat(path)  # what a symlink names: a device or a FIFO is never opened
+    except FileNotFoundError:
+        return None  # a dangling symlink
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    if stat.S_ISDIR(target.st_mode):
+        return None  # a directory of that name holds no instructions
+    if not stat.S_ISREG(target.st_mode):
+        return f"{path} is not a regular file: not read"
+    try:
         fd = os.open(path, _FLAGS)
     except FileNotFoundError:
         return None  # a dangling symlink

@@ -137,6 +137,9 @@ def test_the_bound_and_redaction(tmp_path: Path) -> None:
     assert f.truncated and f.size == len(straddle) and len(raw) == MAX_FILE_BYTES
     assert SECRET[:8] not in f.text and f.text.endswith("x[REDACTED]")  # redacted whole, then cut
     assert any(w.endswith("outside the workspace (or in its Git internals): not read") for w in found.warnings)
+    os.mkfifo(root / "CLAUDE.md")  # never opened: it would block a reader with no writer
+    fifo = read_instructions(str(root), None, ["CLAUDE.md"], [])
+    assert fifo.files == () and fifo.warnings == (f"{root / 'CLAUDE.md'} is not a regular file: not read",)
     assert any(f"AGENTS.md is {len(straddle)} bytes, over the {MAX_FILE_BYTES}-byte bound" in w
                for w in found.warnings)
 
