@@ -332,26 +332,42 @@ class McpLinks:
         if session is None:
             raise McpFailure("crash", f"{link.gone()}; it is started again by the next call")
 
+        ended = threading.Event()
+        running: dict[str, asyncio.Task] = {}
+
         async def go() -> Any:
-            return await session.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+            running["task"] = asyncio.current_task()  # type: ignore[assignment]
+            try:
+                return await session.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+            finally:
+                ended.set()
 
         fut = self._submit(go())
+        # The SDK's read timeout ends the call; this is only a backstop should it not.
+        deadline = time.monotonic() + timeout_s + 10
         while True:
             try:
                 return fut.result(timeout=0.05)
             except concurrent.futures.TimeoutError:
-                if cancel.is_set():
-                    fut.cancel()  # the task's cancellation: the SDK sends notifications/cancelled
-                    try:
-                        fut.result(timeout=5)
-                    except BaseException:  # noqa: BLE001 - cancelled, as asked
-                        pass
+                late = time.monotonic() > deadline
+                if cancel.is_set() or late:
+                    # Cancelling the call's task makes the SDK send notifications/cancelled with the
+                    # request's id (shielded, bounded); wait for that before going on.
+                    task = running.get("task")
+                    self._loop.call_soon_threadsafe(task.cancel) if task is not None else fut.cancel()
+                    ended.wait(timeout=5)
+                    if late:
+                        raise McpFailure("timeout", f"{link.where()} did not answer within {timeout_s:g} s "
+                                                    "(tool_timeout_s); it was sent notifications/cancelled") from None
                     raise McpFailure("cancel", f"canceled by the user; {link.where()} was sent "
-                                                 "notifications/cancelled for the call") from None
+                                               "notifications/cancelled for the call") from None
             except MCPError as e:
                 raise self._call_failure(link, e, timeout_s) from None
             except concurrent.futures.CancelledError:
                 raise McpFailure("crash", link.gone()) from None
+            except Exception as e:  # noqa: BLE001 - an answer the SDK could not read as a tools/call result
+                raise McpFailure("protocol", f"{link.where()} answered with something that is not a tools/call "
+                                             f"result: {type(e).__name__}: {_one_line(str(e))[:300]}") from None
 
     def _call_failure(self, link: ServerLink, e: MCPError, timeout_s: float) -> McpFailure:
         if e.code == REQUEST_TIMEOUT:
