@@ -69,6 +69,7 @@ from .history import RunHistory
 from .recovery import (AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop,
                        next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
+from .mcp_tools import mcp_specs, record_listings
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
@@ -77,7 +78,6 @@ from .plan import KEEP_OUTPUT, Committed, JournalWrite, StepPlan
 from .run_reader import JournalView, check_tip, turn_usage
 from .run_status import read_run, shown_status
 from .tool_call import StopRun as _Stop, ToolTurn
-from .mcp_tools import mcp_specs, record_listings
 from .tools import TOOLS, tool_specs
 from .tools.files import GitInternalsWatch
 from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
