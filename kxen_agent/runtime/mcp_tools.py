@@ -91,6 +91,16 @@ def _what_changed(server: str, recorded: str, now: str) -> str:
     return "its tool list differs"
 
 
+def _sdk() -> Any:
+    """:mod:`.mcp_link` (the ``mcp`` SDK), or a one-line error when the SDK is not installed."""
+    try:
+        from . import mcp_link
+    except ImportError as e:
+        raise UsageError(f"this agent has MCP servers but the mcp package cannot be imported ({e}); "
+                         "install it: pip install 'mcp>=2.3,<3'") from None
+    return mcp_link
+
+
 def _server_env(lock: dict, spec: dict) -> dict[str, str]:
     """A stdio server's environment: the run's tool environment (§14.11) and the server's ``env_keep`` names."""
     keep = tuple(lock.get("policy", {}).get("env_keep", ())) + tuple(spec.get("env_keep", ()))
@@ -120,9 +130,7 @@ def record_listings(store: Any, lock: dict, cwd: str) -> None:
     servers = (lock.get("mcp") or {}).get("servers", {})
     if not servers or all("listing" in s for s in servers.values()):
         return
-    from .mcp_link import McpLinks
-
-    links = McpLinks(pid_dir(store))
+    links = _sdk().McpLinks(pid_dir(store))
     try:
         for name, spec in servers.items():
             offered = _start(links, _link(store, lock, name, spec, cwd))
@@ -286,9 +294,7 @@ class RunMcp:
                     for name, link in _parked[0].servers.items()):
                 self._links, _parked = _parked[0], None  # the servers the lock was just made from
             else:
-                from .mcp_link import McpLinks
-
-                self._links = McpLinks(pid_dir(self.store))
+                self._links = _sdk().McpLinks(pid_dir(self.store))
         return self._links
 
     def link(self, server: str) -> ServerLink:
