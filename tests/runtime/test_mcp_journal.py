@@ -169,6 +169,7 @@ def test_failures_each_have_their_outcome_and_one_line(fx: Path, tmp_path: Path)
     assert (marks / "slow.cancelled").exists()  # the timeout sent notifications/cancelled for the request
     assert out["crash_write"]["state"] == "OutcomeUnknown"
     assert "exited with status 4" in out["crash_write"]["note"]
+    assert len(list(marks.glob("server.*"))) >= 3 and not servers_alive(marks)  # each start, each ended
     for o in ops:
         assert "\n" not in (o.get("note") or "")
 
@@ -211,6 +212,7 @@ def test_ctrl_c_sends_the_cancellation_and_a_write_becomes_unknown(fx: Path, tmp
     wait_for_file(marks / "c.cancelled", a)  # the server got notifications/cancelled for the call
     (op,) = outputs(cli, json.loads(out)["session"])
     assert op["state"] == "OutcomeUnknown" and "notifications/cancelled" in op["note"]
+    assert not servers_alive(marks) and not list((tmp_path / "state" / "mcp").glob("*.json"))
 
 
 def test_a_changed_tool_list_is_refused_until_a_new_agent_revision(fx: Path, tmp_path: Path) -> None:
@@ -235,6 +237,11 @@ def test_a_server_that_cannot_start_is_refused_before_anything_is_written(tmp_pa
     line = cli.refused("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
     assert "MCP server 'fx' (/nonexistent/mcp-server) could not be started" in line
     assert cli("session", "list", "--json", expect=0).json()["sessions"] == []
+
+
+def servers_alive(marks: Path) -> list[int]:
+    """The pids of the fixture server's starts that are still running."""
+    return [pid for pid in (int(p.name.split(".")[1]) for p in marks.glob("server.*")) if _alive(pid)]
 
 
 def _alive(pid: int) -> bool:
