@@ -237,6 +237,12 @@ def test_a_server_that_cannot_start_is_refused_before_anything_is_written(tmp_pa
     line = cli.refused("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
     assert "MCP server 'fx' (/nonexistent/mcp-server) could not be started" in line
     assert cli("session", "list", "--json", expect=0).json()["sessions"] == []
+    script = "import sys; sys.stderr.write('no config file here'); sys.exit(2)"
+    agent.write_text(agent.read_text().replace('"/nonexistent/mcp-server"', json.dumps(sys.executable))
+                     .replace(f'args = [{json.dumps("/nonexistent/server.py")}', f'args = ["-c", {json.dumps(script)}'))
+    line = cli.refused("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
+    assert "exited with status 2 before answering initialize" in line and "no config file here" in line, line
+    assert cli("session", "list", "--json", expect=0).json()["sessions"] == []
 
 
 def servers_alive(marks: Path) -> list[int]:
