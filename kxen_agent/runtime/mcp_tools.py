@@ -123,13 +123,14 @@ def _start(links: McpLinks, link: ServerLink) -> list[Any]:
         raise UsageError(f"{e}") from None
 
 
-def record_listings(store: Any, lock: dict, cwd: str) -> None:
-    """Start each server of ``lock`` (a definition being made into a lock) and record its ``listing``.
+def record_listings(store: Any, lock: dict, cwd: str) -> list[str]:
+    """Start each server of ``lock`` (a definition being made into a lock) and record its ``listing``;
+    return suggestions for the person (a tool whose server calls it read-only, not declared ``read_only``).
 
     Raises :class:`UsageError` (one line) when a server cannot start or lacks a tool: nothing is written."""
     servers = (lock.get("mcp") or {}).get("servers", {})
     if not servers or all("listing" in s for s in servers.values()):
-        return
+        return []
     links = _sdk().McpLinks(pid_dir(store))
     try:
         for name, spec in servers.items():
@@ -140,6 +141,9 @@ def record_listings(store: Any, lock: dict, cwd: str) -> None:
         links.close()
         raise
     _park(links, cwd)
+    return [f"note: MCP tool {h['tool']} says readOnlyHint=true; if its calls change nothing, list it in read_only "
+            "so a crash runs it again (the server's hint alone never does)"
+            for h in annotations_doc(lock) if h["readOnlyHint"] and not h["declaredReadOnly"]]
 
 
 # The servers record_listings started, kept for the run this process makes next (the same launch specs in

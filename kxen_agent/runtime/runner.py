@@ -537,7 +537,8 @@ class Runner:
         for t in agent_lock.get("tools", []):
             if t not in TOOLS:
                 raise UsageError(f"agent lock names unknown tool {t!r}")
-        record_listings(self.store, agent_lock, os.getcwd())  # its MCP servers' tool lists, into the new lock
+        for note in record_listings(self.store, agent_lock, os.getcwd()):  # MCP servers' tool lists, into the lock
+            self.on_event(note)
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:

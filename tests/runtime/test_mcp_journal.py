@@ -83,7 +83,7 @@ SERVER = textwrap.dedent('''
     async def peek(name: str) -> str:
         return await hold(name)
 
-    @app.tool()
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))  # a claim: the definition decides, not this
     async def poke(name: str) -> str:
         return await hold(name)
 
@@ -179,10 +179,11 @@ def test_kill9_reruns_a_read_only_call_and_leaves_a_write_unknown(fx: Path, tmp_
     call is run again on resume, the write call is UNKNOWN."""
     steps = [call("peek", name="r"), call("poke", name="w"), {"content": "done"}]
     cli, ws, agent, marks = setup(fx, tmp_path, steps)
-    a = cli.spawn("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent), "--json")
+    a = cli.spawn("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
     wait_for_file(marks / "r.started", a)
     os.kill(a.pid, signal.SIGKILL)
-    a.communicate()
+    _, err = a.communicate()
+    assert "note: MCP tool mcp__fx__poke says readOnlyHint=true; if its calls change nothing, list it in read_only" in err
     child = int((marks / "r.child").read_text())
     (mcp_dir,) = [tmp_path / "state" / "mcp"]
     assert list(mcp_dir.glob("*.json")), "the server's process group is recorded"
@@ -197,7 +198,7 @@ def test_kill9_reruns_a_read_only_call_and_leaves_a_write_unknown(fx: Path, tmp_
     assert res["status"] == "input_required" and len(res["unknownOps"]) == 1, p
     out = {o["tool"].removeprefix("mcp__fx__"): o for o in outputs(cli, ses)}
     assert out["peek"]["output"] == "again: r" and out["peek"]["state"] == "Settled"
-    assert out["poke"]["state"] == "OutcomeUnknown"
+    assert out["poke"]["state"] == "OutcomeUnknown"  # whatever its readOnlyHint says
     assert not list(mcp_dir.glob("*.json"))
     assert not _alive(int((marks / "w.child").read_text()))
 
