@@ -57,6 +57,8 @@ START_TIMEOUT_S = 30.0
 #: After its standard input closes, how long a server has to exit before its group gets SIGTERM, then SIGKILL.
 _EXIT_GRACE_S = 1.0
 _STDERR_TAIL = 400
+#: The longest JSON-RPC line read from a stdio server: past it the server is ended (a protocol error).
+_MAX_LINE = 64 << 20
 
 
 class McpFailure(Exception):
@@ -101,12 +103,12 @@ class ServerLink:
             return ""
         return f"; its stderr ends: {tail}" if tail else ""
 
-    def gone(self) -> str:
-        """Why the server is no longer there, for a message."""
+    def gone(self, when: str = "") -> str:
+        """Why the server is no longer there (``when``: e.g. " during the call"), for a message."""
         code = self.returncode
         what = (f"exited with status {code}" if code is not None and code >= 0
                 else f"was killed by signal {-code}" if code is not None else "closed the connection")
-        return f"{self.where()} {what}{self.stderr_tail()}"
+        return f"{self.where()} {what}{when}{self.stderr_tail()}"
 
     # ------------------------------------------------------------ the pgid record
 
@@ -166,6 +168,11 @@ class ServerLink:
                 try:
                     async for chunk in proc.stdout:
                         buf += chunk
+                        if len(buf) > _MAX_LINE:
+                            self.protocol_error = McpFailure(
+                                "protocol", f"{self.where()} wrote a line longer than {_MAX_LINE >> 20} MiB")
+                            _kill_group(proc.pid, signal.SIGKILL)
+                            break
                         *lines, buf = buf.split(b"\n")
                         for line in lines:
                             if not line.strip():
@@ -272,7 +279,8 @@ class ServerLink:
             return McpFailure("start", f"{self.where()} did not answer initialize and tools/list within "
                                        f"{START_TIMEOUT_S:.0f} s{self.stderr_tail()}")
         if self.returncode is not None or isinstance(e, MCPError):
-            return McpFailure("start", f"{self.where()} failed to start: {self.gone() if self.returncode is not None else _one_line(str(e))}")
+            return McpFailure("start", self.gone(" before answering initialize (check its command and args in "
+                                                 "the agent definition)"))
         return McpFailure("start", f"{self.where()} failed to start: {type(e).__name__}: {_one_line(str(e))[:200]}"
                                    f"{self.stderr_tail()}")
 
@@ -332,26 +340,42 @@ class McpLinks:
         if session is None:
             raise McpFailure("crash", f"{link.gone()}; it is started again by the next call")
 
+        ended = threading.Event()
+        running: dict[str, asyncio.Task] = {}
+
         async def go() -> Any:
-            return await session.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+            running["task"] = asyncio.current_task()  # type: ignore[assignment]
+            try:
+                return await session.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+            finally:
+                ended.set()
 
         fut = self._submit(go())
+        # The SDK's read timeout ends the call; this is only a backstop should it not.
+        deadline = time.monotonic() + timeout_s + 10
         while True:
             try:
                 return fut.result(timeout=0.05)
             except concurrent.futures.TimeoutError:
-                if cancel.is_set():
-                    fut.cancel()  # the task's cancellation: the SDK sends notifications/cancelled
-                    try:
-                        fut.result(timeout=5)
-                    except BaseException:  # noqa: BLE001 - cancelled, as asked
-                        pass
+                late = time.monotonic() > deadline
+                if cancel.is_set() or late:
+                    # Cancelling the call's task makes the SDK send notifications/cancelled with the
+                    # request's id (shielded, bounded); wait for that before going on.
+                    task = running.get("task")
+                    self._loop.call_soon_threadsafe(task.cancel) if task is not None else fut.cancel()
+                    ended.wait(timeout=5)
+                    if late:
+                        raise McpFailure("timeout", f"{link.where()} did not answer within {timeout_s:g} s "
+                                                    "(tool_timeout_s); it was sent notifications/cancelled") from None
                     raise McpFailure("cancel", f"canceled by the user; {link.where()} was sent "
-                                                 "notifications/cancelled for the call") from None
+                                               "notifications/cancelled for the call") from None
             except MCPError as e:
                 raise self._call_failure(link, e, timeout_s) from None
             except concurrent.futures.CancelledError:
                 raise McpFailure("crash", link.gone()) from None
+            except Exception as e:  # noqa: BLE001 - an answer the SDK could not read as a tools/call result
+                raise McpFailure("protocol", f"{link.where()} answered with something that is not a tools/call "
+                                             f"result: {type(e).__name__}: {_one_line(str(e))[:300]}") from None
 
     def _call_failure(self, link: ServerLink, e: MCPError, timeout_s: float) -> McpFailure:
         if e.code == REQUEST_TIMEOUT:
@@ -364,7 +388,7 @@ class McpLinks:
                 time.sleep(0.01)
             if link.protocol_error is not None:
                 return link.protocol_error
-            return McpFailure("crash", f"{link.gone()} during the call")
+            return McpFailure("crash", link.gone(" during the call"))
         return McpFailure("protocol", f"{link.where()} answered with JSON-RPC error {e.code}: "
                                       f"{_one_line(e.message)[:300]}")
 

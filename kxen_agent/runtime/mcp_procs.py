@@ -47,11 +47,20 @@ def _alive(pid: int, start: str | None) -> bool:
     return fields[0] not in (b"Z", b"X") and (start is None or fields[19].decode() == start)
 
 
-def kill_group(pgid: int, sig: int) -> None:
+def kill_group(pgid: int, sig: int) -> bool:
+    """Signal process group ``pgid``; whether it had a member to signal."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
+
+
+def _reused(pid: int, start: str | None) -> bool:
+    """Whether ``pid`` now names a live process other than the one recorded (its start time differs)."""
+    fields = _stat(pid)
+    return (fields is not None and len(fields) > 19 and start is not None and fields[0] not in (b"Z", b"X")
+            and fields[19].decode() != start)
 
 
 def reap_orphans(directory: str | None) -> list[str]:
@@ -73,8 +82,9 @@ def reap_orphans(directory: str | None) -> list[str]:
             continue  # half-written by a run that died writing it: its server never got past start
         if _alive(owner, rec.get("ownerStart")):
             continue
-        if _alive(pgid, rec.get("start")):
-            kill_group(pgid, signal.SIGKILL)
+        # The leader may be gone with members of its group left (a child it started): the group is killed
+        # unless the leader's pid names another process now (then the group id is that process's).
+        if not _reused(pgid, rec.get("start")) and kill_group(pgid, signal.SIGKILL):
             done.append(f"MCP server {rec.get('server')!r} (process group {pgid}) left by a run that died")
         try:
             os.unlink(path)

@@ -91,6 +91,16 @@ def _what_changed(server: str, recorded: str, now: str) -> str:
     return "its tool list differs"
 
 
+def _sdk() -> Any:
+    """:mod:`.mcp_link` (the ``mcp`` SDK), or a one-line error when the SDK is not installed."""
+    try:
+        from . import mcp_link
+    except ImportError as e:
+        raise UsageError(f"this agent has MCP servers but the mcp package cannot be imported ({e}); "
+                         "install it: pip install 'mcp>=2.3,<3'") from None
+    return mcp_link
+
+
 def _server_env(lock: dict, spec: dict) -> dict[str, str]:
     """A stdio server's environment: the run's tool environment (§14.11) and the server's ``env_keep`` names."""
     keep = tuple(lock.get("policy", {}).get("env_keep", ())) + tuple(spec.get("env_keep", ()))
@@ -113,16 +123,15 @@ def _start(links: McpLinks, link: ServerLink) -> list[Any]:
         raise UsageError(f"{e}") from None
 
 
-def record_listings(store: Any, lock: dict, cwd: str) -> None:
-    """Start each server of ``lock`` (a definition being made into a lock) and record its ``listing``.
+def record_listings(store: Any, lock: dict, cwd: str) -> list[str]:
+    """Start each server of ``lock`` (a definition being made into a lock) and record its ``listing``;
+    return suggestions for the person (a tool whose server calls it read-only, not declared ``read_only``).
 
     Raises :class:`UsageError` (one line) when a server cannot start or lacks a tool: nothing is written."""
     servers = (lock.get("mcp") or {}).get("servers", {})
     if not servers or all("listing" in s for s in servers.values()):
-        return
-    from .mcp_link import McpLinks
-
-    links = McpLinks(pid_dir(store))
+        return []
+    links = _sdk().McpLinks(pid_dir(store))
     try:
         for name, spec in servers.items():
             offered = _start(links, _link(store, lock, name, spec, cwd))
@@ -132,6 +141,9 @@ def record_listings(store: Any, lock: dict, cwd: str) -> None:
         links.close()
         raise
     _park(links, cwd)
+    return [f"note: MCP tool {h['tool']} says readOnlyHint=true; if its calls change nothing, list it in read_only "
+            "so a crash runs it again (the server's hint alone never does)"
+            for h in annotations_doc(lock) if h["readOnlyHint"] and not h["declaredReadOnly"]]
 
 
 # The servers record_listings started, kept for the run this process makes next (the same launch specs in
@@ -286,9 +298,7 @@ class RunMcp:
                     for name, link in _parked[0].servers.items()):
                 self._links, _parked = _parked[0], None  # the servers the lock was just made from
             else:
-                from .mcp_link import McpLinks
-
-                self._links = McpLinks(pid_dir(self.store))
+                self._links = _sdk().McpLinks(pid_dir(self.store))
         return self._links
 
     def link(self, server: str) -> ServerLink:

@@ -70,6 +70,7 @@ from .instructions import model_preamble, read_for_run
 from .recovery import (AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop,
                        next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
+from .mcp_tools import mcp_specs, record_listings
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
@@ -78,7 +79,6 @@ from .plan import KEEP_OUTPUT, Committed, JournalWrite, StepPlan
 from .run_reader import JournalView, check_tip, turn_usage
 from .run_status import read_run, shown_status
 from .tool_call import StopRun as _Stop, ToolTurn
-from .mcp_tools import mcp_specs, record_listings
 from .tools import TOOLS, tool_specs
 from .tools.files import GitInternalsWatch
 from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
@@ -543,7 +543,8 @@ class Runner:
         for t in agent_lock.get("tools", []):
             if t not in TOOLS:
                 raise UsageError(f"agent lock names unknown tool {t!r}")
-        record_listings(self.store, agent_lock, os.getcwd())  # its MCP servers' tool lists, into the new lock
+        for note in record_listings(self.store, agent_lock, os.getcwd()):  # MCP servers' tool lists, into the lock
+            self.on_event(note)
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:

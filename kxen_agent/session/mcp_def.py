@@ -26,8 +26,8 @@ import json
 import re
 from typing import Any
 
-__all__ = ["SERVER_KEYS", "McpDefinitionError", "check_lock_mcp", "exposed_name", "listing_hash", "mcp_tools", "parse_mcp",
-           "server_env_keep"]
+__all__ = ["SERVER_KEYS", "McpDefinitionError", "check_lock_mcp", "exposed_name", "listing_hash", "mcp_tools",
+           "parse_mcp"]
 
 #: The keys of one ``[mcp.servers.NAME]`` table.
 SERVER_KEYS = ("command", "args", "env_keep", "url", "tools", "read_only")
@@ -140,10 +140,6 @@ def mcp_tools(lock: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """The lock's MCP tools: exposed name -> (server, the server's tool name); empty without ``mcp``."""
     servers = (lock.get("mcp") or {}).get("servers", {})
     return {exposed_name(s, t): (s, t) for s, spec in servers.items() for t in spec.get("tools", ())}
-
-
-def server_env_keep(spec: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(spec.get("env_keep", ()))
 
 
 def listing_hash(listing: str) -> str:

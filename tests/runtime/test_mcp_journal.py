@@ -83,7 +83,7 @@ SERVER = textwrap.dedent('''
     async def peek(name: str) -> str:
         return await hold(name)
 
-    @app.tool()
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True))  # a claim: the definition decides, not this
     async def poke(name: str) -> str:
         return await hold(name)
 
@@ -169,6 +169,7 @@ def test_failures_each_have_their_outcome_and_one_line(fx: Path, tmp_path: Path)
     assert (marks / "slow.cancelled").exists()  # the timeout sent notifications/cancelled for the request
     assert out["crash_write"]["state"] == "OutcomeUnknown"
     assert "exited with status 4" in out["crash_write"]["note"]
+    assert len(list(marks.glob("server.*"))) >= 3 and not servers_alive(marks)  # each start, each ended
     for o in ops:
         assert "\n" not in (o.get("note") or "")
 
@@ -178,10 +179,11 @@ def test_kill9_reruns_a_read_only_call_and_leaves_a_write_unknown(fx: Path, tmp_
     call is run again on resume, the write call is UNKNOWN."""
     steps = [call("peek", name="r"), call("poke", name="w"), {"content": "done"}]
     cli, ws, agent, marks = setup(fx, tmp_path, steps)
-    a = cli.spawn("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent), "--json")
+    a = cli.spawn("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
     wait_for_file(marks / "r.started", a)
     os.kill(a.pid, signal.SIGKILL)
-    a.communicate()
+    _, err = a.communicate()
+    assert "note: MCP tool mcp__fx__poke says readOnlyHint=true; if its calls change nothing, list it in read_only" in err
     child = int((marks / "r.child").read_text())
     (mcp_dir,) = [tmp_path / "state" / "mcp"]
     assert list(mcp_dir.glob("*.json")), "the server's process group is recorded"
@@ -196,7 +198,7 @@ def test_kill9_reruns_a_read_only_call_and_leaves_a_write_unknown(fx: Path, tmp_
     assert res["status"] == "input_required" and len(res["unknownOps"]) == 1, p
     out = {o["tool"].removeprefix("mcp__fx__"): o for o in outputs(cli, ses)}
     assert out["peek"]["output"] == "again: r" and out["peek"]["state"] == "Settled"
-    assert out["poke"]["state"] == "OutcomeUnknown"
+    assert out["poke"]["state"] == "OutcomeUnknown"  # whatever its readOnlyHint says
     assert not list(mcp_dir.glob("*.json"))
     assert not _alive(int((marks / "w.child").read_text()))
 
@@ -211,6 +213,7 @@ def test_ctrl_c_sends_the_cancellation_and_a_write_becomes_unknown(fx: Path, tmp
     wait_for_file(marks / "c.cancelled", a)  # the server got notifications/cancelled for the call
     (op,) = outputs(cli, json.loads(out)["session"])
     assert op["state"] == "OutcomeUnknown" and "notifications/cancelled" in op["note"]
+    assert not servers_alive(marks) and not list((tmp_path / "state" / "mcp").glob("*.json"))
 
 
 def test_a_changed_tool_list_is_refused_until_a_new_agent_revision(fx: Path, tmp_path: Path) -> None:
@@ -235,6 +238,17 @@ def test_a_server_that_cannot_start_is_refused_before_anything_is_written(tmp_pa
     line = cli.refused("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
     assert "MCP server 'fx' (/nonexistent/mcp-server) could not be started" in line
     assert cli("session", "list", "--json", expect=0).json()["sessions"] == []
+    script = "import sys; sys.stderr.write('no config file here'); sys.exit(2)"
+    agent.write_text(agent.read_text().replace('"/nonexistent/mcp-server"', json.dumps(sys.executable))
+                     .replace(f'args = [{json.dumps("/nonexistent/server.py")}', f'args = ["-c", {json.dumps(script)}'))
+    line = cli.refused("run", "--workspace", str(ws), "--task", "t", "--agent", str(agent))
+    assert "exited with status 2 before answering initialize" in line and "no config file here" in line, line
+    assert cli("session", "list", "--json", expect=0).json()["sessions"] == []
+
+
+def servers_alive(marks: Path) -> list[int]:
+    """The pids of the fixture server's starts that are still running."""
+    return [pid for pid in (int(p.name.split(".")[1]) for p in marks.glob("server.*")) if _alive(pid)]
 
 
 def _alive(pid: int) -> bool:

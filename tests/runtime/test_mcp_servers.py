@@ -75,3 +75,37 @@ def test_git_and_time_servers_with_approvals_and_their_hints_shown(tmp_path: Pat
     # mcp-server-git says git_commit is not destructive; the definition did not declare it read_only: UNKNOWN.
     assert hints["mcp__git__git_commit"]["destructiveHint"] is False
     assert hints["mcp__git__git_commit"]["onRecovery"] == "UNKNOWN"
+
+
+def test_the_model_sees_the_servers_tools_under_legal_names(tmp_path: Path) -> None:
+    """An openai-provider agent: the request carries mcp__time__get_current_time with the server's own schema,
+    and the next request carries the call's result."""
+    from .fake_openai import FakeOpenAI
+
+    ws = git_workspace(tmp_path / "ws")
+    agent = tmp_path / "agent.toml"
+    with FakeOpenAI() as server:
+        agent.write_text(textwrap.dedent(f"""\
+            name = "real-time"
+            provider = "openai"
+            model = "gpt-test"
+            base_url = "{server.base_url}"
+            api_key_env = "KXEN_TEST_OPENAI_KEY"
+            tools = ["read_file"]
+            [mcp.servers.time]
+            command = {json.dumps(sys.executable)}
+            args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]
+            tools = ["get_current_time"]
+            read_only = ["get_current_time"]
+            """))
+        server.reply_tool_calls([("call_t1", "mcp__time__get_current_time", json.dumps({"timezone": "UTC"}))])
+        server.reply_content("it is now")
+        cli = Cli(tmp_path / "state", {"KXEN_TEST_OPENAI_KEY": "sk-test-0123456789abcdef"}, strict=True)
+        res = cli("run", "--workspace", str(ws), "--task", "what time is it", "--agent", str(agent), "--json",
+                  expect=0).json()
+        first, second = server.chat_requests()
+    assert res["status"] == "completed"
+    specs = {t["function"]["name"]: t["function"] for t in first["tools"]}
+    assert set(specs) == {"read_file", "mcp__time__get_current_time"}
+    assert "timezone" in specs["mcp__time__get_current_time"]["parameters"]["properties"]
+    assert '"timezone": "UTC"' in second["messages"][-1]["content"]
