@@ -114,6 +114,8 @@ def list_cmd(
         help="Only sessions bound to DIR (its path, or the same repository and subdirectory elsewhere)."),
     since: Optional[str] = typer.Option(
         None, "--since", metavar="WHEN", help="Only sessions active since WHEN: a duration (2d, 1w) or a date."),
+    branch: Optional[str] = typer.Option(
+        None, "--branch", "-b", metavar="NAME", help="Only sessions bound to the Git branch NAME."),
     json_out: bool = typer.Option(
         False, "--json",
         help="Print {stateDir, sessions: [...]}: each session as `session show --json` gives it, plus "
@@ -150,6 +152,8 @@ def list_cmd(
         ws = info.meta["workspace"]
         if where is not None and ws.get("root") != where.root and ws.get("identity") != where.identity:
             continue
+        if branch is not None and ws.get("branch") != branch.removeprefix("refs/heads/"):
+            continue
         try:  # its head and runs are read here: one damaged session is named, the others listed
             runs = _runs_json(sessions, info)
             d = info.to_json()
@@ -173,7 +177,8 @@ def list_cmd(
         return
     if not rows:
         what = "no sessions" + (f" bound to {t(where.root)}" if where is not None else "") + \
-            (f" active since {t(since)}" if since is not None else "")
+            (f" active since {t(since)}" if since is not None else "") + \
+            (f" on branch {t(branch)}" if branch is not None else "")
         out(f"{what} in {t(store.root)}")
         return
     for d in rows:
@@ -669,6 +674,9 @@ _register_names_cmds(session_app)
 from .grep_cmds import register as _register_grep_cmds  # noqa: E402
 
 _register_grep_cmds(session_app)
+from .which_cmds import register as _register_which_cmds  # noqa: E402
+
+_register_which_cmds(session_app)
 
 
 @session_app.command("trust")
