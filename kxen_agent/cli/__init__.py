@@ -16,6 +16,10 @@ Modules, one line each:
 - :mod:`.session_cmds` — ``session list, show, log, compact, tree, fork,
   delete, undelete, export, import``;
 - :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
+- :mod:`.names_cmds` — ``session rename``: a session's name, taken wherever its id is;
+- :mod:`.tree_view` — ``session tree`` drawn as ``git log --graph`` draws branches;
+- :mod:`.grep_cmds` — ``session grep``: full-text search over every session's messages;
+- :mod:`.which_cmds` — ``session which COMMIT``: the tool call that made a Git commit;
 - :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
 - :mod:`.rewind_cmds` — ``session rewind``: the workspace and/or the conversation back to a message;
 - :mod:`.checkpoint_travel_cmds` — ``--with-checkpoints``/``--restore-workspace`` of export, import, push, pull;

@@ -24,7 +24,7 @@ from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 
 from ._args import workspaces
-from ._render import emit_json, out, term_text as t
+from ._render import emit_json, err, out, term_text as t
 
 __all__ = ["register"]
 
@@ -148,6 +148,8 @@ def pull_cmd(
     for ses, status in rep.sessions.items():
         note = {"ahead": "this state dir is ahead of the remote (push it)"}.get(status, status)
         out(f"{t(ses)}: {note}, bound to {t(rep.bindings[ses])}")
+    for gone in rep.dropped_names:
+        err(f"note: {t(gone.line(), quote=False)}")
     out(f"pulled from {t(rep.remote.display)}: {rep.new_objects} new objects; "
         f"resume with `kxen-agent --resume SES --workspace DIR`")
 

@@ -235,6 +235,8 @@ def run_cmd(
         False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
     api_key_env: Optional[str] = typer.Option(
         None, "--api-key-env", metavar="NAME", help="The variable holding the API key for this run (default: the agent's)."),
+    name: Optional[str] = typer.Option(
+        None, "--name", "-n", metavar="NAME", help="Name the new session (unique here; then usable wherever its id is)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
@@ -260,9 +262,27 @@ def run_cmd(
     lock = load_agent_definition(agent or default_agent())
     check_provider(lock, api_key_env)  # its SDK and key: before the session is created (exit 2, nothing written)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
+    if name is not None:
+        name_new_session(name)  # a bad or taken name is refused before anything is written
+    execute(lambda runner: _named(runner, name).start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel, workspace=workspace))
+
+
+def name_new_session(name: str) -> None:
+    """Refuse ``run -n NAME`` before anything is written: NAME is no name, or another session has it."""
+    from kxen_agent.session.names import check_name, claim
+    from kxen_agent.session.sessions import SessionStore
+
+    check_name(name)
+    store = Store.open(namespaces=(NS,))
+    if store.exists:
+        claim(SessionStore(store), name)  # checked again, under the names lock, when the session is made
+
+
+def _named(runner: Runner, name: Optional[str]) -> Runner:
+    runner.sessions.new_name = name  # the runner's create names the session (§14.16)
+    return runner
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
@@ -396,6 +416,8 @@ def show_cmd(
         "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
         "state": oid.hex(), "journal": journal,
+        "instructions": [{"path": i["path"], "object": i["blob"].hex(), "size": i["size"], "truncated": i["truncated"]}
+                         for i in st.get("instructions") or ()],
     }
     if json_out:
         emit_json(doc)
@@ -409,6 +431,9 @@ def show_cmd(
     out(f"usage: {usage_line(st.get('usage'))}")
     for tu in doc["turnUsage"]:
         out(f"  turn {tu['turn']}: {usage_line(tu)}")
+    if doc["instructions"]:
+        out("instructions: " + ", ".join(f"{t(i['path'])} ({i['object'][:12]}{', truncated' if i['truncated'] else ''})"
+                                          for i in doc["instructions"]))
     out_text("task", st["task"])
     if st.get("result") is not None:
         out_text("result", st["result"])

@@ -17,6 +17,7 @@ below); every module, one line each:
 - :mod:`.history_bound` — how much of a history a run holds in memory;
 - :mod:`.history_index` — a session's history in one file, so a resume reads no message objects;
 - :mod:`.compaction` — the model's view of a long history kept under a budget;
+- :mod:`.instructions` — the project instructions (``AGENTS.md``) a run reads at its start and gives the model;
 - :mod:`.approvals` — a person says yes or no to a tool call before it runs;
 - :mod:`.answer_check` — the door a model's answer passes before anything is recorded;
 - :mod:`.trust` — the gate a run passes (``objects_spec.md`` §14.13);

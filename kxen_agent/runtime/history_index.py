@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import blake3
 import zstandard
 
+from kxen_agent.session.grep_index import GREP
 from kxen_agent.session.positions import POSITIONS
 from kxen_agent.session.positions import sync as sync_positions
 from kxen_agent.session.sessions import NS, SessionStore
@@ -99,7 +100,7 @@ def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
 HISTORY = CacheKind("history", verify=_verify_store, problem="history-index", title="history index")
 #: The kinds of cache the run loop keeps: what a store opened for this program is given (the session
 #: layer's message positions, §11a.1, among them).
-CACHES = (HISTORY, POSITIONS)
+CACHES = (HISTORY, POSITIONS, GREP)
 
 
 # ---------------------------------------------------------------- bytes

@@ -31,6 +31,7 @@ from kxen_agent.store.gitmap import (
 )
 from kxen_agent.store.objects import CorruptObject, SchemaViolation, a_kind, links_of, parse_object
 
+from . import names
 from .gitio import Mirror, Remote, Workbench, resolve_remote
 from .remote import (
     RemoteRefused,
@@ -60,10 +61,13 @@ class PullReport:
     sessions: Mapping[str, str]  # ses -> created | updated | unchanged | restored | ahead
     new_objects: int
     bindings: Mapping[str, str]  # ses -> workspace root it is bound to
+    #: Names the remote gave that another session here holds: dropped (§14.16).
+    dropped_names: tuple = ()
 
     def to_json(self) -> dict:
         return {"remote": self.remote.display, "sessions": dict(self.sessions), "newObjects": self.new_objects,
-                "workspaces": dict(self.bindings)}
+                "workspaces": dict(self.bindings),
+                "droppedNames": [{"session": n.ses, "name": n.name, "heldBy": n.holder} for n in self.dropped_names]}
 
 
 def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
@@ -121,7 +125,8 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
                 for ses, p in plans.items():
                     if p.status in ("updated", "restored"):
                         stack.enter_context(acquire_lease(ses))
-            statuses, written = _write_pull(store, objs, plans)
+            dropped: list = []
+            statuses, written = _write_pull(store, objs, plans, dropped)
         mirror_updates = [(f"{NS}/{s}", seen.get(f"{NS}/{s}"), live[session_ref(s)]) for s in ids
                           if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
         if mirror_updates or fetch:
@@ -132,7 +137,7 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
             except KxenError:
                 pass  # a concurrent pull recorded it first; the next push re-checks against the remote
     bindings = {s: p.binding.root for s, p in plans.items()}
-    return PullReport(r, statuses, written, bindings)
+    return PullReport(r, statuses, written, bindings, tuple(dropped))
 
 
 def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], commits: Sequence[bytes],
@@ -404,13 +409,31 @@ def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:
     return all(record.get(k) == now[k] for k in now if k != "head")
 
 
-def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan]) -> tuple[dict[str, str], int]:
-    """Write the verified objects, then each session's refs (CAS against what was planned on)."""
+def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan],
+                dropped: list | None = None) -> tuple[dict[str, str], int]:
+    """Write the verified objects, then each session's refs (CAS against what was planned on).
+
+    Under the names lock (§14.16): a pulled name another session here holds is dropped (into ``dropped``)."""
     changing = {s: p for s, p in plans.items() if p.status in ("created", "updated", "restored")}
     statuses = {s: p.status for s, p in plans.items()}
     if not changing:
         return statuses, 0
     sessions = SessionStore(store)
+    with names.lock(sessions):
+        for ses, p in changing.items():
+            meta = p.new_meta if p.new_meta is not None else objs.kind_value(p.refs["meta"])[1]
+            _kept, gone = names.importable(sessions, ses, meta)
+            if gone is not None:
+                if dropped is not None:
+                    dropped.append(gone)
+                if p.new_meta is None:
+                    p.base_oid = p.refs["meta"]
+                p.new_meta = {k: v for k, v in meta.items() if k != "name"}
+        return _write_planned(store, objs, changing, statuses, sessions)
+
+
+def _write_planned(store: Store, objs: _Objects, changing: Mapping[str, _PullPlan], statuses: dict[str, str],
+                   sessions: SessionStore) -> tuple[dict[str, str], int]:
     needed = _reachable_new(objs, [v for p in changing.values() for v in p.refs.values()])
     groups = {ses: f"{NS}/{ses}" for ses in changing}
     # One step per session; the first carries the pulled objects (unless a pack does) and the new

@@ -18,6 +18,7 @@ one ref transaction whatever the history's length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -135,6 +136,11 @@ def msg_id(oid: bytes) -> str:
     return "msg_" + oid.hex()
 
 
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
 class Message(NamedTuple):
     """One history message, as read back (``content`` already resolved from its blob).
 
@@ -215,6 +221,7 @@ class SessionInfo:
             "workspace": _ws_json(m["workspace"]),
             "head": msg_id(self.head) if self.head else None,
             "deleted": self.deleted_ns is not None,
+            "name": m.get("name"),
         }
 
 
@@ -233,6 +240,8 @@ class SessionStore:
 
     def __init__(self, store: Repository) -> None:
         self.store = store
+        #: The name the next :meth:`create` gives its session (``run -n NAME``: the runner creates it).
+        self.new_name: str | None = None
 
     # ------------------------------------------------------------ lookup
 
@@ -254,6 +263,14 @@ class SessionStore:
         text = text.strip()
         if _SES_RE.fullmatch(text) and self._exists(text, include_deleted):
             return text  # the common case: a full id, one ref file read
+        from . import names
+
+        if not is_id_or_prefix("ses", text) and names.is_name(text):
+            # A name never looks like an id (names.check_name), so it is read only when the text is no id.
+            found_name = names.find(self, text, include_deleted=include_deleted)
+            if found_name is None:
+                raise names.UnknownName(text, self.store.root)
+            return found_name
 
         def ids() -> list[str]:
             out = []
@@ -543,6 +560,7 @@ class SessionStore:
         reason: str,
         previous: bytes | None = None,
         created_ns: int | None = None,
+        name: str | None = None,
     ) -> dict:
         v: dict[str, Any] = {
             "id": ses,
@@ -558,27 +576,35 @@ class SessionStore:
         }
         if previous is not None:
             v["previous"] = previous
+        if name is not None:
+            v["name"] = name
         return v
 
-    def create(self, agent_lock: dict, workspace: WorkspaceIdentity) -> SessionInfo:
-        """A new root session bound to ``workspace`` with the given DCPAgent lock."""
+    def create(self, agent_lock: dict, workspace: WorkspaceIdentity, *, name: str | None = None) -> SessionInfo:
+        """A new root session bound to ``workspace`` with the given DCPAgent lock (and ``name``, default
+        :attr:`new_name`, §14.16)."""
+        from . import names
+
+        name = name if name is not None else self.new_name
         ses = new_id("ses")
-        # One durable step: the agent lock, the metadata and the ref that names them.
-        step = self.store.step(self.group(ses))
-        agent = put(step, "agent", agent_lock)
-        meta = put(
-            step, "session",
-            self._meta(
-                ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
-                fork_point=None, fork_kind=None, reason="create",
-            ),
-        )
-        step.update("meta", None, meta)
-        step.commit("session: create")
+        with names.lock(self) if name is not None else _nothing():
+            names.claim(self, name)
+            # One durable step: the agent lock, the metadata and the ref that names them.
+            step = self.store.step(self.group(ses))
+            agent = put(step, "agent", agent_lock)
+            meta = put(
+                step, "session",
+                self._meta(
+                    ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
+                    fork_point=None, fork_kind=None, reason="create", name=name,
+                ),
+            )
+            step.update("meta", None, meta)
+            step.commit("session: create")
         return self.get(ses)
 
     def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None,
-             workspace: str | None = None, worktree_at: str | None = None) -> SessionInfo:
+             workspace: str | None = None, worktree_at: str | None = None, name: str | None = None) -> SessionInfo:
         """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
 
         Never needs the parent's run lease: it reads immutable objects and
@@ -590,7 +616,12 @@ class SessionStore:
         and subdirectory, on whatever branch it is (``git switch -c
         feature-x``, then fork onto it): the metadata's reason is
         ``fork-workspace``. ``worktree_at`` (a checkpoint commit, ``--with-code``) starts the worktree there.
+        ``name``: the fork's name (default ``<parent's name>/<n>``, §14.16).
         """
+        from . import names
+
+        if name is not None:
+            names.claim(self, name)  # before a worktree is made; checked again under the lock
         if worktree is not None and workspace is not None:
             raise UsageError("give either --worktree NAME (a new worktree) or --workspace DIR (an existing "
                              "checkout), not both")
@@ -621,24 +652,30 @@ class SessionStore:
                                     worktree)
         try:
             new = new_id("ses")
-            step = self.store.step(self.group(new))
-            meta = put(
-                step, "session",
-                self._meta(
-                    new,
-                    agent=parent.agent_oid,
-                    workspace=bound,
-                    parent_id=parent.id,
-                    branch_root_id=parent.meta["branchRootId"],
-                    fork_point=msg_id(point) if point else None,
-                    fork_kind="worktree" if worktree else "conversation",
-                    reason=reason,
-                ),
-            )
-            step.update("meta", None, meta)
-            if point is not None:
-                step.update("head", None, point)
-            step.commit(f"session: fork of {ses}")
+            with names.lock(self):
+                if name is None:
+                    name = names.fork_name(self, parent)
+                else:
+                    names.claim(self, name)
+                step = self.store.step(self.group(new))
+                meta = put(
+                    step, "session",
+                    self._meta(
+                        new,
+                        agent=parent.agent_oid,
+                        workspace=bound,
+                        parent_id=parent.id,
+                        branch_root_id=parent.meta["branchRootId"],
+                        fork_point=msg_id(point) if point else None,
+                        fork_kind="worktree" if worktree else "conversation",
+                        reason=reason,
+                        name=name,
+                    ),
+                )
+                step.update("meta", None, meta)
+                if point is not None:
+                    step.update("head", None, point)
+                step.commit(f"session: fork of {ses}")
         except BaseException:
             if made is not None:
                 rollback_worktree(*made)
@@ -673,7 +710,7 @@ class SessionStore:
                 ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
                 branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
                 fork_kind=m.get("forkKind"), reason=reason, previous=info.meta_oid,
-                created_ns=m["createdNs"],
+                created_ns=m["createdNs"], name=m.get("name"),
             ),
         )
         step.update("meta", info.meta_oid, meta)
@@ -689,7 +726,7 @@ class SessionStore:
                 meta["id"], agent=meta["agent"], workspace=workspace, parent_id=meta.get("parentId"),
                 branch_root_id=meta["branchRootId"], fork_point=meta.get("forkPoint"),
                 fork_kind=meta.get("forkKind"), reason=reason, previous=meta_oid,
-                created_ns=meta["createdNs"],
+                created_ns=meta["createdNs"], name=meta.get("name"),
             ),
         )
 

@@ -274,7 +274,7 @@ def test_a_fork_tree_whose_parents_make_a_cycle_is_drawn_once(made, tmp_path: Pa
     meta = store.get(meta_oid, "session")
     _move(store, fork, "meta", store.put("session", {**meta, "parentId": fork}))  # its own parent
     drawn = kx("session", "tree", ses, expect=0).out.splitlines()
-    assert len(drawn) == 2 and drawn[0].startswith(ses) and fork in drawn[1], drawn
+    assert len(drawn) == 2 and drawn[1].startswith(f"* {ses}") and fork in drawn[0], drawn
     tree = kx("session", "tree", fork, "--json", expect=0).json()
     assert tree["id"] == ses and [c["id"] for c in tree["children"]] == [fork], tree
 
