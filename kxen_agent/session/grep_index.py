@@ -401,7 +401,15 @@ def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, on
             unseen.difference_update(owners)
             if sessions_only and not unseen:
                 break
-    return hits, {"files": len(files), "written": b.written, "bytes": total}
+    # A message held by two files (a fork whose parent's files could not serve it when its file was
+    # written, e.g. a parent deleted then) is still reported once, with all its sessions.
+    merged: dict[tuple[bytes, int], Hit] = {}
+    for h in hits:
+        key = (h.message, h.line_no)
+        prev = merged.get(key)
+        merged[key] = h if prev is None else Hit(h.message, prev.sessions + tuple(
+            s for s in h.sessions if s not in prev.sessions), h.role, h.date_ns, h.seq, h.line_no, h.line)
+    return list(merged.values()), {"files": len(files), "written": b.written, "bytes": total}
 
 
 def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
