@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses:
     for e in entries:
         pos += len(e[4])
         offs.append(pos)
-    if offs.itemsize != 8 or os.sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+    if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
         offs.byteswap()
     table = b"".join(_REC.pack(e[0], e[1], e[2], _ROLE.get(e[3], 255)) for e in entries)
     body = (text, offs.tobytes(), table)
@@ -145,7 +146,7 @@ def parse_index(ses: str, data: bytes) -> IndexFile:
         raise BadIndex("digest does not match")
     offsets = array("Q")
     offsets.frombytes(offs)
-    if os.sys.byteorder != "little":  # pragma: no cover
+    if sys.byteorder != "little":  # pragma: no cover
         offsets.byteswap()
     if offsets[0] != 0 or offsets[-1] != tlen:
         raise BadIndex("offsets do not span the text")
