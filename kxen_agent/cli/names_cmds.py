@@ -2,7 +2,7 @@
 
 Registered on the ``session`` group by :func:`register` (session_cmds.py
 calls it). The name's rules and where it lives are
-:mod:`kxen_agent.session.names` (``objects_spec.md`` §14.15).
+:mod:`kxen_agent.session.names` (``objects_spec.md`` §14.16).
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def name_new_session(name: str) -> None:
 
 
 def _named(runner: Runner, name: Optional[str]) -> Runner:
-    runner.sessions.new_name = name  # the runner's create names the session (§14.15)
+    runner.sessions.new_name = name  # the runner's create names the session (§14.16)
     return runner
 
 
@@ -394,6 +394,13 @@ def show_cmd(
             "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
             "checkpointBefore": e.get("checkpointBefore"), "checkpointAfter": e.get("checkpointAfter"),
         })
+    if any(j["tool"].startswith("mcp__") for j in journal):  # §14.15: each MCP tool's hints, never obeyed
+        from kxen_agent.runtime.mcp_tools import annotations_doc
+
+        hints = {h["tool"]: h for h in annotations_doc(runner.sessions.agent(info))}
+        for j in journal:
+            if j["tool"] in hints:
+                j["mcp"] = hints[j["tool"]]
     evidence: dict[str, list[str]] = {}
     if any(j["state"] == OpState.OUTCOME_UNKNOWN for j in journal):
         from .checkpoint_cmds import unknown_op_evidence
@@ -409,6 +416,8 @@ def show_cmd(
         "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
         "state": oid.hex(), "journal": journal,
+        "instructions": [{"path": i["path"], "object": i["blob"].hex(), "size": i["size"], "truncated": i["truncated"]}
+                         for i in st.get("instructions") or ()],
     }
     if json_out:
         emit_json(doc)
@@ -422,6 +431,9 @@ def show_cmd(
     out(f"usage: {usage_line(st.get('usage'))}")
     for tu in doc["turnUsage"]:
         out(f"  turn {tu['turn']}: {usage_line(tu)}")
+    if doc["instructions"]:
+        out("instructions: " + ", ".join(f"{t(i['path'])} ({i['object'][:12]}{', truncated' if i['truncated'] else ''})"
+                                          for i in doc["instructions"]))
     out_text("task", st["task"])
     if st.get("result") is not None:
         out_text("result", st["result"])
@@ -432,6 +444,10 @@ def show_cmd(
         out(f"  {t(j['op'])}  {t(j['state']):<14} {t(j['tool'])} {t(str(j['arguments']))}")
         if j["approval"] is not None:
             out(f"      {approval_line(j['approval'])}")
+        if j.get("mcp"):
+            from kxen_agent.runtime.mcp_tools import hint_line
+
+            out(f"      {hint_line(j['mcp'])}")
         if j["outcome"] is not None:
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""

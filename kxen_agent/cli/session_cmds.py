@@ -744,6 +744,15 @@ def _show_trust(doc: dict) -> None:
         out(f"  tools:        {t(', '.join(a['tools']) or '-')}")
         out(f"  approve:      {t(', '.join(a['approve']) or '- (no call waits for a yes)')}")
         out(f"  env_keep:     {t(', '.join(a['envKeep']) or '-')}")
+        if a.get("mcp"):  # §14.15: the commands this machine would start, and each tool's hints
+            from kxen_agent.runtime.mcp_tools import hint_line
+
+            for name, s in a["mcp"]["servers"].items():
+                launch = " ".join([s["command"], *s["args"]]) if "command" in s else s["url"]
+                out(f"  MCP server {t(name)}: {t(launch)}" + (f"   env_keep: {t(', '.join(s['env_keep']))}"
+                                                              if s.get("env_keep") else ""))
+            for h in a["mcp"]["tools"]:
+                out(f"    {t(h['tool'])}: {hint_line(h)}")
         if a["script"] is not None:
             out("  script steps:")
             for n, step in enumerate(a["script"] if isinstance(a["script"], list) else [a["script"]]):

@@ -66,9 +66,11 @@ from .compaction import ask_summary, held_view, over_budget, plan_compaction, su
 from .events import Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, TurnFinished, TurnStarted
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
+from .instructions import model_preamble, read_for_run
 from .recovery import (AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop,
                        next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
+from .mcp_tools import mcp_specs, record_listings
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
@@ -222,6 +224,8 @@ class Runner:
             if plan.messages:
                 head = SessionStore(step).append_messages(plan.head, [dict(m) for m in plan.messages])
             journal = None if cur is None else cur.get("journal")
+            for blob in plan.blobs:
+                step.put("blob", blob)
             for w in plan.entries:
                 e, text = _journal_entry(step, w, journal)
                 journal = put(step, "journal", e)
@@ -433,10 +437,13 @@ class Runner:
             st["retryOf"] = retry_of
         if key_env is not None:
             st["apiKeyEnv"] = key_env
+        # AGENTS.md, recorded in the run (§14.5); its warnings (a file cut at the bound) told now.
+        found = read_for_run(info.workspace.root, agent, secrets, lambda w: self.on_event(f"warning: run {run}: {w}"))
         # The task message (none for a retry: the retried run's is in the history) and the first state.
         assert retry_of is None or info.head is not None  # the retried run's task message at least
         task_msg = () if retry_of is not None else ({"role": "user", "content": stored_task, "run": run},)
-        self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None, st))
+        self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None,
+                             {**st, **found.state}, blobs=found.blobs))
         self.on_event(f"run {run} started in session {ses}" + (f", retrying run {retry_of}" if retry_of else ""))
         return self._loop(ses, run, lease, new=True)
 
@@ -536,6 +543,8 @@ class Runner:
         for t in agent_lock.get("tools", []):
             if t not in TOOLS:
                 raise UsageError(f"agent lock names unknown tool {t!r}")
+        for note in record_listings(self.store, agent_lock, os.getcwd()):  # MCP servers' tool lists, into the lock
+            self.on_event(note)
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:
@@ -608,6 +617,7 @@ class _RunCtx(ToolTurn):
         return self._provider
 
     def close(self) -> None:
+        self.close_mcp()
         if self._provider is not None:
             self._provider.close()
             self._provider = None
@@ -715,8 +725,8 @@ class _RunCtx(ToolTurn):
         self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
-        messages = self.provider_history([{"role": "system", "content": self.agent.get("system", "")}])
-        specs = tool_specs(self.agent.get("tools", []))
+        messages = self.provider_history(model_preamble(self.store, self.agent, self.st))
+        specs = tool_specs(self.agent.get("tools", [])) + mcp_specs(self.agent)
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"
 

@@ -10,7 +10,7 @@ runners as a bundle or through a Git remote.
 Modules, one line each:
 
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
-- :mod:`.names` — session names: their form, uniqueness, rename, and names from elsewhere (§14.15);
+- :mod:`.names` — session names: their form, uniqueness, rename, and names from elsewhere (§14.16);
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
 - :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
 - :mod:`.grep_index` — the search index ``session grep`` reads, a cache of message texts (§11a.2);
@@ -18,6 +18,7 @@ Modules, one line each:
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
+- :mod:`.mcp_def` — ``[mcp.servers.NAME]``: MCP servers in a definition and the lock's ``mcp`` (§14.15);
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);

@@ -1,7 +1,7 @@
 """Session names: a word a person gives a session, taken wherever a session id or prefix is.
 
 A name lives in the session's metadata (``objects_spec.md`` §14.3 key
-``name``, §14.15): the ``meta`` ref is the session's mutable record, so a
+``name``, §14.16): the ``meta`` ref is the session's mutable record, so a
 rename is one new metadata revision (reason ``rename``, linking to the
 previous one, like a rebind) and one compare-and-swap of ``meta`` — the
 old names stay readable down the ``previous`` chain, and a name travels in
@@ -42,7 +42,7 @@ NAME_MAX = 100
 #: a segment starts with a letter or digit.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _ID_LIKE = re.compile(r"(?:ses|run|op|msg)_.*|[0-9a-fA-F]+", re.IGNORECASE)
-#: The group whose lock serializes every name's check and write (§14.15).
+#: The group whose lock serializes every name's check and write (§14.16).
 LOCK_GROUP = "sessions/names"
 
 
@@ -145,7 +145,7 @@ def find(sessions: "SessionStore", text: str, *, include_deleted: bool) -> str |
 
 @contextmanager
 def lock(sessions: "SessionStore") -> Iterator[None]:
-    """Hold the names lock (§14.15): no other process checks or writes a name meanwhile."""
+    """Hold the names lock (§14.16): no other process checks or writes a name meanwhile."""
     ensure = getattr(sessions.store, "ensure_initialized", None)
     if ensure is not None:
         ensure()

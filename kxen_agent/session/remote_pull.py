@@ -61,7 +61,7 @@ class PullReport:
     sessions: Mapping[str, str]  # ses -> created | updated | unchanged | restored | ahead
     new_objects: int
     bindings: Mapping[str, str]  # ses -> workspace root it is bound to
-    #: Names the remote gave that another session here holds: dropped (§14.15).
+    #: Names the remote gave that another session here holds: dropped (§14.16).
     dropped_names: tuple = ()
 
     def to_json(self) -> dict:
@@ -413,7 +413,7 @@ def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan],
                 dropped: list | None = None) -> tuple[dict[str, str], int]:
     """Write the verified objects, then each session's refs (CAS against what was planned on).
 
-    Under the names lock (§14.15): a pulled name another session here holds is dropped (into ``dropped``)."""
+    Under the names lock (§14.16): a pulled name another session here holds is dropped (into ``dropped``)."""
     changing = {s: p for s, p in plans.items() if p.status in ("created", "updated", "restored")}
     statuses = {s: p.status for s, p in plans.items()}
     if not changing:

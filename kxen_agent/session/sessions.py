@@ -589,7 +589,7 @@ class SessionStore:
 
     def create(self, agent_lock: dict, workspace: WorkspaceIdentity, *, name: str | None = None) -> SessionInfo:
         """A new root session bound to ``workspace`` with the given DCPAgent lock (and ``name``, default
-        :attr:`new_name`, §14.15)."""
+        :attr:`new_name`, §14.16)."""
         from . import names
 
         name = name if name is not None else self.new_name
@@ -623,7 +623,7 @@ class SessionStore:
         and subdirectory, on whatever branch it is (``git switch -c
         feature-x``, then fork onto it): the metadata's reason is
         ``fork-workspace``. ``worktree_at`` (a checkpoint commit, ``--with-code``) starts the worktree there.
-        ``name``: the fork's name (default ``<parent's name>/<n>``, §14.15).
+        ``name``: the fork's name (default ``<parent's name>/<n>``, §14.16).
         """
         from . import names
 

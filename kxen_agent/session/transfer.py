@@ -70,7 +70,7 @@ class ImportedSessions:
     sessions: Mapping[str, str]  # ses id -> created | updated | unchanged | restored
     workspace: WorkspaceIdentity  # the default binding (``--workspace DIR``)
     bindings: Mapping[str, WorkspaceIdentity]  # ses id -> the workspace it is bound to
-    #: Names the bundle gave that another session here holds: dropped (§14.15).
+    #: Names the bundle gave that another session here holds: dropped (§14.16).
     dropped_names: tuple[NameDropped, ...] = field(default=())
 
     def to_json(self) -> dict:
@@ -164,7 +164,7 @@ def import_sessions(store: Store, path: str, workspace: str, *,
             # import or rebind here): build on that binding, so the meta ref
             # only moves forward and re-importing to another path is a rebind.
             base_oid, base = local, store.get(local, "session")
-        # A name another session here holds is dropped: nothing from elsewhere takes a local name (§14.15).
+        # A name another session here holds is dropped: nothing from elsewhere takes a local name (§14.16).
         mine = store.get(local, "session") if local is not None else {}
         kept, gone = names.importable(sessions, group.partition("/")[2], base, names.name_of(mine))
         if gone is not None:

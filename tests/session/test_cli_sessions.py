@@ -581,7 +581,7 @@ def test_unknown_and_malformed_session_ids(kx: Kx, repo: Path) -> None:
                  ("session", "fork", unknown), ("session", "delete", unknown), ("--resume", unknown, "--task", "x")):
         err = kx.fail(*args, code=1)
         assert unknown in err and str(kx.state) in err and "session import" in err, err
-    # "bogus" has a name's form (§14.15): no session has it, exit 1.
+    # "bogus" has a name's form (§14.16): no session has it, exit 1.
     assert "no session is named 'bogus'" in kx.fail("session", "show", "bogus", code=1)
     for args in (("session", "show", "bogus id"), ("session", "log", "ses_"), ("session", "fork", "ses_NOT-AN-ID"),
                  ("--resume", "ses_../../etc", "--task", "x")):

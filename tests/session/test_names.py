@@ -1,4 +1,4 @@
-"""Session names (objects_spec.md §14.15): given, taken wherever an id is, renamed, unique, and never
+"""Session names (objects_spec.md §14.16): given, taken wherever an id is, renamed, unique, and never
 taken over by a session from elsewhere. The CLI as a subprocess on real Git repositories; the rules of
 a name on the memory store."""
 
