@@ -477,11 +477,11 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         from . import session_cmds
 
         said = _captured(lambda: session_cmds.fork_cmd(ses=ses, at=args[0] if args else None, worktree=None, with_code=False,
-                                                        workspace=None, json_out=False))
+                                                        workspace=None, json_out=False, name=None))
         lines = said.splitlines()
         for extra in lines[1:2]:
             out(extra)
-        chat.ses = lines[0].strip()
+        chat.ses = lines[0].split()[0]  # the id; a named fork's line goes on with its name
         out(f"now in the fork {chat.ses}; /resume {ses} goes back")
     return None
 
@@ -537,7 +537,7 @@ def _pick(chat: Chat) -> None:
 
     from . import session_cmds
 
-    doc = json.loads(_captured(lambda: session_cmds.list_cmd(workspace=None, since=None, json_out=True)))
+    doc = json.loads(_captured(lambda: session_cmds.list_cmd(workspace=None, since=None, branch=None, json_out=True)))
     rows = list(reversed(doc["sessions"]))[:20]
     if not rows:
         out(f"no sessions in {t(doc['stateDir'])} yet")

@@ -11,6 +11,7 @@ whose history holds it.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from typing import Any, Iterator, Optional
 
@@ -133,8 +134,15 @@ def grep_cmd(
         for s in matched:
             out(s)
     else:
+        # One write, not an echo per line: a common word can match tens of thousands of lines.
+        dates: dict[int, str] = {0: "-"}
+        lines = []
         for h in hits:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9)) if h.date_ns else "-"
-            out(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {t(h.line, quote=False)}")
+            when = dates.get(h.date_ns)
+            if when is None:
+                when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
+            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {t(h.line, quote=False)}\n")
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
     if not hits:
         raise typer.Exit(1)  # as grep and rg: nothing found

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses:
     for e in entries:
         pos += len(e[4])
         offs.append(pos)
-    if offs.itemsize != 8 or os.sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+    if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
         offs.byteswap()
     table = b"".join(_REC.pack(e[0], e[1], e[2], _ROLE.get(e[3], 255)) for e in entries)
     body = (text, offs.tobytes(), table)
@@ -145,7 +146,7 @@ def parse_index(ses: str, data: bytes) -> IndexFile:
         raise BadIndex("digest does not match")
     offsets = array("Q")
     offsets.frombytes(offs)
-    if os.sys.byteorder != "little":  # pragma: no cover
+    if sys.byteorder != "little":  # pragma: no cover
         offsets.byteswap()
     if offsets[0] != 0 or offsets[-1] != tlen:
         raise BadIndex("offsets do not span the text")
@@ -401,7 +402,15 @@ def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, on
             unseen.difference_update(owners)
             if sessions_only and not unseen:
                 break
-    return hits, {"files": len(files), "written": b.written, "bytes": total}
+    # A message held by two files (a fork whose parent's files could not serve it when its file was
+    # written, e.g. a parent deleted then) is still reported once, with all its sessions.
+    merged: dict[tuple[bytes, int], Hit] = {}
+    for h in hits:
+        key = (h.message, h.line_no)
+        prev = merged.get(key)
+        merged[key] = h if prev is None else Hit(h.message, prev.sessions + tuple(
+            s for s in h.sessions if s not in prev.sessions), h.role, h.date_ns, h.seq, h.line_no, h.line)
+    return list(merged.values()), {"files": len(files), "written": b.written, "bytes": total}
 
 
 def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:

@@ -67,15 +67,18 @@ class UnknownName(KxenError):
 
 
 class NameDropped(NamedTuple):
-    """An imported or pulled session's name that was not kept: ``holder`` holds it here."""
+    """An imported or pulled session's name that was not kept: ``holder`` holds it here; ``kept``: the name
+    the session keeps instead (its own name here, when it had one), or None."""
 
     ses: str
     name: str
     holder: str
+    kept: str | None = None
 
     def line(self) -> str:
-        return (f"session {self.ses}: its name {self.name!r} is taken here by session {self.holder}; "
-                f"kept without a name (name it: kxen-agent session rename {self.ses} NAME)")
+        instead = (f"it keeps its name here, {self.kept!r}" if self.kept is not None
+                   else f"kept without a name (name it: kxen-agent session rename {self.ses} NAME)")
+        return f"session {self.ses}: its name {self.name!r} is taken here by session {self.holder}; {instead}"
 
 
 def looks_like_id(text: str) -> bool:
@@ -174,17 +177,20 @@ def fork_name(sessions: "SessionStore", parent: "SessionInfo") -> str | None:
     return name if is_name(name) else None
 
 
-def importable(sessions: "SessionStore", ses: str, meta: dict) -> tuple[str | None, NameDropped | None]:
+def importable(sessions: "SessionStore", ses: str, meta: dict,
+               local: str | None = None) -> tuple[str | None, NameDropped | None]:
     """The name an imported or pulled session ``ses`` with metadata ``meta`` keeps here, and what was
-    dropped: a name another session here holds (or that is no name) is dropped. Call under :func:`lock`."""
+    dropped: a name another session here holds (or that is no name) is dropped, and the session keeps
+    ``local``, its own name here if it has one. Call under :func:`lock`."""
     name = name_of(meta)
-    if name is None:
-        return None, None
-    if not is_name(name):
-        return None, NameDropped(ses, name, "-")
-    other = holder(sessions, name, besides=ses)
+    if name is None or name == local:
+        return name, None
+    other = None if is_name(name) else "-"
+    if other is None:
+        held = holder(sessions, name, besides=ses)
+        other = held.id if held is not None else None
     if other is not None:
-        return None, NameDropped(ses, name, other.id)
+        return local, NameDropped(ses, name, other, local)
     return name, None
 
 

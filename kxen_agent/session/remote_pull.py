@@ -67,7 +67,7 @@ class PullReport:
     def to_json(self) -> dict:
         return {"remote": self.remote.display, "sessions": dict(self.sessions), "newObjects": self.new_objects,
                 "workspaces": dict(self.bindings),
-                "droppedNames": [{"session": n.ses, "name": n.name, "heldBy": n.holder} for n in self.dropped_names]}
+                "droppedNames": [{"session": n.ses, "name": n.name, "heldBy": n.holder, "kept": n.kept} for n in self.dropped_names]}
 
 
 def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
@@ -422,13 +422,16 @@ def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan],
     with names.lock(sessions):
         for ses, p in changing.items():
             meta = p.new_meta if p.new_meta is not None else objs.kind_value(p.refs["meta"])[1]
-            _kept, gone = names.importable(sessions, ses, meta)
+            mine = objs.kind_value(p.local.refs["meta"])[1] if p.local is not None and "meta" in p.local.refs else {}
+            kept, gone = names.importable(sessions, ses, meta, names.name_of(mine))
             if gone is not None:
                 if dropped is not None:
                     dropped.append(gone)
                 if p.new_meta is None:
                     p.base_oid = p.refs["meta"]
                 p.new_meta = {k: v for k, v in meta.items() if k != "name"}
+                if kept is not None:
+                    p.new_meta["name"] = kept
         return _write_planned(store, objs, changing, statuses, sessions)
 
 

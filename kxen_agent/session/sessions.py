@@ -344,12 +344,19 @@ class SessionStore:
         root = os.path.realpath(path)
         infos = [i for i in self.list(on_damaged=lambda group, e: None) if keep is None or keep(i)]
         here = [i for i in infos if i.meta["workspace"].get("root") == root]
+        try:
+            current: WorkspaceIdentity | None = inspect_workspace(root)
+        except KxenError:
+            current = None
         if not here:
-            try:
-                identity = inspect_workspace(root).identity
-            except KxenError:
+            if current is None:
                 return None
-            here = [i for i in infos if i.meta["workspace"].get("identity") == identity]
+            here = [i for i in infos if i.meta["workspace"].get("identity") == current.identity]
+        # On branch B, a session bound to B comes first (issue #30): one bound to another branch
+        # only when none is, and the resume then says how to fork onto B.
+        if current is not None and current.branch:
+            on_branch = [i for i in here if i.meta["workspace"].get("branch") == current.branch]
+            here = on_branch or here
         best: tuple[int, str] | None = None
         chosen = None
         for info in here:

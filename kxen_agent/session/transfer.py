@@ -75,7 +75,7 @@ class ImportedSessions:
 
     def to_json(self) -> dict:
         d = self.result.to_json()
-        d["droppedNames"] = [{"session": n.ses, "name": n.name, "heldBy": n.holder} for n in self.dropped_names]
+        d["droppedNames"] = [{"session": n.ses, "name": n.name, "heldBy": n.holder, "kept": n.kept} for n in self.dropped_names]
         d["sessions"] = dict(self.sessions)
         d["workspace"] = self.workspace.root
         d["workspaces"] = {ses: ws.root for ses, ws in sorted(self.bindings.items())}
@@ -165,10 +165,13 @@ def import_sessions(store: Store, path: str, workspace: str, *,
             # only moves forward and re-importing to another path is a rebind.
             base_oid, base = local, store.get(local, "session")
         # A name another session here holds is dropped: nothing from elsewhere takes a local name (§14.16).
-        _kept, gone = names.importable(sessions, group.partition("/")[2], base)
+        mine = store.get(local, "session") if local is not None else {}
+        kept, gone = names.importable(sessions, group.partition("/")[2], base, names.name_of(mine))
         if gone is not None:
             dropped[gone.ses] = gone
             base = {k: v for k, v in base.items() if k != "name"}
+            if kept is not None:
+                base["name"] = kept
         elif _same_binding(base["workspace"], current):
             return dict(refs, meta=base_oid)  # importing twice is a no-op
         return dict(refs, meta=sessions.rebound_meta(base, base_oid, current, "import", into=step))

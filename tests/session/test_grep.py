@@ -120,3 +120,14 @@ def test_the_spec_example_is_the_encoding() -> None:
     assert made.hex() == block and len(made) == 337
     f = parse_index("ses_x", made)
     assert [e[3] for e in f.entries()] == ["user", "tool"] and f.id_at_seq(1) == b"\x22" * 32
+
+
+def test_a_fork_whose_parent_was_deleted_reports_shared_messages_once_after_undelete(tmp_path: Path) -> None:
+    kx = Kx(tmp_path)
+    repo = make_repo(tmp_path / "repo", kx.env)
+    root = kx.json("run", "--workspace", str(repo), "--task", "delta-task")["session"]
+    fork = kx.json("session", "fork", root)["id"]
+    kx.run("session", "delete", root)
+    assert [m["sessions"] for m in grep(kx, "delta-task")["matches"]] == [[fork]]  # the fork's file: whole
+    kx.run("session", "undelete", root)
+    assert [sorted(m["sessions"]) for m in grep(kx, "delta-task")["matches"]] == [sorted([root, fork])]

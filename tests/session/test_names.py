@@ -55,7 +55,15 @@ def test_fork_names_count_up_and_skip_taken_ones(tmp_path: Path) -> None:
     assert sessions.resolve_id("other") == a.id
     assert names.name_of(sessions.fork(root.id).meta) == "topic/1"
     # A rebind copies the name.
-    assert sessions.rebound_meta(info.meta, info.meta_oid, ws, "import") is not None
+    assert sessions.store.get(sessions.rebound_meta(info.meta, info.meta_oid, ws, "import"), "session")["name"] == \
+        "other"
+    # From elsewhere: a name held here is dropped; the session's own name here, if any, stays.
+    assert names.importable(sessions, "ses_elsewhere1", {"name": "topic"}) == \
+        (None, names.NameDropped("ses_elsewhere1", "topic", root.id))
+    assert names.importable(sessions, a.id, {"name": "topic"}, "other") == \
+        ("other", names.NameDropped(a.id, "topic", root.id, "other"))
+    assert names.importable(sessions, a.id, {"name": "free-one"}, "other") == ("free-one", None)
+    assert names.importable(sessions, a.id, {"name": "cafe"})[1].holder == "-"
 
 
 # ---------------------------------------------------------------- the commands
@@ -133,6 +141,6 @@ def test_a_pulled_name_never_takes_a_local_one(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "-q", "-b", "main", str(remote), str(repo_b)], check=True, capture_output=True)
     mine = b.json("run", "--workspace", str(repo_b), "--task", "t", "-n", "shared-name")["session"]
     rep = json.loads(b.run("session", "pull", ses, "--workspace", str(repo_b), "--json").out)
-    assert rep["droppedNames"] == [{"session": ses, "name": "shared-name", "heldBy": mine}]
+    assert rep["droppedNames"] == [{"session": ses, "name": "shared-name", "heldBy": mine, "kept": None}]
     assert b.show("shared-name")["id"] == mine and b.show(ses)["name"] is None
     b.run("fsck")

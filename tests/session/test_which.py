@@ -49,3 +49,16 @@ def test_which_names_the_tool_call_of_a_commit_and_an_amend_and_none_for_the_use
     # session list --branch: the sessions bound to that branch.
     assert {s["id"] for s in kx.json("session", "list", "--branch", "main")["sessions"]} == {ses, fork}
     assert kx.json("session", "list", "--branch", "other")["sessions"] == []
+
+
+def test_continue_on_a_branch_finds_the_session_bound_to_it(tmp_path: Path) -> None:
+    kx = Kx(tmp_path)
+    repo = make_repo(tmp_path / "repo", kx.env)
+    on_main = kx.json("run", "--workspace", str(repo), "--task", "on main")["session"]
+    git(repo, "switch", "-q", "-c", "feature", env=kx.env)
+    on_feature = kx.json("run", "--workspace", str(repo), "--task", "on feature")["session"]
+    git(repo, "switch", "-q", "main", env=kx.env)
+    # The session bound to main, though the feature one was active last.
+    res = json.loads(kx.run("--continue", "--workspace", str(repo), "--task", "more", "--json").out)
+    assert res["session"] == on_main
+    assert {s["id"] for s in kx.json("session", "list", "--branch", "feature")["sessions"]} == {on_feature}
