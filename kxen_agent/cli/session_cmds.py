@@ -641,6 +641,9 @@ def import_cmd(
     allowed_signers: Optional[str] = typer.Option(
         None, "--allowed-signers", metavar="FILE", help="Import only a bundle signed by a key this file "
         "(ssh-keygen's allowed signers format, as Git's) allows."),
+    trust: bool = typer.Option(
+        False, "--trust", help="With --allowed-signers: also accept what the sessions ask of this machine, as "
+        "`session trust SES --yes` does."),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to DIR.
 
@@ -649,16 +652,17 @@ def import_cmd(
       kxen-agent session import session.bundle --workspace /workspace/repo
     """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
+    from kxen_agent.session.share import open_bundle
     from kxen_agent.session.transfer import import_sessions
 
     from ._render import Progress
+    from .share_cmds import check_trust_flags, trust_imported
 
+    check_trust_flags(trust, allowed_signers)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
     default, per_session = workspaces(workspace)
     store = _store()
     prog = Progress("import", enabled=not json_out)
-    from kxen_agent.session.share import open_bundle
-
     with open_bundle(bundle, identities=identity, allowed_signers=allowed_signers) as opened:  # §12.14
         if opened.signature is not None and not json_out:
             err(f"note: bundle {t(bundle)}: {t(opened.signature.line(), quote=False)}")
@@ -670,8 +674,10 @@ def import_cmd(
         adopted = adopt_from_bundle(store, opened.path, res, quiet=json_out)
     if restore_workspace:
         restore(store, sorted(adopted) or sorted(res.sessions), quiet=json_out)
+    trusted = trust_imported(store, sorted(res.sessions), opened.signature.principal, quiet=json_out) if trust else []
     if json_out:
-        emit_json(dict(res.to_json(), envelope=opened.envelope_json()) if opened.path != bundle else res.to_json())
+        emit_json(dict(res.to_json(), envelope=opened.envelope_json(), trusted=trusted) if opened.path != bundle
+                  else res.to_json())
         return
     for ses, status in sorted(res.sessions.items()):
         out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")

@@ -154,3 +154,24 @@ def test_bad_recipients_and_keys_write_nothing(world: dict, tmp_path: Path) -> N
                  ["--encrypt-to", str(tmp_path / "missing.pub")], ["--sign", str(tmp_path / "missing")]):
         a.refused("session", "export", world["ses"], "-o", str(out), *args, code=2)
         assert not out.exists()
+
+
+def test_import_trust_accepts_a_bundle_signed_by_an_allowed_signer_in_one_step(world: dict, tmp_path: Path) -> None:
+    a = Cli(world["d"] / "state-a", strict=True)
+    steps = [{"content": "first"}, {"tool_calls": [{"name": "shell", "arguments": {"command": "touch trusted-ran"}}]},
+             {"content": "second"}]
+    ses = a.run_json(world["ws"], "first", write_agent(tmp_path / "agent", steps), expect=0).json()["session"]
+    signed = tmp_path / "t.kxb"
+    a("session", "export", ses, "-o", str(signed), "--sign", str(world["alice"]), expect=0)
+    plain = importer(world, "untrusted")
+    line = plain.refused("session", "import", str(signed), "-w", str(world["ws"]), "--trust", code=2)
+    assert "--allowed-signers" in line and not plain.state_dir.exists(), line
+    plain("session", "import", str(signed), "-w", str(world["ws"]), expect=0)
+    assert plain("--resume", ses, "--task", "go on", "--json").rc == 3  # the trust boundary holds without --trust
+    assert not (world["ws"] / "trusted-ran").exists()
+    b = importer(world, "trusted")
+    res = b("session", "import", str(signed), "-w", str(world["ws"]), "--allowed-signers", str(world["allowed"]),
+            "--trust", "--json", expect=0).json()
+    assert res["trusted"] == [ses] and res["envelope"]["signature"]["principal"] == "alice@kxen.invalid", res
+    assert b("--resume", ses, "--task", "go on", "--json", expect=0).json()["status"] == "completed"
+    assert (world["ws"] / "trusted-ran").exists()
