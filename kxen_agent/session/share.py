@@ -35,9 +35,8 @@ from typing import Iterator
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store.bundle import BadBundle
-from kxen_agent.store.bundle.envelope import (AGE_MAGIC, MAX_SIGNATURE_SIZE, SIGNATURE_NAMESPACE, SIGNED_HEAD_SIZE,
-                                              encode_signed_head, envelope_kind, parse_signed_head,
-                                              parse_ssh_signature)
+from kxen_agent.store.bundle.envelope import (AGE_MAGIC, SIGNATURE_NAMESPACE, SIGNED_READ_SIZE, encode_signed_head,
+                                              envelope_kind, parse_signed_head, parse_ssh_signature)
 from kxen_agent.store.fsio import OS_IO, FileIO
 
 __all__ = ["CannotDecrypt", "Opened", "Sealing", "SignatureCheck", "UntrustedSigner", "load_identities",
@@ -316,7 +315,7 @@ def open_bundle(path: str, *, identities: list[str] | None = None,
                 raise BadBundle(where, "the encrypted bundle holds another encrypted file, not a bundle")
         signature = None
         if kind == "signed":
-            sig, offset = parse_signed_head(_head(current, SIGNED_HEAD_SIZE + MAX_SIGNATURE_SIZE, where), where)
+            sig, offset = parse_signed_head(_head(current, SIGNED_READ_SIZE, where), where)
             payload = os.path.join(work, "bundle")
             _copy_from(current, payload, offset)
             if current != where:

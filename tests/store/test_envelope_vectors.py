@@ -92,6 +92,7 @@ def test_the_ciphertext_decrypts_to_the_signed_envelope_with_either_identity() -
     (lambda s: s[:200], "inside the signature"),
     (lambda s: s[:13] + s[13:40].replace(b"BEGIN", b"BEGxN") + s[40:], "not an armored SSH signature"),
     (lambda s: s[:327] + s, "holds another envelope"),
+    (lambda s: s[:327] + b"age-encryption.org/v1\n", "holds another envelope"),
 ])
 def test_the_parser_refuses_a_broken_head(mutate, reason: str) -> None:
     with pytest.raises(BadBundle, match=re.escape(reason)):

@@ -33,6 +33,7 @@ __all__ = [
     "SIGNATURE_NAMESPACE",
     "SIGNED_HEAD_SIZE",
     "SIGNED_MAGIC",
+    "SIGNED_READ_SIZE",
     "SIGNED_VERSION",
     "SshSignature",
     "encode_signed_head",
@@ -55,6 +56,8 @@ SIGNATURE_NAMESPACE = "kxen-agent-bundle"
 SIGNED_HEAD_SIZE = len(SIGNED_MAGIC) + 1 + 4
 #: An armored RSA-8192 signature is about 1.6 KB; anything past this is not one.
 MAX_SIGNATURE_SIZE = 1 << 16
+#: What :func:`parse_signed_head` needs of a file at most: the head, the signature, the signed bytes' magic.
+SIGNED_READ_SIZE = SIGNED_HEAD_SIZE + MAX_SIGNATURE_SIZE + len(BUNDLE_MAGIC)
 
 _ARMOR_BEGIN = b"-----BEGIN SSH SIGNATURE-----"
 _ARMOR_END = b"-----END SSH SIGNATURE-----"
@@ -84,8 +87,8 @@ def encode_signed_head(signature: bytes) -> bytes:
 def parse_signed_head(data: bytes, where: str) -> tuple[bytes, int]:
     """The signature and the offset of the signed bytes, from the first bytes of a signed envelope.
 
-    ``data`` holds at least the head and the signature when the file does
-    (``SIGNED_HEAD_SIZE + MAX_SIGNATURE_SIZE`` bytes are always enough).
+    ``data`` holds at least the head, the signature and 8 more bytes when
+    the file does (:data:`SIGNED_READ_SIZE` bytes are always enough).
     Raises :class:`BadBundle` naming the first problem and its offset.
     """
     if not data.startswith(SIGNED_MAGIC):
@@ -106,7 +109,7 @@ def parse_signed_head(data: bytes, where: str) -> tuple[bytes, int]:
     sig = data[SIGNED_HEAD_SIZE:end]
     parse_ssh_signature(sig, where, SIGNED_HEAD_SIZE)  # its shape and namespace, before anything runs on it
     rest = data[end:end + len(BUNDLE_MAGIC)]
-    if rest.startswith(SIGNED_MAGIC) or envelope_kind(rest + b"\0" * 32) == "age":
+    if rest in (SIGNED_MAGIC, AGE_MAGIC[:len(BUNDLE_MAGIC)]):  # (no bundle starts so: §12.7, §12.8)
         raise BadBundle(where, "a signed envelope holds another envelope, not a bundle", end)
     return sig, end
 
