@@ -20,6 +20,7 @@ Modules, one line each:
 - :mod:`.tree_view` — ``session tree`` drawn as ``git log --graph`` draws branches;
 - :mod:`.grep_cmds` — ``session grep``: full-text search over every session's messages;
 - :mod:`.which_cmds` — ``session which COMMIT``: the tool call that made a Git commit;
+- :mod:`.share_cmds` — ``session import --trust``: a bundle signed by an allowed signer, accepted in one step;
 - :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
 - :mod:`.rewind_cmds` — ``session rewind``: the workspace and/or the conversation back to a message;
 - :mod:`.checkpoint_travel_cmds` — ``--with-checkpoints``/``--restore-workspace`` of export, import, push, pull;

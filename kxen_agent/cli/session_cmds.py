@@ -551,12 +551,18 @@ def export_cmd(
                                  "message whose history reads, and the runs that read."),
     with_checkpoints: bool = typer.Option(
         False, "--with-checkpoints", help="Also carry the workspace checkpoints (scanned for credentials first)."),
+    encrypt_to: Optional[list[str]] = typer.Option(
+        None, "--encrypt-to", metavar="RECIPIENT", help="Encrypt (age) to this age recipient or SSH public key "
+        "(a key, or a file such as ~/.ssh/id_ed25519.pub); only its holder can import. Repeatable."),
+    sign: Optional[str] = typer.Option(None, "--sign", metavar="KEY",
+                                       help="Sign with this SSH private key (ssh-keygen -Y sign), before encrypting."),
 ) -> None:
     """Write a self-contained, credential-free bundle of the sessions.
 
     \b
-    Example:
+    Examples:
       kxen-agent session export ses_6508 --output session.bundle
+      kxen-agent session export ses_6508 -o s.kxb --sign ~/.ssh/id_ed25519 --encrypt-to ./bob.pub
     """
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.session.transfer import export_sessions, session_objects
@@ -582,17 +588,24 @@ def export_cmd(
     prog = Progress("export", enabled=not json_out)
     from .checkpoint_travel_cmds import export_with_checkpoints, note_stays_behind
 
-    if with_checkpoints:
-        info = export_with_checkpoints(store, full, output, fmt, allow_secrets=allow_secrets, progress=prog)
-    elif salvage:
-        info = _export_salvaged(store, full, output, fmt, prog)
-    else:
-        info = export_sessions(store, full, output, fmt=fmt, progress=prog)
-    prog.done()
+    from kxen_agent.session.share import sealing
+
+    with sealing(output, encrypt_to=encrypt_to, sign_key=sign) as sealed:  # §12.14: signed, then encrypted
+        if with_checkpoints:
+            info = export_with_checkpoints(store, full, sealed.path, fmt, allow_secrets=allow_secrets, progress=prog)
+        elif salvage:
+            info = _export_salvaged(store, full, sealed.path, fmt, prog)
+        else:
+            info = export_sessions(store, full, sealed.path, fmt=fmt, progress=prog)
+        prog.done()
     if not with_checkpoints:
         note_stays_behind(store, full)
     if json_out:
-        emit_json(info.to_json())
+        emit_json(dict(info.to_json(), envelope=sealed.envelope_json()) if sealed.sealed else info.to_json())
+        return
+    if sealed.sealed:
+        out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {sealed.size} bytes "
+            f"({info.format}, {sealed.describe()})")
         return
     out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
 
@@ -622,6 +635,15 @@ def import_cmd(
         False, "--json", help="Print what was imported as JSON: sessions and their fate, bindings, new objects."),
     restore_workspace: bool = typer.Option(
         False, "--restore-workspace", help="Write the session's last checkpoint (carried in the bundle) into the workspace."),
+    identity: Optional[list[str]] = typer.Option(
+        None, "--identity", "-i", metavar="FILE", help="An age identity file or SSH private key that opens an "
+        "encrypted bundle. Repeatable."),
+    allowed_signers: Optional[str] = typer.Option(
+        None, "--allowed-signers", metavar="FILE", help="Import only a bundle signed by a key this file "
+        "(ssh-keygen's allowed signers format, as Git's) allows."),
+    trust: bool = typer.Option(
+        False, "--trust", help="With --allowed-signers: also accept what the sessions ask of this machine, as "
+        "`session trust SES --yes` does."),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to DIR.
 
@@ -630,24 +652,32 @@ def import_cmd(
       kxen-agent session import session.bundle --workspace /workspace/repo
     """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
+    from kxen_agent.session.share import open_bundle
     from kxen_agent.session.transfer import import_sessions
 
     from ._render import Progress
+    from .share_cmds import check_trust_flags, trust_imported
 
+    check_trust_flags(trust, allowed_signers)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
     default, per_session = workspaces(workspace)
     store = _store()
     prog = Progress("import", enabled=not json_out)
-    res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
-                          acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
-    prog.done()
-    from .checkpoint_travel_cmds import adopt_from_bundle, restore
+    with open_bundle(bundle, identities=identity, allowed_signers=allowed_signers) as opened:  # §12.14
+        if opened.signature is not None and not json_out:
+            err(f"note: bundle {t(bundle)}: {t(opened.signature.line(), quote=False)}")
+        res = import_sessions(store, opened.path, default, workspaces=per_session, progress=prog,
+                              acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
+        prog.done()
+        from .checkpoint_travel_cmds import adopt_from_bundle, restore
 
-    adopted = adopt_from_bundle(store, bundle, res, quiet=json_out)
+        adopted = adopt_from_bundle(store, opened.path, res, quiet=json_out)
     if restore_workspace:
         restore(store, sorted(adopted) or sorted(res.sessions), quiet=json_out)
+    trusted = trust_imported(store, sorted(res.sessions), opened.signature.principal, quiet=json_out) if trust else []
     if json_out:
-        emit_json(res.to_json())
+        emit_json(dict(res.to_json(), envelope=opened.envelope_json(), trusted=trusted) if opened.path != bundle
+                  else res.to_json())
         return
     for ses, status in sorted(res.sessions.items()):
         out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")

@@ -25,6 +25,7 @@ Modules, one line each:
 - :mod:`.checkpoint_restore` — rewinding the workspace to a checkpoint, crash-safe and undoable;
 - :mod:`.checkpoint_travel` — checkpoints in a bundle (§12.7a) or on a remote (§16.1), only when asked;
 - :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.share` — bundles signed (``ssh-keygen -Y``) and encrypted (age): sealing and opening (§12.14);
 - :mod:`.damage` — sessions intact, damaged or unreadable, and the branch repair makes;
 - :mod:`.repair` — repair's sources (bundles, the Git remote) and the branches of lost sessions;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);
