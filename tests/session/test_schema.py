@@ -18,7 +18,7 @@ import pytest
 from kxen_agent.session.schema import SESSION_SCHEMA, check, ref_kind
 from kxen_agent.store import RefUpdate, Store
 from kxen_agent.store.objects import SchemaViolation, decode_body
-from tests.helpers import Cli, Proc, git_workspace, write_agent
+from tests.helpers import Cli, Proc, depth, git_workspace, write_agent
 from tests.store.helpers import closure
 
 LONG = "x" * 3000  # over both blob thresholds: a content blob and an output blob
@@ -312,7 +312,8 @@ def test_the_fast_message_check_agrees_with_the_rules() -> None:
     edit = st.tuples(st.sampled_from(keys), st.one_of(st.just("drop"), anything))
     seen = {"valid": 0, "invalid": 0}
 
-    @settings(max_examples=3000, deadline=None, database=None, derandomize=True)
+    # 1500 examples (derandomized: the same ones each run); KXEN_TEST_LONG=1: 3000.
+    @settings(max_examples=depth(fast=1500, long=3000), deadline=None, database=None, derandomize=True)
     @given(st.sampled_from(bases), st.lists(edit, max_size=3))
     def agree(base: dict, edits: list) -> None:
         v = dict(base)

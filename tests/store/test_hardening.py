@@ -247,14 +247,16 @@ def test_without_format_an_unlistable_dir_is_foreign(tmp_path, monkeypatch):
     (root / "objects").mkdir(parents=True)
     import kxen_agent.store.repo as repo_mod
 
-    def walk_that_cannot_list(top, onerror=None, **kw):
-        # What os.walk does with a subdirectory it may not list (EACCES;
-        # root ignores the mode bits, so the error is simulated).
-        yield str(root), ["objects"], []
-        if onerror is not None:
-            onerror(PermissionError(13, "Permission denied", str(root / "objects")))
+    real_scandir = os.scandir
 
-    monkeypatch.setattr(repo_mod.os, "walk", walk_that_cannot_list)
+    def scandir_that_cannot_list(path="."):
+        # A subdirectory it may not list (EACCES; root ignores the mode
+        # bits, so the error is simulated).
+        if os.fspath(path) == str(root / "objects"):
+            raise PermissionError(13, "Permission denied", str(root / "objects"))
+        return real_scandir(path)
+
+    monkeypatch.setattr(repo_mod.os, "scandir", scandir_that_cannot_list)
     with pytest.raises(StateDirError, match="not a kxen-agent state dir"):
         Store(str(root))
 
