@@ -393,8 +393,8 @@ def test_agent_lock_versions(made) -> None:
     check("agent", v1)
     with pytest.raises(SchemaViolation, match="'policy.env_keep' must be an array of text"):
         check("agent", {**lock, "policy": v1["policy"]})
-    with pytest.raises(SchemaViolation, match="agent lock version 6 is newer than this kxen-agent reads"):
-        check("agent", {**lock, "version": 6})
+    with pytest.raises(SchemaViolation, match="agent lock version 7 is newer than this kxen-agent reads"):
+        check("agent", {**lock, "version": 7})
     # Version 4: the answer limits, each absent (the default) or a positive int.
     check("agent", {**lock, "version": 4, "policy": {**lock["policy"], "max_tool_calls": 8}})
     with pytest.raises(SchemaViolation, match="'max_tool_calls' must be an int"):
