@@ -287,7 +287,9 @@ def _unfinished(chat: Chat) -> Optional[str]:
         return None
     status = shown_status(chat.store, info.id, st)
     if st["status"] == RunStatus.INPUT_REQUIRED:
-        return (f"run {run} is {status}: `kxen-agent run show {info.id}` says what it waits for; "
+        # What it waits for and the commands that decide it (run approve / deny, run resolve, session trust).
+        waits = f" — {t(st['error'], quote=False)}" if st.get("error") else ""
+        return (f"run {run} is {status}{waits}; `kxen-agent run show {info.id}` says what it waits for; "
                 "/resume continues it once that is done")
     return f"run {run} is {status}: /resume continues it (a new message waits until it is finished)"
 

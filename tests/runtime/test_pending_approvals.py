@@ -151,3 +151,26 @@ def test_no_terminal_is_locked_only_when_set_to_refuse(tmp_path: Path) -> None:
         assert "policy.no_terminal" in str(e) and '"pause" or "refuse"' in str(e)
     else:
         raise AssertionError("a bad no_terminal was accepted")
+
+
+def test_the_chat_says_what_a_paused_run_waits_for_and_resume_goes_on(cli: Cli, workspace: Path,
+                                                                      tmp_path: Path) -> None:
+    import pexpect
+
+    from tests.test_interactive import PROMPT, command, spawn
+
+    agent = write_agent(tmp_path / "agent", [shell_step("echo made > made.txt"), {"content": "made it"}],
+                        policy={"approve": ["shell"]})
+    ses = cli(*run_args(workspace, agent), expect=3).json()["session"]
+    [op] = _waiting(cli, ses)
+    child = spawn(cli, workspace, "chat", "--resume", ses)
+    child.expect("wait for approval")
+    child.expect(f"kxen-agent run approve {ses} {op}")
+    child.expect(PROMPT)
+    cli("run", "approve", ses, op, expect=0)  # from another process, while the chat is open
+    command(child, "/resume", r"<- ok", "made it")
+    assert (workspace / "made.txt").read_text() == "made\n"
+    child.send("\x04")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
