@@ -59,3 +59,26 @@ def test_settings_reach_the_server_and_a_cut_answer_names_them(state_dir: Path, 
         cli.run_json(workspace, "hi", _agent(tmp_path, "openai", server.base_url, "temperature = 0\n"), expect=0)
         [req] = server.chat_requests()
         assert req["temperature"] == 0 and "max_tokens" not in req
+
+
+def test_the_spec_lock_v6_vector_is_what_the_definition_makes_and_passes_the_schema() -> None:
+    import ast
+    import re
+
+    from kxen_agent.session.schema import check
+
+    spec = (Path(__file__).resolve().parents[2] / "objects_spec.md").read_text(encoding="utf-8")
+    block = re.search(r"^vector: agent-lock-v6\nkind: agent\nvalue: (.*)$", spec, re.M)
+    assert block, "objects_spec.md §14.9 has the agent-lock-v6 vector"
+    value = ast.literal_eval(block.group(1))
+    check("agent", value)
+    made = _lock('name = "ci"\nprovider = "anthropic"\n[model]\nname = "claude-x"\nmax_tokens = 16000\n'
+                 'temperature = 0.2\n[policy]\napprove = ["shell"]\nno_terminal = "refuse"\n')
+    assert made == value
+    from kxen_agent.store.objects import SchemaViolation
+
+    for bad in ({"temperature": 0.2}, {"temperature": "3"}, {"max_tokens": 0}):
+        with pytest.raises(SchemaViolation):
+            check("agent", {**value, **bad})
+    with pytest.raises(SchemaViolation, match="no_terminal"):
+        check("agent", {**value, "policy": {**value["policy"], "no_terminal": "ask"}})
