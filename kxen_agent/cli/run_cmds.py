@@ -493,6 +493,9 @@ def _op_of(command: str, ses: str, ids: list[str]) -> tuple[Runner, str, str, st
     """``(runner, session, run, op)`` for ``run COMMAND SES [RUN] OP`` (ids or unique prefixes)."""
     from ._ids import resolve_op, resolve_run
 
+    if not ids and command in ("approve", "deny"):
+        raise UsageError(f"run {command} needs the OP to decide (`kxen-agent run show SES` lists the waiting "
+                         "calls), or --all for every call that waits")
     if not 1 <= len(ids) <= 2:
         raise UsageError(f"run {command} takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run {command} --help)")
     lease_ttl_s()
@@ -505,29 +508,55 @@ def _op_of(command: str, ses: str, ids: list[str]) -> tuple[Runner, str, str, st
     return runner, info.id, run, op
 
 
-def _decide(ses: str, ids: list[str], *, yes: bool, reason: Optional[str], json_out: bool) -> None:
+def _decide(ses: str, ids: Optional[list[str]], *, yes: bool, reason: Optional[str], json_out: bool,
+            every: bool = False) -> None:
+    command = "approve" if yes else "deny"
     if reason is not None:
         check_text(reason, "--reason")
         if not reason.strip():
             raise UsageError("--reason is empty (or only whitespace); say what the model should do instead, "
                              "or leave --reason out")
-    runner, ses, run, op = _op_of("approve" if yes else "deny", ses, ids)
-    res = runner.decide(ses, run, op, yes=yes, reason=reason)
+    ids = ids or []
+    if every:
+        runner, ses, run, ops = _waiting_ops(command, ses, ids)
+    else:
+        runner, ses, run, op = _op_of(command, ses, ids)
+        ops = [op]
+    done = [runner.decide(ses, run, op, yes=yes, reason=reason) for op in ops]  # one step each: each is provably ours
     if json_out:
-        emit_json(res)
+        emit_json(done[0] if not every else {"session": ses, "run": run, "decided": done})
         return
-    said = "approved" if yes else "denied" + (" (the model is told your reason)" if res["reason"] else "")
-    left = res["waiting"]
-    nxt = (f"{len(left)} call(s) still wait ({', '.join(left)}): decide them, then `kxen-agent --resume {ses}`"
-           if left else f"continue with `kxen-agent --resume {ses}`")
-    out(f"{t(op)} ({t(res['tool'])}) {said} on this state dir; {nxt}")
+    for res in done:
+        said = "approved" if yes else "denied" + (" (the model is told your reason)" if res["reason"] else "")
+        out(f"{t(res['op'])} ({t(res['tool'])}) {said} on this state dir")
+    left = done[-1]["waiting"]
+    out(f"{len(left)} call(s) still wait ({', '.join(left)}): decide them, then `kxen-agent --resume {ses}`"
+        if left else f"continue with `kxen-agent --resume {ses}`")
+
+
+def _waiting_ops(command: str, ses: str, ids: list[str]) -> tuple[Runner, str, str, list[str]]:
+    """``run COMMAND SES [RUN] --all``: the run (default: the latest) and every call of it that waits."""
+    from ._ids import resolve_run
+
+    if len(ids) > 1:
+        raise UsageError(f"run {command} --all takes SES [RUN], not an operation (it decides every waiting call)")
+    lease_ttl_s()
+    runner = Runner(Store.open(namespaces=(NS,)))
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    run = resolve_run(runner, info, ids[0] if ids else None)
+    ops = [op for op, e in runner.ops(runner.run_state(info, run)[1]).items() if e["state"] == OpState.PENDING_APPROVAL]
+    if not ops:
+        raise UsageError(f"no call of run {run} waits for approval; `kxen-agent run show {info.id} {run}` shows its "
+                         "journal")
+    return runner, info.id, run, ops
 
 
 @run_app.command("approve")
 def approve_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
-    ids: list[str] = typer.Argument(
-        ..., metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    every: bool = typer.Option(False, "--all", help="Every call of the run (default: the latest) that waits."),
     json_out: bool = typer.Option(
         False, "--json", help="Print {session, run, op, tool, approval, approver, reason, waiting} as JSON."),
 ) -> None:
@@ -541,15 +570,17 @@ def approve_cmd(
     Examples:
       kxen-agent run approve ses_6508 op_5d1e
       kxen-agent run approve ses_6508 run_91c2 op_5d1e
+      kxen-agent run approve ses_6508 --all
     """
-    _decide(ses, ids, yes=True, reason=None, json_out=json_out)
+    _decide(ses, ids, yes=True, reason=None, json_out=json_out, every=every)
 
 
 @run_app.command("deny")
 def deny_cmd(
     ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
-    ids: list[str] = typer.Argument(
-        ..., metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    every: bool = typer.Option(False, "--all", help="Every call of the run (default: the latest) that waits."),
     reason: Optional[str] = typer.Option(
         None, "--reason", metavar="TEXT", help="What the model is told instead of the call's output: \"no, do X instead\"."),
     json_out: bool = typer.Option(
@@ -565,4 +596,4 @@ def deny_cmd(
       kxen-agent run deny ses_6508 op_5d1e
       kxen-agent run deny ses_6508 op_5d1e --reason "no, run the tests first"
     """
-    _decide(ses, ids, yes=False, reason=reason, json_out=json_out)
+    _decide(ses, ids, yes=False, reason=reason, json_out=json_out, every=every)

@@ -114,8 +114,8 @@ def test_a_decision_counts_only_on_the_state_dir_that_runs_the_call(tmp_path: Pa
     move(ses, "one")
     first, second = _waiting(b, ses)
     assert b.resume(ses, "--json", expect=3).json()["status"] == "input_required"  # still waits in B
-    b("run", "approve", ses, first, expect=0)
-    b("run", "approve", ses, second, expect=0)
+    decided = b("run", "approve", ses, "--all", expect=0).out  # both, one step each
+    assert first in decided and second in decided and f"continue with `kxen-agent --resume {ses}`" in decided
     assert b.resume(ses, "--json", expect=0).json()["status"] == "completed"
     assert (ws_b / "one.txt").exists() and (ws_b / "two.txt").exists() and not (ws_a / "one.txt").exists()
 
