@@ -93,8 +93,8 @@ __all__ = [
     "sum_usage",
 ]
 
-from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry, RunError, RunResult, _usage_json,
-                      retryable, sum_usage)
+from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToResume, NothingToRetry, RunError,
+                      RunResult, _usage_json, retryable, sum_usage)
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
@@ -387,10 +387,10 @@ class Runner:
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
                 return self._new_run(ses, new_run, task, lease, endpoint, key_env=api_key_env)
             if latest is None:
-                raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
+                raise NothingToResume(f"session {ses} has no run to resume; give a task with --task or --task-file")
             run, oid, st = latest
             if st["status"] in TERMINAL and st.get("settled"):
-                raise RunError(
+                raise NothingToResume(
                     f"nothing to resume: run {run} of session {ses} is {st['status']}; "
                     f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
                     f"{'' if st['status'] == RunStatus.COMPLETED else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
