@@ -31,6 +31,7 @@ Modules, one line each:
 - :mod:`._args` — option parsers the command modules share (``--workspace``);
 - :mod:`._ids` — ids as users type them (full ids or unique prefixes);
 - :mod:`._live` — what a run shows while it works (live output, ``--events``);
+- :mod:`._errors` — one line for an OSError: what failed, where, what next (a read-only state dir named);
 - :mod:`._prompt` — the interactive session's prompt history file and Esc watcher;
 - :mod:`._ready` — the default agent, and its provider's SDK and key checked before anything is written;
 - :mod:`._render` — JSON, one-line errors, terminal-safe text, progress.

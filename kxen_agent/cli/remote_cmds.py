@@ -161,7 +161,11 @@ def ls_remote_cmd(
     json_out: bool = typer.Option(
         False, "--json", help="Print {remote, sessions: [{id, commit, head, run, runStatus, lease, local...}]} as JSON."),
 ) -> None:
-    """The sessions on the remote: heads, forks, last run and lease, without fetching their histories.
+    """The sessions on the remote: heads, forks, last run and lease, and how each stands to this state dir's.
+
+    `local` says `absent`, `same`, `ahead` (push it), `behind` (pull it) or
+    `diverged` (neither fast-forwards); for a session that differs, its new
+    objects are fetched and verified to tell which (nothing is written).
 
     \b
     Example:
@@ -169,7 +173,16 @@ def ls_remote_cmd(
     """
     from kxen_agent.session.remote_listing import ls_remote
 
-    listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)
+    store = Store.open(namespaces=(NS,))
+    listing = ls_remote(store, workspace or os.getcwd(), remote=remote)
+    differ = [s["id"] for s in listing.sessions if s.get("local") == "differs"]
+    if differ:  # the tips alone tell "same" and "ahead"; behind or diverged takes the objects
+        from kxen_agent.session.remote_pull import compare_with_remote
+
+        how = compare_with_remote(store, differ, workspace or os.getcwd(), remote=remote)
+        for s in listing.sessions:
+            if s["id"] in how:
+                s["local"] = how[s["id"]]
     if json_out:
         emit_json(listing.to_json())
         return

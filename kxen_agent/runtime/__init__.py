@@ -19,6 +19,9 @@ below); every module, one line each:
 - :mod:`.compaction` — the model's view of a long history kept under a budget;
 - :mod:`.instructions` — the project instructions (``AGENTS.md``) a run reads at its start and gives the model;
 - :mod:`.approvals` — a person says yes or no to a tool call before it runs;
+- :mod:`.pending` — calls that wait for a person (``run approve`` / ``run deny``);
+- :mod:`.task_note` — a new task's message after an abandoned run says so;
+- :mod:`.answer_end` — whether a model's answer can end or continue a run;
 - :mod:`.answer_check` — the door a model's answer passes before anything is recorded;
 - :mod:`.trust` — the gate a run passes (``objects_spec.md`` §14.13);
 - :mod:`.redaction` — what is taken out of every text a run persists

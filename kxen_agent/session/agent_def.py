@@ -33,6 +33,7 @@ Format (paths relative to the definition file)::
     checkpoint_max_files = 10000         # ... new or changed files past this many, 0 .. 10_000_000 (version 5)
     checkpoint_max_bytes = 268435456     # ... and past this many bytes of them in all, 0 .. 1 TiB (version 5)
     instructions = ["AGENTS.md"]         # project instruction file names read at run start (version 6 if not this)
+    no_terminal = "pause"                # a call to approve with nobody to ask: "pause" the run, or "refuse" (6)
     [mcp.servers.git]                    # MCP servers (version 6, §14.15; parsed by :mod:`.mcp_def`)
     command = "mcp-server-git"           # or url = "https://..." (streamable HTTP)
     args = ["--repository", "."]
@@ -45,8 +46,9 @@ The lock is format version :data:`LOCK_VERSION` (6, ``objects_spec.md``
 ``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``,
 ``max_file_bytes``, or a checkpoint key only version 5 has: ``checkpoints``,
 ``checkpoint_max_file_bytes``, ``checkpoint_max_files``,
-``checkpoint_max_bytes``, or version 6 for ``instructions`` other than the
-default, the ``search`` tool or ``mcp`` servers): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+``checkpoint_max_bytes``, or a key only version 6 has, each only when set
+to other than its default: ``instructions``, ``no_terminal``, ``max_tokens``, ``temperature``,
+``mcp`` servers, or the ``search`` tool): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
@@ -151,26 +153,38 @@ _POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 1
 _POLICY_V5_INTS = {"checkpoint_max_file_bytes": (0, 1 << 40), "checkpoint_max_files": (0, 10_000_000),
                    "checkpoint_max_bytes": (0, 1 << 40)}
 _POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS,
-                "checkpoints", *_POLICY_V5_INTS, "instructions")
+                "checkpoints", *_POLICY_V5_INTS, "instructions", "no_terminal")
+#: ``[policy] no_terminal`` (§14.2, version 6): a call needing approval that nobody can be asked about waits
+#: (``pause``, the default: not recorded) or is refused (``refuse``: recorded).
+NO_TERMINAL = ("pause", "refuse")
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``, 4 the answer limits,
-#: 5 the workspace checkpoint keys, 6 ``mcp`` (§14.15), ``policy.instructions`` and the ``search`` tool.
+#: 5 the workspace checkpoint keys, 6 ``mcp`` (§14.15), ``policy.instructions``, ``policy.no_terminal``,
+#: ``max_tokens``/``temperature`` and the ``search`` tool.
 LOCK_VERSION = 6
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
 POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
 #: ``policy`` keys only a version-5 lock has (workspace checkpoints; absent, on with the default bounds).
 POLICY_V5_KEYS = ("checkpoints", *_POLICY_V5_INTS)
-#: ``policy`` keys only a version-6 lock has (absent, their defaults).
-POLICY_V6_KEYS = ("instructions",)
+#: ``policy`` keys only a version-6 lock has, each written only when the definition sets it (absent: the default).
+POLICY_V6_KEYS = ("instructions", "no_terminal")
+#: Top-level lock keys only a version-6 lock has, each written only when the definition sets it.
+LOCK_V6_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "mcp")
+#: ``[model] max_tokens``: the most tokens one answer may hold (the server's own limit still applies).
+_MAX_TOKENS_RANGE = (1, 1_000_000)
+#: ``[model] temperature``: 0 to 2, at most three decimals; the lock keeps it as text ("0.2": no float stored).
+_TEMPERATURE = re.compile(r"(?:[0-1](?:\.[0-9]{1,3})?|2(?:\.0{1,3})?)")
 
 
-def lock_version_for(policy: dict[str, Any], tools: Any = ()) -> int:
-    """The version a lock with ``policy`` and ``tools`` is written as: 6 when it records a version-6 key or
-    names a version-6 tool, 5 for a version-5 key, 4 for a version-4 key, else 3 (an older reader refuses a
-    lock whose keys it cannot honour)."""
-    if any(k in policy for k in POLICY_V6_KEYS) or any(t in V6_TOOLS for t in tools):
+def lock_version_for(policy: dict[str, Any], lock: dict[str, Any] | None = None) -> int:
+    """The version a lock with ``policy`` (and top-level keys ``lock``, its ``tools`` among them) is written as:
+    6, 5 or 4 when it records a key (or names a tool) of that version, else 3 (an older reader refuses a lock
+    whose keys it cannot honour)."""
+    lock = lock or {}
+    if (any(k in policy for k in POLICY_V6_KEYS) or any(k in lock for k in LOCK_V6_KEYS)
+            or any(t in V6_TOOLS for t in lock.get("tools", ()))):
         return 6
     if any(k in policy for k in POLICY_V5_KEYS):
         return 5
@@ -439,6 +453,12 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
         names = _instructions(source, table["instructions"])
         if tuple(names) != DEFAULT_INSTRUCTIONS:  # the default is not recorded: the lock (and its id) stays as it was
             policy["instructions"] = names
+    if "no_terminal" in table:
+        if table["no_terminal"] not in NO_TERMINAL:
+            raise AgentDefinitionError(source, "policy.no_terminal", f"expected \"pause\" or \"refuse\", got "
+                                       f"{table['no_terminal']!r}")
+        if table["no_terminal"] != "pause":  # the default is not recorded: the lock stays what it was
+            policy["no_terminal"] = table["no_terminal"]
     return policy
 
 
@@ -596,6 +616,10 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             source, "provider", f"unknown provider {provider!r} (expected one of: {', '.join(PROVIDERS)})"
         )
 
+    doc, settings = _model_table(source, doc)
+    if settings and provider == "script":
+        raise AgentDefinitionError(source, "model", "max_tokens and temperature are settings of a model's server; "
+                                   "the script provider replays its steps: remove them")
     model = _string(source, doc, "model")
     if model is not None and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
         raise AgentDefinitionError(source, "model", "must be one line without control characters")
@@ -646,7 +670,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
     lock = {
-        "version": 6 if mcp is not None else lock_version_for(policy, tools),
+        "version": 3,  # set below, from what the lock records
         "name": name,
         "provider": provider,
         "model": model,
@@ -658,6 +682,8 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         "script": script_text,
         **({"mcp": mcp} if mcp is not None else {}),  # only when set: a lock without servers keeps its id
     }
+    lock.update(settings)  # only the settings the definition gave: without them the lock is what it was
+    lock["version"] = lock_version_for(policy, lock)
     _check_lock_size(source, lock)
     return lock
 
@@ -681,6 +707,37 @@ def _mcp(source: str, doc: dict[str, Any], policy: dict[str, Any], api_key_env: 
                 raise AgentDefinitionError(source, "policy.approve", f"{tool!r} is declared read_only, so its "
                                            "calls never ask; remove it")
     return mcp
+
+
+def _model_table(source: str, doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``[model]`` as a table (``name``, ``max_tokens``, ``temperature``): the document with ``model`` its
+    name, and the settings it gave, as the lock records them (version 6; ``model = "NAME"`` gives none)."""
+    table = doc.get("model")
+    if not isinstance(table, dict):
+        return doc, {}
+    for key in table:
+        if key not in ("name", "max_tokens", "temperature"):
+            raise AgentDefinitionError(source, f"model.{key}", "unknown key (expected one of: name, max_tokens, "
+                                       "temperature)")
+    settings: dict[str, Any] = {}
+    if "max_tokens" in table:
+        value, (low, high) = table["max_tokens"], _MAX_TOKENS_RANGE
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise AgentDefinitionError(source, "model.max_tokens", f"expected an integer, got {_type_name(value)}")
+        if not low <= value <= high:
+            raise AgentDefinitionError(source, "model.max_tokens", f"{value} is out of range (must be {low} to {high})")
+        settings["max_tokens"] = value
+    if "temperature" in table:
+        value = table["temperature"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AgentDefinitionError(source, "model.temperature", f"expected a number, got {_type_name(value)}")
+        text = f"{float(value):.3f}".rstrip("0").rstrip(".")
+        if not _TEMPERATURE.fullmatch(text) or float(text) != float(value):
+            raise AgentDefinitionError(source, "model.temperature", f"{value} is not a number from 0 to 2 with at "
+                                       "most three decimals")
+        settings["temperature"] = text
+    rest = {k: v for k, v in doc.items() if k != "model"}
+    return (dict(rest, model=table["name"]) if "name" in table else rest), settings
 
 
 def _check_lock_size(source: str, lock: dict[str, Any]) -> None:

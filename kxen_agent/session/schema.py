@@ -200,6 +200,11 @@ def _agent(v: Any) -> Links:
         names = p.d["instructions"]
         if type(names) is not list or any(type(n) is not str or not n or "/" in n for n in names):
             raise SchemaViolation("key 'policy.instructions' must be an array of file names (text without '/')")
+    if version >= 6:  # §14.2: the [model] settings, each absent (the server's default) or of its form
+        f.int("max_tokens", low=1, optional=True)
+        f.text("temperature", optional=True, match=re.compile(r"(?:[0-1](?:\.[0-9]{1,3})?|2(?:\.0{1,3})?)"))
+    if version >= 6 and "no_terminal" in p.d:  # §14.2: absent means "pause"
+        p.text("no_terminal", one_of=("pause", "refuse"))
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(type(t) is not str or (t not in SIDE_EFFECT_TOOLS and t not in mcp_names)
@@ -398,11 +403,13 @@ def _journal(v: Any) -> Links:
         raise SchemaViolation("both 'output' and 'outputBlob' are present")
     f.text("output", optional=True)
     f.link("outputBlob", "blob", optional=True)
-    f.bool("isError", optional=state in (OpState.DECIDED, OpState.STARTED, OpState.OUTCOME_UNKNOWN))
+    f.bool("isError", optional=state in (OpState.DECIDED, OpState.STARTED, OpState.OUTCOME_UNKNOWN,
+                                         OpState.PENDING_APPROVAL))
     # §14.6: the approval of a call that needed one, from its Decided entry on.
     f.text("approval", one_of=APPROVALS, optional=state != OpState.DECIDED)
     f.text("approver", one_of=APPROVERS, optional=state != OpState.DECIDED)
     f.text("note", optional=True)
+    f.text("reason", optional=True)  # §14.6: why a person refused the call (what the model is shown)
     f.text("origin", optional=True)  # §14.6: the state dir that made the decision (informative)
     # §14.6/§14.14: Git commit ids of the workspace checkpoints (not links: they name Git objects).
     f.text("checkpointBefore", optional=True, match=_GIT_COMMIT_RE)

@@ -71,14 +71,48 @@ _MSG_RE = re.compile(r"msg_([0-9a-fA-F]{8,64})")
 
 
 class UnknownSession(KxenError):
-    """A session id is not in this state dir."""
+    """A session id is not in this state dir: a typo (``near``: the one id here it is a character or two
+    from), a prefix nothing begins with, or a whole id from another state dir."""
 
-    def __init__(self, ses: str, state_dir: str) -> None:
-        super().__init__(
-            f"session {ses} is not in state dir {state_dir}: session ids are local to the state dir "
-            "that created them (set KXEN_AGENT_STATE_DIR to it), or bring the session here with "
-            "`kxen-agent session import BUNDLE --workspace DIR`"
-        )
+    def __init__(self, ses: str, state_dir: str, near: str | None = None) -> None:
+        if near is not None:
+            said = (f"session {ses} is not in state dir {state_dir}; did you mean {near}? "
+                    "(`kxen-agent session list` shows the ids)")
+        elif len(ses) < _FULL_ID_LEN:
+            said = (f"no session in state dir {state_dir} begins with {ses}; `kxen-agent session list` shows "
+                    "the ids")
+        else:
+            said = (f"session {ses} is not in state dir {state_dir}: session ids are local to the state dir "
+                    "that created them (set KXEN_AGENT_STATE_DIR to it), or bring the session here with "
+                    "`kxen-agent session import BUNDLE --workspace DIR`")
+        super().__init__(said)
+
+
+#: The length of a session id kxen-agent makes (``ses_`` and 20 hex digits): anything shorter is a prefix.
+_FULL_ID_LEN = 24
+
+
+def near_id(text: str, ids: list[str]) -> str | None:
+    """The one id of ``ids`` whose beginning ``text`` is a typo of (one character off, two for a whole id:
+    changed, missing or extra), or None when none or several are."""
+    most = 2 if len(text) >= _FULL_ID_LEN else 1
+    found = {i for i in ids for n in (len(text) - 1, len(text), len(text) + 1)
+             if n > 4 and _edits(text, i[:n], most) <= most}
+    return found.pop() if len(found) == 1 else None
+
+
+def _edits(a: str, b: str, most: int) -> int:
+    """The edit distance of ``a`` and ``b`` (insertions, deletions, changes), or ``most + 1`` past ``most``."""
+    if abs(len(a) - len(b)) > most:
+        return most + 1
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+        if min(row) > most:
+            return most + 1
+    return row[-1]
 
 
 class SessionError(KxenError):
@@ -282,7 +316,9 @@ class SessionStore:
 
         found = resolve_prefix("session", "ses", text, ids, f"in state dir {self.store.root}")
         if found is None:
-            raise UnknownSession(text, self.store.root)
+            every = [g.split("/", 1)[1] for g in self.store.refs.groups(NS)]
+            raise UnknownSession(text, self.store.root,
+                                 near_id(text, [i for i in every if self._exists(i, include_deleted)]))
         return found
 
     def _exists(self, ses: str, include_deleted: bool) -> bool:
