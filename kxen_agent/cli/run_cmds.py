@@ -253,7 +253,8 @@ def run_cmd(
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
     With no --task or --task-file, a task piped on standard input is read.
-    `run show` and `run resolve` inspect and settle a session's runs.
+    `run show` and `run resolve` inspect and settle a session's runs;
+    `run approve` / `run deny` decide a call that waits for approval.
 
     \b
     Examples:
