@@ -243,11 +243,10 @@ def bundle_verify_cmd(
       kxen-agent bundle verify session.bundle
     """
     from kxen_agent.session.schema import SESSION_SCHEMA
+    from kxen_agent.session.share import open_bundle
     from kxen_agent.store.bundle import verify_bundle
 
     from .secret_scan import SecretScan
-
-    from kxen_agent.session.share import open_bundle
 
     prog = Progress("verify", enabled=not json_out)
     scan = SecretScan()

@@ -35,8 +35,9 @@ from typing import Iterator
 
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store.bundle import BadBundle
-from kxen_agent.store.bundle.envelope import (AGE_MAGIC, SIGNATURE_NAMESPACE, SIGNED_READ_SIZE, encode_signed_head,
-                                              envelope_kind, parse_signed_head, parse_ssh_signature)
+from kxen_agent.store.bundle.envelope import (AGE_MAGIC, SIGNATURE_NAMESPACE, SIGNED_READ_SIZE, age_stanza_types,
+                                              encode_signed_head, envelope_kind, parse_signed_head,
+                                              parse_ssh_signature)
 from kxen_agent.store.fsio import OS_IO, FileIO
 
 __all__ = ["CannotDecrypt", "Opened", "Sealing", "SignatureCheck", "UntrustedSigner", "load_identities",
@@ -298,8 +299,10 @@ def open_bundle(path: str, *, identities: list[str] | None = None,
         current, encrypted = where, False
         if kind == "age":
             if not identities:
-                raise CannotDecrypt(f"bundle {where} is encrypted (age); give --identity FILE (your age identity "
-                                    "or SSH private key) to open it")
+                kinds = age_stanza_types(_head(where, 1 << 16, where))
+                raise CannotDecrypt(f"bundle {where} is encrypted (age, to {len(kinds)} recipient(s): "
+                                    f"{', '.join(kinds)}); give --identity FILE (your age identity or SSH private "
+                                    "key) to open it")
             ids = load_identities(identities)
             pyrage = _pyrage()
             current, encrypted = os.path.join(work, "decrypted"), True

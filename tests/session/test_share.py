@@ -85,13 +85,13 @@ def test_a_wrong_or_missing_identity_is_refused_in_one_line_and_writes_nothing(w
     line = cli.refused("session", "import", str(b["ssh"]), "-w", str(world["ws"]), "-i", str(world["alice"]), code=2)
     assert "cannot decrypt bundle" in line and "nothing was imported" in line, line
     line = cli.refused("session", "import", str(b["age"]), "-w", str(world["ws"]), code=2)
-    assert "is encrypted (age); give --identity FILE" in line, line
+    assert "is encrypted (age, to 1 recipient(s): X25519); give --identity FILE" in line, line
     line = cli.refused("session", "import", str(b["age"]), "-w", str(world["ws"]), "-i", str(world["d"] / "allowed"),
                        code=2)
     assert "neither an age identity file" in line, line
     assert not cli.state_dir.exists()
-    line = cli.refused("bundle", "verify", str(b["age"]), code=2)
-    assert "is encrypted (age)" in line, line
+    line = cli.refused("bundle", "verify", str(b["ssh"]), code=2)
+    assert "is encrypted (age, to 2 recipient(s): ssh-rsa, ssh-ed25519)" in line, line
 
 
 def test_a_signed_bundle_verifies_and_names_its_signer(world: dict) -> None:

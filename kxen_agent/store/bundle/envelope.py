@@ -36,6 +36,7 @@ __all__ = [
     "SIGNED_READ_SIZE",
     "SIGNED_VERSION",
     "SshSignature",
+    "age_stanza_types",
     "encode_signed_head",
     "envelope_kind",
     "parse_signed_head",
@@ -75,6 +76,22 @@ def envelope_kind(head: bytes) -> str | None:
     if head.startswith(AGE_ARMOR_MAGIC):
         return "age-armored"
     return None
+
+
+def age_stanza_types(head: bytes) -> list[str]:
+    """The recipient stanza types of an age file's header (``X25519``, ``ssh-ed25519``, ``ssh-rsa``...), from its first bytes.
+
+    Grease stanzas (random types ending ``-grease``, which age writers add so
+    that readers stay lenient) are left out; a header cut short by ``head``
+    gives the stanzas seen so far.
+    """
+    out = []
+    for line in head.split(b"\n---", 1)[0].split(b"\n"):
+        if line.startswith(b"-> "):
+            kind = line[3:].split(b" ", 1)[0].decode("ascii", "replace")
+            if not kind.endswith("-grease"):
+                out.append(kind)
+    return out
 
 
 def encode_signed_head(signature: bytes) -> bytes:
