@@ -9,6 +9,7 @@ runners as a bundle or through a Git remote.
 
 Modules, one line each:
 
+- :mod:`.ids` — session ids as typed: unique prefixes, a typo's near match, an id from elsewhere;
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
 - :mod:`.names` — session names: their form, uniqueness, rename, and names from elsewhere (§14.16);
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
