@@ -347,7 +347,8 @@ def test_the_plain_file_io_is_unchanged() -> None:
     assert type(OS_IO) is FileIO or os.environ.get("KXEN_AGENT_IO_FAULT")
     assert parse_fault_spec("ENOSPC@3") == (errno.ENOSPC, 3, False)
     assert parse_fault_spec("EIO@12+") == (errno.EIO, 12, True)
-    for bad in ("ENOSPC", "EIO@0", "EROFS@1", "ENOSPC@1++", "@3"):
+    assert parse_fault_spec("EROFS@1") == (errno.EROFS, 1, False)  # a read-only state dir (issue 29)
+    for bad in ("ENOSPC", "EIO@0", "EPIPE@1", "ENOSPC@1++", "@3"):
         with pytest.raises(IOFaultSpecError):
             parse_fault_spec(bad)
 

@@ -48,10 +48,15 @@ def test_git_and_time_servers_with_approvals_and_their_hints_shown(tmp_path: Pat
         read_only = ["get_current_time"]
         """))
     cli = Cli(tmp_path / "state", strict=True)
-    # Standard input is not a terminal: the approved-only write is refused, the others run.
+    # Standard input is not a terminal: the write that needs approval waits (issue 29), the others ran;
+    # denied from the command line, the run goes on without it.
     res = cli("run", "--workspace", str(ws), "--task", "commit a.txt", "--agent", str(agent), "--json",
-              expect=0).json()
+              expect=3).json()
     ses = res["session"]
+    waiting = cli("run", "show", ses, "--json", expect=0).json()["waitingForApproval"]
+    assert [w["tool"] for w in waiting] == ["mcp__git__git_commit"]
+    cli("run", "deny", ses, waiting[0]["op"], "--reason", "not yet", expect=0)
+    assert cli("--resume", ses, "--json", expect=0).json()["status"] == "completed"
     ops = cli("run", "show", ses, "--json", expect=0).json()["journal"]
     by_tool = {o["tool"]: o for o in ops}
     assert "a.txt" in by_tool["mcp__git__git_status"]["outcome"]["output"]

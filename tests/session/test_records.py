@@ -55,7 +55,7 @@ def test_a_spec_vector_round_trips_byte_for_byte(name: str, kind: str, value: di
 
 
 def test_fields_are_typed_and_absent_is_not_null() -> None:
-    [(_, _, run)] = [v for v in spec_vectors() if v[1] == "run"]
+    [(_, _, run)] = [v for v in spec_vectors() if v[0] == "run-state-retry"]
     st = RunState.from_cbor(run)
     assert st.status is RunStatus.RUNNING and not st.terminal
     assert st.retry_of == "run_5f0c2e9a41b7d3680c1e" and st.compacted_turn is ABSENT and st.journal is ABSENT
@@ -67,7 +67,7 @@ def test_fields_are_typed_and_absent_is_not_null() -> None:
 
 
 def test_a_key_this_version_does_not_know_is_kept() -> None:
-    [(_, _, run)] = [v for v in spec_vectors() if v[1] == "run"]
+    [(_, _, run)] = [v for v in spec_vectors() if v[0] == "run-state-retry"]
     newer = dict(run, someFutureKey=[1, 2])
     st = RunState.from_cbor(newer)
     assert st.extra == (("someFutureKey", [1, 2]),)
@@ -75,7 +75,7 @@ def test_a_key_this_version_does_not_know_is_kept() -> None:
 
 
 def test_a_missing_required_key_is_refused() -> None:
-    [(_, _, run)] = [v for v in spec_vectors() if v[1] == "run"]
+    [(_, _, run)] = [v for v in spec_vectors() if v[0] == "run-state-retry"]
     with pytest.raises(KeyError):
         RunState.from_cbor({k: v for k, v in run.items() if k != "status"})
 
