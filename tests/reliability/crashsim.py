@@ -527,6 +527,7 @@ def explore(
     subsets: bool = True,
     recover_sync: bool = True,
     prepared: "Prepared | None" = None,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> CrashReport:
     """Trace ``workload`` once, then check the crash states of every prefix of its trace.
 
@@ -540,7 +541,9 @@ def explore(
     ``subsets`` narrow the exploration (the composite fault-then-crash
     suite uses ``sync`` and ``kill`` only). ``prepared``: start from a copy
     of a state set up once (:class:`Prepared`) instead of ``workload.setup``. Outside the long mode,
-    a crash point between two ``mkdir`` of one directory is skipped (:func:`_inside_sibling_mkdirs`). ``io_factory`` makes the tracing
+    a crash point between two ``mkdir`` of one directory is skipped (:func:`_inside_sibling_mkdirs`).
+    ``stop_when``: stop at the first failure it accepts (a self-test that only needs to see the
+    simulator catch a broken store). ``io_factory`` makes the tracing
     FileIO (the suite's self-tests pass deliberately broken ones).
     """
     long = long_mode() if long is None else long
@@ -590,6 +593,8 @@ def explore(
         sampled_recoveries = 0
         with quiet_lease():
             for k in range(len(ops) + 1):
+                if stop_when is not None and any(stop_when(f) for f in rep.failures):
+                    break
                 if not long and _inside_sibling_mkdirs(ops, k):
                     rep.skipped += 1
                     continue

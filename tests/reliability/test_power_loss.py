@@ -196,7 +196,8 @@ MUTANTS = [
 @pytest.mark.parametrize(("broken", "workload", "expect"), MUTANTS, ids=[m[0].__name__ for m in MUTANTS])
 def test_the_simulator_catches_a_broken_store(broken: type, workload, expect: str) -> None:
     w = workload()
-    rep = explore(w, long=False, io_factory=lambda: broken(sync=False))
+    # Stopped at the crash point where the expected failure shows: what is asserted below.
+    rep = explore(w, long=False, io_factory=lambda: broken(sync=False), stop_when=lambda f: expect in f)
     assert getattr(w, "fired", True), "the fault the workload needs did not fire"
     assert rep.failures, f"{broken.__name__} went unnoticed: {rep.line()}"
     assert any(expect in f for f in rep.failures), "\n".join(rep.failures[:10])
