@@ -84,7 +84,7 @@ def test_two_turns_a_tool_multi_line_history_and_every_slash_command(cli: Cli, w
     assert all(f"  {c}" in shown for c in ("/sessions", "/resume [SES]", "/fork [MSG]", "/compact", "/model [NAME]",
                                            "/show [RUN]", "/diff [--run RUN|--op OP|--at MSG] [--stat]", "/help",
                                            "/quit")), shown
-    assert "/rewind" not in shown
+    assert "  /rewind MSG [--code|--conversation] [--force] | --undo" in shown
     child.expect(PROMPT)
     command(child, "/nope", r"no command /nope; /help lists them")
     command(child, "/show\x1b\rmore", "a slash command is one line")

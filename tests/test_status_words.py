@@ -69,7 +69,8 @@ def test_the_rule_sees_what_it_must() -> None:
 
 def test_the_words_are_those_of_the_spec() -> None:
     assert {s.value for s in RunStatus} == {"running", "input_required", "completed", "failed", "canceled"}
-    assert {s.value for s in OpState} == {"Decided", "Started", "OutcomeKnown", "Settled", "OutcomeUnknown"}
+    assert {s.value for s in OpState} == {"PendingApproval", "Decided", "Started", "OutcomeKnown", "Settled",
+                                          "OutcomeUnknown"}
     # Every run status and op state is guarded; the shared words are not.
     assert {s.value for s in RunStatus} | {s.value for s in OpState} | {status.INTERRUPTED} <= STATUS_WORDS
     assert not STATUS_WORDS & {"tool", "user", "policy", "cancel", "yes", "no", "--yes", "trust"}

@@ -16,6 +16,11 @@ Modules, one line each:
 - :mod:`.session_cmds` — ``session list, show, log, compact, tree, fork,
   delete, undelete, export, import``;
 - :mod:`.remote_cmds` — ``session push``, ``pull`` and ``ls-remote``;
+- :mod:`.names_cmds` — ``session rename``: a session's name, taken wherever its id is;
+- :mod:`.tree_view` — ``session tree`` drawn as ``git log --graph`` draws branches;
+- :mod:`.grep_cmds` — ``session grep``: full-text search over every session's messages;
+- :mod:`.which_cmds` — ``session which COMMIT``: the tool call that made a Git commit;
+- :mod:`.share_cmds` — ``session import --trust``: a bundle signed by an allowed signer, accepted in one step;
 - :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
 - :mod:`.rewind_cmds` — ``session rewind``: the workspace and/or the conversation back to a message;
 - :mod:`.checkpoint_travel_cmds` — ``--with-checkpoints``/``--restore-workspace`` of export, import, push, pull;
@@ -26,6 +31,7 @@ Modules, one line each:
 - :mod:`._args` — option parsers the command modules share (``--workspace``);
 - :mod:`._ids` — ids as users type them (full ids or unique prefixes);
 - :mod:`._live` — what a run shows while it works (live output, ``--events``);
+- :mod:`._errors` — one line for an OSError: what failed, where, what next (a read-only state dir named);
 - :mod:`._prompt` — the interactive session's prompt history file and Esc watcher;
 - :mod:`._ready` — the default agent, and its provider's SDK and key checked before anything is written;
 - :mod:`._render` — JSON, one-line errors, terminal-safe text, progress.

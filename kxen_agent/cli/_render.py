@@ -101,6 +101,7 @@ def out(line: str = "") -> None:
 
 
 def err(line: str) -> None:
+    Progress.clear()  # an error line never lands after a counter on the same line
     typer.echo(line, err=True)
 
 
@@ -127,7 +128,11 @@ def to_jsonable(v: Any) -> Any:
 
 
 class Progress:
-    """A one-line progress counter on an interactive stderr; silent otherwise."""
+    """A one-line progress counter on an interactive stderr, erased when done (or when an error line
+    comes); silent otherwise: nothing of it is ever printed off a terminal."""
+
+    #: Whether a counter is on the terminal's current line now (what :meth:`clear` erases).
+    _showing = False
 
     def __init__(self, label: str, total: int | None = None, enabled: bool = True) -> None:
         self.label = label
@@ -146,12 +151,20 @@ class Progress:
             return
         self._last = key
         msg = f"\r{self.label}: {self.n}" + (f"/{self.total} ({pct}%)" if pct is not None else "")
-        sys.stderr.write(msg)
+        sys.stderr.write(msg + "\x1b[K")
         sys.stderr.flush()
+        Progress._showing = True
 
     def done(self) -> None:
-        if self.enabled and self._last != -1:
-            sys.stderr.write("\n")
+        """The work is over: the counter is erased (the command's own lines say what was done)."""
+        Progress.clear()
+
+    @staticmethod
+    def clear() -> None:
+        """Erase the counter on the terminal's current line, if one is there."""
+        if Progress._showing:
+            Progress._showing = False
+            sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
 
 

@@ -41,8 +41,6 @@ from ._render import err, out, term_text as t
 __all__ = ["chat_cmd", "open_chat"]
 
 #: The slash commands, in the order /help lists them: (arguments, what it does, the command it is).
-#: ``/rewind MSG`` comes when the workspace checkpoints have a rewind command: an entry here and a
-#: branch in :func:`_slash` calling it, as the others do.
 SLASH: dict[str, tuple[str, str, str]] = {
     "/sessions": ("", "pick a session to continue (name, last task, status, age)", "session list"),
     "/resume": ("[SES]", "continue an unfinished run (of SES: switch to it first)", "kxen-agent --resume SES"),
@@ -52,6 +50,9 @@ SLASH: dict[str, tuple[str, str, str]] = {
     "/show": ("[RUN]", "the session (with RUN: that run and its tool journal)", "session show / run show"),
     "/diff": ("[--run RUN|--op OP|--at MSG] [--stat]", "what the agent changed in the workspace (checkpoints)",
               "session diff SES"),
+    "/rewind": ("MSG [--code|--conversation] [--force] | --undo",
+                "back to MSG: the workspace files and the conversation (a fork you continue in)",
+                "session rewind SES --at MSG"),
     "/help": ("", "this list", ""),
     "/quit": ("", "leave (as Ctrl-D)", ""),
 }
@@ -240,10 +241,10 @@ def _loop(chat: Chat, lock: dict) -> None:
             pass
         except KxenError as e:
             _tell(f"kxen-agent: error: {t(str(e), quote=False)}")
-        except OSError as e:  # a failing disk: every write is atomic, what was acknowledged is intact
-            where = f" on {os.fsdecode(e.filename)}" if e.filename else ""
-            _tell(f"kxen-agent: error: {t(f'I/O error{where}: {e.strerror or e}', quote=False)}; nothing acknowledged "
-                "was lost — check the disk, then try again (`kxen-agent fsck` verifies the state dir)")
+        except OSError as e:  # a failing disk, a read-only one: every write is atomic, what was acknowledged is intact
+            from ._errors import os_error_line
+
+            _tell(f"kxen-agent: error: {t(os_error_line(e), quote=False)}")
     if chat.ses is not None:
         out(f"session {chat.ses}: `kxen-agent chat -c` continues it here")
 
@@ -286,7 +287,9 @@ def _unfinished(chat: Chat) -> Optional[str]:
         return None
     status = shown_status(chat.store, info.id, st)
     if st["status"] == RunStatus.INPUT_REQUIRED:
-        return (f"run {run} is {status}: `kxen-agent run show {info.id}` says what it waits for; "
+        # What it waits for and the commands that decide it (run approve / deny, run resolve, session trust).
+        waits = f" — {t(st['error'], quote=False)}" if st.get("error") else ""
+        return (f"run {run} is {status}{waits}; `kxen-agent run show {info.id}` says what it waits for; "
                 "/resume continues it once that is done")
     return f"run {run} is {status}: /resume continues it (a new message waits until it is finished)"
 
@@ -469,6 +472,8 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
                                                     op=opts.get("--op"), stat=bool(opts.get("--stat")),
                                                     json_out=False)))
         sys.stdout.flush()
+    elif name == "/rewind":
+        _rewind(chat, ses, args)
     elif name == "/compact":
         from . import session_cmds
 
@@ -477,13 +482,33 @@ def _slash(chat: Chat, line: str) -> Optional[str]:
         from . import session_cmds
 
         said = _captured(lambda: session_cmds.fork_cmd(ses=ses, at=args[0] if args else None, worktree=None, with_code=False,
-                                                        workspace=None, json_out=False))
+                                                        workspace=None, json_out=False, name=None))
         lines = said.splitlines()
         for extra in lines[1:2]:
             out(extra)
-        chat.ses = lines[0].strip()
+        chat.ses = lines[0].split()[0]  # the id; a named fork's line goes on with its name
         out(f"now in the fork {chat.ses}; /resume {ses} goes back")
     return None
+
+
+def _rewind(chat: Chat, ses: str, args: list[str]) -> None:
+    """``/rewind MSG``: `session rewind SES --at MSG` (its code, its words); a conversation rewound is a fork,
+    and the chat goes on in it."""
+    from .rewind_cmds import rewind_cmd
+
+    at = args[0] if args and not args[0].startswith("-") else None
+    opts = _options("/rewind", args[1:] if at is not None else args, values=(),
+                    flags=("--code", "--conversation", "--force", "--undo"))
+    said = _captured(lambda: rewind_cmd(ses=ses, at=at, code=bool(opts.get("--code")),
+                                        conversation=bool(opts.get("--conversation")), both=False,
+                                        undo=bool(opts.get("--undo")), force=bool(opts.get("--force")), json_out=False))
+    fork = re.search(r"^conversation: new session (ses_[0-9a-z]+) ", said, re.M)
+    for line in said.splitlines():
+        if not line.startswith("continue it with `kxen-agent --resume"):  # here the next message continues it
+            out(line)
+    if fork is not None:
+        chat.ses = fork.group(1)
+        out(f"now in {chat.ses}; /resume {ses} goes back")
 
 
 def _options(name: str, args: list[str], *, values: tuple[str, ...], flags: tuple[str, ...]) -> dict[str, Any]:
@@ -537,7 +562,7 @@ def _pick(chat: Chat) -> None:
 
     from . import session_cmds
 
-    doc = json.loads(_captured(lambda: session_cmds.list_cmd(workspace=None, since=None, json_out=True)))
+    doc = json.loads(_captured(lambda: session_cmds.list_cmd(workspace=None, since=None, branch=None, json_out=True)))
     rows = list(reversed(doc["sessions"]))[:20]
     if not rows:
         out(f"no sessions in {t(doc['stateDir'])} yet")

@@ -17,6 +17,7 @@ import typer
 
 from kxen_agent.errors import KxenError, UsageError
 
+from ._errors import os_error_line
 from ._render import err, term_text
 
 # click's exceptions, wherever this typer takes click from (it vendors click
@@ -174,9 +175,10 @@ def root(
       kxen-agent run show ses_6508                      # the latest run and its tool journal
 
     Exit codes: 0 done, 1 error or run failed, 2 usage, 3 input required
-    (an UNKNOWN operation: run show, then run resolve; or a session from
-    elsewhere waits for this machine's decision: session trust), 75 session
-    busy, 130 canceled.
+    (an UNKNOWN operation: run show, then run resolve; a tool call waits
+    for approval: `run approve` or `run deny`; or a session from elsewhere
+    waits for this machine's decision: session trust), 75 session busy,
+    130 canceled.
     """
     if ctx.invoked_subcommand is not None:
         if resume is not None or continue_:
@@ -385,21 +387,6 @@ def _stdout_swapped_for_devnull(before: tuple[int, int] | None) -> bool:
     except OSError:
         return False
     return now == (dn.st_dev, dn.st_ino)
-
-
-def os_error_line(e: OSError) -> str:
-    """One line for an OSError: what failed, on which path, and what to do."""
-    import errno as _errno
-
-    name = _errno.errorcode.get(e.errno or 0, "")
-    what = e.strerror or str(e)
-    # A path may come as bytes (os calls given bytes): shown as the text it is, never as b'...'.
-    where = f" on {os.fsdecode(e.filename)}" if e.filename else ""
-    hint = "free some space" if e.errno in (_errno.ENOSPC, _errno.EDQUOT) else "check the disk"
-    return " ".join(
-        f"I/O error{where}: {what}{f' ({name})' if name else ''}; nothing acknowledged was lost — "
-        f"{hint}, then retry (`kxen-agent fsck` verifies the state dir; a run goes on with `kxen-agent --resume` and its session id, which `kxen-agent session list` shows)".split()
-    )
 
 
 def entry() -> None:  # pragma: no cover - console script shim

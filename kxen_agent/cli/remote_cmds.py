@@ -24,7 +24,7 @@ from kxen_agent.session.sessions import NS
 from kxen_agent.store import Store
 
 from ._args import workspaces
-from ._render import emit_json, out, term_text as t
+from ._render import emit_json, err, out, term_text as t
 
 __all__ = ["register"]
 
@@ -148,6 +148,8 @@ def pull_cmd(
     for ses, status in rep.sessions.items():
         note = {"ahead": "this state dir is ahead of the remote (push it)"}.get(status, status)
         out(f"{t(ses)}: {note}, bound to {t(rep.bindings[ses])}")
+    for gone in rep.dropped_names:
+        err(f"note: {t(gone.line(), quote=False)}")
     out(f"pulled from {t(rep.remote.display)}: {rep.new_objects} new objects; "
         f"resume with `kxen-agent --resume SES --workspace DIR`")
 
@@ -159,7 +161,11 @@ def ls_remote_cmd(
     json_out: bool = typer.Option(
         False, "--json", help="Print {remote, sessions: [{id, commit, head, run, runStatus, lease, local...}]} as JSON."),
 ) -> None:
-    """The sessions on the remote: heads, forks, last run and lease, without fetching their histories.
+    """The sessions on the remote: heads, forks, last run and lease, and how each stands to this state dir's.
+
+    `local` says `absent`, `same`, `ahead` (push it), `behind` (pull it) or
+    `diverged` (neither fast-forwards); for a session that differs, its new
+    objects are fetched and verified to tell which (nothing is written).
 
     \b
     Example:
@@ -167,7 +173,16 @@ def ls_remote_cmd(
     """
     from kxen_agent.session.remote_listing import ls_remote
 
-    listing = ls_remote(Store.open(namespaces=(NS,)), workspace or os.getcwd(), remote=remote)
+    store = Store.open(namespaces=(NS,))
+    listing = ls_remote(store, workspace or os.getcwd(), remote=remote)
+    differ = [s["id"] for s in listing.sessions if s.get("local") == "differs"]
+    if differ:  # the tips alone tell "same" and "ahead"; behind or diverged takes the objects
+        from kxen_agent.session.remote_pull import compare_with_remote
+
+        how = compare_with_remote(store, differ, workspace or os.getcwd(), remote=remote)
+        for s in listing.sessions:
+            if s["id"] in how:
+                s["local"] = how[s["id"]]
     if json_out:
         emit_json(listing.to_json())
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import nullcontext
 from typing import Optional
 
 import typer
@@ -50,7 +51,8 @@ def rewind_cmd(
     conversation: bool = typer.Option(False, "--conversation",
                                       help="Only move the conversation back: a new fork at MSG (the old branch stays)."),
     both: bool = typer.Option(False, "--both", help="Both (the default)."),
-    undo: bool = typer.Option(False, "--undo", help="Put the workspace back as it was before the last rewind."),
+    undo: bool = typer.Option(False, "--undo", help="Put the workspace back as it was before the last rewind (SES: "
+                              "the session rewound, or the fork a --both rewind made)."),
     force: bool = typer.Option(False, "--force",
                                help="Rewind even if the workspace has changes no checkpoint holds (they are "
                                     "checkpointed first, so --undo restores them)."),
@@ -95,21 +97,24 @@ def rewind_cmd(
         sessions._check_fork_point(info, point, explicit=True)  # refused before any file is touched
     result = None
     note = None
+    on = info  # the session whose checkpoint chain the rewind is made on (--undo of a fork: its parent's)
     if do_code:
         repo = ckpt.open_repo(info.workspace, policy)
         with Lease.acquire(sessions.store, info.id, purpose="rewind"):
             if undo:
-                target, _was = cr.undo_target(repo, info.id)
+                on, target, _was = cr.undo_session(sessions, info, repo)
             else:
                 assert point is not None
                 target, note = cr.checkpoint_at(sessions, info, repo, point)
-            result = cr.rewind_code(sessions, info, policy, target, force=force, after_file=after_file)  # type: ignore[arg-type]
+            with Lease.acquire(sessions.store, on.id, purpose="rewind") if on is not info else nullcontext():
+                result = cr.rewind_code(sessions, on, sessions.agent(on).get("policy", {}), target, force=force,
+                                        after_file=after_file)  # type: ignore[arg-type]
     fork = sessions.fork(info.id, at=at) if do_conv else None
     if json_out:
         emit_json({
             "session": info.id,
             "code": None if result is None else {
-                "target": result.target, "undo": result.undo, "restored": result.restored, "noop": result.noop,
+                "session": on.id, "target": result.target, "undo": result.undo, "restored": result.restored, "noop": result.noop,
                 "written": result.written, "removed": result.removed, "completedInterrupted": result.completed,
                 "leftAlone": [{"path": p, "why": w} for p, w in result.left_alone], "note": note},
             "conversation": None if fork is None else {"session": fork.id, "forkPoint": fork.meta.get("forkPoint")},
@@ -121,6 +126,8 @@ def rewind_cmd(
         if result.completed:
             out(f"completed an interrupted rewind to {result.completed[:12]} first")
         what = "put the workspace back to" if undo else "restored the workspace to"
+        if on is not info:
+            out(f"undoing the rewind of session {on.id}, the parent of fork {info.id} (they share the workspace)")
         if result.noop:
             out(f"the workspace is already as checkpoint {result.target[:12]} has it; nothing was written")
         else:
@@ -129,7 +136,8 @@ def rewind_cmd(
         for path, why in result.left_alone:
             out(f"left alone: {t(path)} ({t(why, quote=False)})")
         if not result.noop:
-            out(f"undo with `kxen-agent session rewind {info.id} --undo` (back to {result.undo[:12]})")
+            out(f"undo with `kxen-agent session rewind {on.id} --undo` (back to {result.undo[:12]})"
+                + (f" or `kxen-agent session rewind {fork.id} --undo`" if fork is not None else ""))
     if fork is not None:
         out(f"conversation: new session {fork.id} forked at {t(fork.meta.get('forkPoint') or msg_id(point))}"
             f"; the old branch stays as {info.id}")

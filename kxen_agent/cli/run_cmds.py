@@ -9,6 +9,7 @@ interactive session. What a run shows while it works is :mod:`._live`'s.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -168,6 +169,9 @@ def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool
                          "event carrying the --json result document)")
     view = make_view(json_out=json_out, events=events, quiet=quiet)
     runners: list[Runner] = []
+    note = view.note
+    if not events:  # a JSON Lines reader gets every note; a person gets an ended run's error once, in the result
+        view.note = lambda line: None if _ENDED.fullmatch(line) else note(line)  # type: ignore[method-assign]
     with (cancellation(view, lambda: runners[0].activity if runners else None) as cancel,
           (remote or (lambda c: nullcontext()))(cancel) as rl):
         kw = dict(cancel=cancel, on_event=view.note, listener=view.event, stream=view.wants_text)
@@ -187,6 +191,10 @@ def execute(call: Callable[[Runner], RunResult], *, json_out: bool, events: bool
     render_result(res, json_out, events=events)
 
 
+#: The runner's note that a run ended failed or canceled, with its error: the result says it (once).
+_ENDED = re.compile(r"run run_\w+ (failed|canceled)(: .*)?", re.DOTALL)
+
+
 def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> None:
     if events:
         pass  # the run_finished event carried the result document
@@ -199,6 +207,10 @@ def render_result(res: RunResult, json_out: bool, *, events: bool = False) -> No
         if res.error:
             # A run that waits for this machine's decision (§14.13) says what, and the next command.
             out_text("waits" if res.status == RunStatus.INPUT_REQUIRED else "error", res.error)
+        if res.status == RunStatus.CANCELED:
+            # What comes next: the run is over (nothing is left to resume), its task is not.
+            out(f"next: `kxen-agent --resume {res.session} --retry` tries its task again; "
+                f"`kxen-agent --resume {res.session} --task TEXT` gives a new one")
         for op in map(t, res.unknown_ops):
             out(
                 f"UNKNOWN: operation {op} may or may not have taken effect; check the workspace "
@@ -235,11 +247,14 @@ def run_cmd(
         False, "--yes", "-y", help="Approve every call the agent's [policy] approve lists, without asking."),
     api_key_env: Optional[str] = typer.Option(
         None, "--api-key-env", metavar="NAME", help="The variable holding the API key for this run (default: the agent's)."),
+    name: Optional[str] = typer.Option(
+        None, "--name", "-n", metavar="NAME", help="Name the new session (unique here; then usable wherever its id is)."),
 ) -> None:
     """Create a Session bound to a workspace and run its first task to a terminal state.
 
     With no --task or --task-file, a task piped on standard input is read.
-    `run show` and `run resolve` inspect and settle a session's runs.
+    `run show` and `run resolve` inspect and settle a session's runs;
+    `run approve` / `run deny` decide a call that waits for approval.
 
     \b
     Examples:
@@ -260,9 +275,27 @@ def run_cmd(
     lock = load_agent_definition(agent or default_agent())
     check_provider(lock, api_key_env)  # its SDK and key: before the session is created (exit 2, nothing written)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before the session is created, not after
-    execute(lambda runner: runner.start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
+    if name is not None:
+        name_new_session(name)  # a bad or taken name is refused before anything is written
+    execute(lambda runner: _named(runner, name).start(workspace, text, lock, model=model, base_url=base_url, api_key_env=api_key_env),
             json_out=json_out, events=events, quiet=quiet, yes=yes,
             remote=lambda cancel: remote_lease_scope(remote_lease, remote, ses=None, cancel=cancel, workspace=workspace))
+
+
+def name_new_session(name: str) -> None:
+    """Refuse ``run -n NAME`` before anything is written: NAME is no name, or another session has it."""
+    from kxen_agent.session.names import check_name, claim
+    from kxen_agent.session.sessions import SessionStore
+
+    check_name(name)
+    store = Store.open(namespaces=(NS,))
+    if store.exists:
+        claim(SessionStore(store), name)  # checked again, under the names lock, when the session is made
+
+
+def _named(runner: Runner, name: Optional[str]) -> Runner:
+    runner.sessions.new_name = name  # the runner's create names the session (§14.16)
+    return runner
 
 
 def resume_cmd(ses: str, task: Optional[str], task_file: Optional[str], workspace: Optional[str],
@@ -304,7 +337,9 @@ def ready_to_run(runner: Runner, ses: str, lock: Optional[dict], api_key_env: Op
         if latest is None or (latest[2]["status"] in TERMINAL and latest[2].get("settled")):
             return
         recorded = None if lock is not None else latest[2].get("apiKeyEnv")
-    check_provider(lock if lock is not None else runner.sessions.agent(info), api_key_env or recorded)
+    # Looked for, not imported: the runner imports it when it makes the provider, before a run is created.
+    check_provider(lock if lock is not None else runner.sessions.agent(info), api_key_env or recorded,
+                   import_sdk=False)
 
 
 def rebind_only(runner: Runner, ses: str, workspace: Optional[str], json_out: bool) -> bool:
@@ -352,6 +387,9 @@ def show_cmd(
       kxen-agent run show ses_6508
       kxen-agent run show ses_6508 run_91c2 --json
     """
+    from kxen_agent.runtime.approvals import shown_arguments
+    from kxen_agent.runtime.pending import approve_commands
+
     from ._ids import resolve_run
 
     runner = Runner(Store.open(namespaces=(NS,)))
@@ -367,13 +405,21 @@ def show_cmd(
             "op": op, "tool": e["tool"], "arguments": e["arguments"], "state": e["state"],
             "source": e.get("source"), "turn": e.get("turn"), "callId": e.get("callId"),
             "sideEffects": e.get("sideEffects"),
-            "outcome": None if (e["state"] in (OpState.STARTED, OpState.OUTCOME_UNKNOWN)
-                                and e.get("source") != OpSource.HUMAN)
+            "outcome": None if (e["state"] in (OpState.PENDING_APPROVAL, OpState.DECIDED) or (
+                e["state"] in (OpState.STARTED, OpState.OUTCOME_UNKNOWN) and e.get("source") != OpSource.HUMAN))
             else {"output": runner.entry_output(e), "isError": e.get("isError", False)},
             "note": e.get("note"),
-            "approval": {"answer": e["approval"], "by": e["approver"]} if "approval" in e else None,
+            "approval": ({"answer": e["approval"], "by": e["approver"], **({"reason": e["reason"]} if "reason" in e else {})}
+                         if "approval" in e else None),
             "checkpointBefore": e.get("checkpointBefore"), "checkpointAfter": e.get("checkpointAfter"),
         })
+    if any(j["tool"].startswith("mcp__") for j in journal):  # §14.15: each MCP tool's hints, never obeyed
+        from kxen_agent.runtime.mcp_tools import annotations_doc
+
+        hints = {h["tool"]: h for h in annotations_doc(runner.sessions.agent(info))}
+        for j in journal:
+            if j["tool"] in hints:
+                j["mcp"] = hints[j["tool"]]
     evidence: dict[str, list[str]] = {}
     if any(j["state"] == OpState.OUTCOME_UNKNOWN for j in journal):
         from .checkpoint_cmds import unknown_op_evidence
@@ -389,6 +435,12 @@ def show_cmd(
         "retryOf": st.get("retryOf"), "turn": st["turn"], "task": st["task"], "result": st.get("result"),
         "error": st.get("error"), "usage": st.get("usage"), "turnUsage": runner.turn_usage(st),
         "state": oid.hex(), "journal": journal,
+        "instructions": [{"path": i["path"], "object": i["blob"].hex(), "size": i["size"], "truncated": i["truncated"]}
+                         for i in st.get("instructions") or ()],
+        # The calls that wait for a person (§14.6 PendingApproval) and the commands that decide them.
+        "waitingForApproval": [{"op": j["op"], "tool": j["tool"], "arguments": j["arguments"],
+                                "approve": approve_commands(ses, j["op"])[0], "deny": approve_commands(ses, j["op"])[1]}
+                               for j in journal if j["state"] == OpState.PENDING_APPROVAL],
     }
     if json_out:
         emit_json(doc)
@@ -402,6 +454,9 @@ def show_cmd(
     out(f"usage: {usage_line(st.get('usage'))}")
     for tu in doc["turnUsage"]:
         out(f"  turn {tu['turn']}: {usage_line(tu)}")
+    if doc["instructions"]:
+        out("instructions: " + ", ".join(f"{t(i['path'])} ({i['object'][:12]}{', truncated' if i['truncated'] else ''})"
+                                          for i in doc["instructions"]))
     out_text("task", st["task"])
     if st.get("result") is not None:
         out_text("result", st["result"])
@@ -412,10 +467,20 @@ def show_cmd(
         out(f"  {t(j['op'])}  {t(j['state']):<14} {t(j['tool'])} {t(str(j['arguments']))}")
         if j["approval"] is not None:
             out(f"      {approval_line(j['approval'])}")
+        if j.get("mcp"):
+            from kxen_agent.runtime.mcp_tools import hint_line
+
+            out(f"      {hint_line(j['mcp'])}")
         if j["outcome"] is not None:
             first = (j["outcome"]["output"] or "").strip().splitlines()
             tail = f" ({len(first)} lines)" if len(first) > 1 else ""
             out(f"      {'error' if j['outcome']['isError'] else 'output'}: {t(first[0]) if first else ''}{tail}")
+        elif j["state"] == OpState.PENDING_APPROVAL:
+            yes, no = approve_commands(ses, j["op"])
+            out(f"      waits for approval (nobody at a terminal to ask): `{t(yes, quote=False)}` or "
+                f"`{t(no, quote=False)}`, then `kxen-agent --resume {t(ses)}`")
+            for line in shown_arguments(j["arguments"]).splitlines():
+                out(f"      | {t(line, quote=False)}")
         elif j["state"] == OpState.OUTCOME_UNKNOWN:
             out(f"      outcome UNKNOWN: check, then `kxen-agent run resolve {t(ses)} {t(run)} {t(j['op'])} --output TEXT`")
             for line in evidence.get(j["op"], []):
@@ -427,9 +492,11 @@ def approval_line(approval: dict) -> str:
     by = {ApproverName.USER: "by the user", ApproverName.USER_ALWAYS: "by the user (always, for this run)",
           ApproverName.YES_FLAG: "by --yes",
           ApproverName.NO_TERMINAL: "without asking: no terminal to ask at (give --yes to approve)",
+          ApproverName.USER_COMMAND: f"by the user with `run {'approve' if approval['answer'] == 'yes' else 'deny'}`",
           ApproverName.TRUST: "on this machine with `session trust` (the call came from another state dir)"}.get(approval["by"],
                                                                                         t(approval["by"]))
-    return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}"
+    why = f": {t(approval['reason'])}" if approval.get("reason") else ""
+    return f"{'approved' if approval['answer'] == 'yes' else 'refused'} {by}{why}"
 
 
 @run_app.command("resolve")
@@ -450,23 +517,120 @@ def resolve_cmd(
       kxen-agent run resolve ses_6508 op_5d1e --output "verified: branch already pushed"
       kxen-agent run resolve ses_6508 run_91c2 op_5d1e --output "it failed" --is-error
     """
-    from ._ids import resolve_op, resolve_run
-
-    if len(ids) > 2:
-        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
     check_text(output, "--output")  # before the lease is taken: a bad value changes nothing
-    lease_ttl_s()
-    runner = Runner(Store.open(namespaces=(NS,)))
-    info = runner.sessions.get(runner.sessions.resolve_id(ses))
-    ses = info.id
-    if len(ids) == 1:  # SES OP: the run is the one whose journal holds OP
-        run, op = resolve_op(runner, info, None, ids[0])
-    elif len(ids) == 2:
-        run, op = resolve_op(runner, info, resolve_run(runner, info, ids[0]), ids[1])
-    else:
-        raise UsageError(f"run resolve takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run resolve --help)")
+    runner, ses, run, op = _op_of("resolve", ses, ids)
     res = runner.resolve(ses, run, op, output, is_error=is_error)
     if json_out:
         emit_json(res)
     else:
         out(f"{t(op)} resolved ({'error' if is_error else 'ok'}); continue with `kxen-agent --resume {t(ses)}`")
+
+
+def _op_of(command: str, ses: str, ids: list[str]) -> tuple[Runner, str, str, str]:
+    """``(runner, session, run, op)`` for ``run COMMAND SES [RUN] OP`` (ids or unique prefixes)."""
+    from ._ids import resolve_op, resolve_run
+
+    if not ids and command in ("approve", "deny"):
+        raise UsageError(f"run {command} needs the OP to decide (`kxen-agent run show SES` lists the waiting "
+                         "calls), or --all for every call that waits")
+    if not 1 <= len(ids) <= 2:
+        raise UsageError(f"run {command} takes SES [RUN] OP, got {len(ids) + 1} ids (see kxen-agent run {command} --help)")
+    lease_ttl_s()
+    runner = Runner(Store.open(namespaces=(NS,)))
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    if len(ids) == 1:  # SES OP: the run is the one whose journal holds OP
+        run, op = resolve_op(runner, info, None, ids[0])
+    else:
+        run, op = resolve_op(runner, info, resolve_run(runner, info, ids[0]), ids[1])
+    return runner, info.id, run, op
+
+
+def _decide(ses: str, ids: Optional[list[str]], *, yes: bool, reason: Optional[str], json_out: bool,
+            every: bool = False) -> None:
+    command = "approve" if yes else "deny"
+    if reason is not None:
+        check_text(reason, "--reason")
+        if not reason.strip():
+            raise UsageError("--reason is empty (or only whitespace); say what the model should do instead, "
+                             "or leave --reason out")
+    ids = ids or []
+    if every:
+        runner, ses, run, ops = _waiting_ops(command, ses, ids)
+    else:
+        runner, ses, run, op = _op_of(command, ses, ids)
+        ops = [op]
+    done = [runner.decide(ses, run, op, yes=yes, reason=reason) for op in ops]  # one step each: each is provably ours
+    if json_out:
+        emit_json(done[0] if not every else {"session": ses, "run": run, "decided": done})
+        return
+    for res in done:
+        said = "approved" if yes else "denied" + (" (the model is told your reason)" if res["reason"] else "")
+        out(f"{t(res['op'])} ({t(res['tool'])}) {said} on this state dir")
+    left = done[-1]["waiting"]
+    out(f"{len(left)} call(s) still wait ({', '.join(left)}): decide them, then `kxen-agent --resume {ses}`"
+        if left else f"continue with `kxen-agent --resume {ses}`")
+
+
+def _waiting_ops(command: str, ses: str, ids: list[str]) -> tuple[Runner, str, str, list[str]]:
+    """``run COMMAND SES [RUN] --all``: the run (default: the latest) and every call of it that waits."""
+    from ._ids import resolve_run
+
+    if len(ids) > 1:
+        raise UsageError(f"run {command} --all takes SES [RUN], not an operation (it decides every waiting call)")
+    lease_ttl_s()
+    runner = Runner(Store.open(namespaces=(NS,)))
+    info = runner.sessions.get(runner.sessions.resolve_id(ses))
+    run = resolve_run(runner, info, ids[0] if ids else None)
+    ops = [op for op, e in runner.ops(runner.run_state(info, run)[1]).items() if e["state"] == OpState.PENDING_APPROVAL]
+    if not ops:
+        raise UsageError(f"no call of run {run} waits for approval; `kxen-agent run show {info.id} {run}` shows its "
+                         "journal")
+    return runner, info.id, run, ops
+
+
+@run_app.command("approve")
+def approve_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    every: bool = typer.Option(False, "--all", help="Every call of the run (default: the latest) that waits."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, run, op, tool, approval, approver, reason, waiting} as JSON."),
+) -> None:
+    """Approve a tool call that waits for approval; `--resume` then runs it.
+
+    A call that [policy] approve lists waits when nobody at a terminal could
+    be asked (`run show` lists it). The decision is recorded on this state
+    dir, the one that will run the call.
+
+    \b
+    Examples:
+      kxen-agent run approve ses_6508 op_5d1e
+      kxen-agent run approve ses_6508 run_91c2 op_5d1e
+      kxen-agent run approve ses_6508 --all
+    """
+    _decide(ses, ids, yes=True, reason=None, json_out=json_out, every=every)
+
+
+@run_app.command("deny")
+def deny_cmd(
+    ses: str = typer.Argument(..., metavar="SES", help="A session id or a unique prefix of one."),
+    ids: Optional[list[str]] = typer.Argument(
+        None, metavar="[RUN] OP", help="The call that waits, after its run (optional: found from OP); ids or unique prefixes."),
+    every: bool = typer.Option(False, "--all", help="Every call of the run (default: the latest) that waits."),
+    reason: Optional[str] = typer.Option(
+        None, "--reason", metavar="TEXT", help="What the model is told instead of the call's output: \"no, do X instead\"."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print {session, run, op, tool, approval, approver, reason, waiting} as JSON."),
+) -> None:
+    """Deny a tool call that waits for approval; it never runs, and the model is told.
+
+    The call's result is `refused by the user` (and your --reason);
+    `--resume` then goes on with the run.
+
+    \b
+    Examples:
+      kxen-agent run deny ses_6508 op_5d1e
+      kxen-agent run deny ses_6508 op_5d1e --reason "no, run the tests first"
+    """
+    _decide(ses, ids, yes=False, reason=reason, json_out=json_out, every=every)

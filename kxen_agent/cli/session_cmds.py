@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 # Without a command: one usage-error line listing the commands (main.click_error_line), not the help.
 session_app = typer.Typer(
     help="List, inspect, fork, delete, export and import sessions.\n\n"
-         "Every SES is a session id or a unique prefix of one.\n\n"
+         "Every SES is a session id, a unique prefix of one, or a session's name.\n\n"
          "\b\nExamples:\n  kxen-agent session list\n  kxen-agent session show ses_6508\n"
          "  kxen-agent session fork ses_6508 --worktree alternative_fix",
     no_args_is_help=False, rich_markup_mode=None, add_completion=False)
 
-_SES_HELP = "A session id or a unique prefix of one (ses_6508)."
+_SES_HELP = "A session id, a unique prefix of one (ses_6508), or the session's name."
 
 
 def _store() -> Store:
@@ -114,6 +114,8 @@ def list_cmd(
         help="Only sessions bound to DIR (its path, or the same repository and subdirectory elsewhere)."),
     since: Optional[str] = typer.Option(
         None, "--since", metavar="WHEN", help="Only sessions active since WHEN: a duration (2d, 1w) or a date."),
+    branch: Optional[str] = typer.Option(
+        None, "--branch", "-b", metavar="NAME", help="Only sessions bound to the Git branch NAME."),
     json_out: bool = typer.Option(
         False, "--json",
         help="Print {stateDir, sessions: [...]}: each session as `session show --json` gives it, plus "
@@ -150,6 +152,8 @@ def list_cmd(
         ws = info.meta["workspace"]
         if where is not None and ws.get("root") != where.root and ws.get("identity") != where.identity:
             continue
+        if branch is not None and ws.get("branch") != branch.removeprefix("refs/heads/"):
+            continue
         try:  # its head and runs are read here: one damaged session is named, the others listed
             runs = _runs_json(sessions, info)
             d = info.to_json()
@@ -173,13 +177,15 @@ def list_cmd(
         return
     if not rows:
         what = "no sessions" + (f" bound to {t(where.root)}" if where is not None else "") + \
-            (f" active since {t(since)}" if since is not None else "")
+            (f" active since {t(since)}" if since is not None else "") + \
+            (f" on branch {t(branch)}" if branch is not None else "")
         out(f"{what} in {t(store.root)}")
         return
     for d in rows:
         fork = f"  fork of {t(d['parentId'])} ({t(d['forkKind'] or '-')})" if d["parentId"] else ""
         task = f"  task: {t(_one_line(d['lastTask']))}" if d["lastTask"] else ""
-        out(f"{t(d['id'])}  {t(d['status'] or 'no runs'):<14} created {_short_when(d['createdNs'])}  "
+        named = f"  ({t(d['name'])})" if d.get("name") else ""
+        out(f"{t(d['id'])}{named}  {t(d['status'] or 'no runs'):<14} created {_short_when(d['createdNs'])}  "
             f"active {_short_when(d['lastActivityNs'])}  {d['messages']:>4} msgs  "
             f"{t(d['workspace']['root'])}{fork}{task}")
 
@@ -218,6 +224,8 @@ def show_cmd(
         return
     # Every stored text goes through t(): an imported session's values are someone else's bytes.
     out(f"session {t(d['id'])}")
+    if d.get("name"):
+        out(f"  name:         {t(d['name'])}")
     out(f"  parentId:     {t(d['parentId'] or '-')}")
     out(f"  branchRootId: {t(d['branchRootId'])}")
     out(f"  forkPoint:    {t(d['forkPoint'] or '-')}")
@@ -319,48 +327,71 @@ def compact_cmd(
 def tree_cmd(
     ses: str = typer.Argument(..., metavar="SES", help=_SES_HELP),
     json_out: bool = typer.Option(
-        False, "--json", help="Print the tree as nested JSON: {id, forkKind, forkPoint, deleted, children}."),
+        False, "--json",
+        help="Print the tree as nested JSON: {id, forkKind, forkPoint, deleted, name, status, lastTask, "
+             "lastActivityNs, children}."),
 ) -> None:
-    """The fork tree around SES, drawn.
+    """The fork tree around SES, drawn as `git log --graph` draws branches.
+
+    Each fork sits above the session it was forked from: its id, name,
+    the status of its latest run (running, input_required, completed,
+    failed, canceled, interrupted; "no runs"), when it was last active,
+    and its last task.
 
     \b
     Example:
       kxen-agent session tree ses_6508
     """
+    from .tree_view import age, graph
+
     sessions = _sessions()
     ses = sessions.resolve_id(ses)
     root, children, family = sessions.tree(ses)
+    facts: dict[str, dict] = {}
+
+    def fact(sid: str) -> dict:
+        if sid not in facts:
+            info = family.get(sid)
+            d: dict = {"name": None, "status": None, "lastTask": None, "lastActivityNs": None}
+            if info is not None:
+                d["name"] = info.meta.get("name")
+                try:  # one damaged session is drawn without its runs, the family still is
+                    runs = _runs_json(sessions, info)
+                except KxenError:
+                    runs = []
+                last = runs[-1] if runs else None
+                d["status"] = last["status"] if last else None
+                d["lastTask"] = last["task"] if last else None
+                d["lastActivityNs"] = max([info.meta["createdNs"], info.meta.get("revisedNs", 0)]
+                                          + [r["updatedNs"] or 0 for r in runs])
+            facts[sid] = d
+        return facts[sid]
 
     def label(sid: str) -> str:
         info = family.get(sid)
         if info is None:
             return f"{t(sid)} (deleted or not here)"
-        m = info.meta
-        extra = f" at {t(m['forkPoint'][:16])}" if m.get("forkPoint") else ""
-        kind = f" [{t(m['forkKind'])}]" if m.get("forkKind") else ""
+        m, d = info.meta, fact(sid)
+        name = f"  ({t(d['name'])})" if d["name"] else ""
+        kind = f"  [{t(m['forkKind'])}]" if m.get("forkKind") else ""
+        at = f" at {t(m['forkPoint'][:16])}" if m.get("forkPoint") else ""
         gone = " (deleted)" if info.deleted_ns is not None else ""
+        task = f"  task: {t(_one_line(d['lastTask']))}" if d["lastTask"] else ""
         mark = "  <- this session" if sid == ses else ""
-        return f"{t(sid)}{kind}{extra}{gone}  {t(info.workspace.root)}{mark}"
+        return (f"{t(sid)}{name}  {t(d['status'] or 'no runs')}  {age(d['lastActivityNs'])}{kind}{at}{gone}"
+                f"{task}{mark}")
 
     if json_out:
         def node(sid: str) -> dict:
             return {"id": sid, "forkKind": family[sid].meta.get("forkKind") if sid in family else None,
                     "forkPoint": family[sid].meta.get("forkPoint") if sid in family else None,
                     "deleted": family[sid].deleted_ns is not None if sid in family else True,
+                    **fact(sid),
                     "children": [node(c) for c in children.get(sid, [])]}
         emit_json(node(root))
         return
-
-    out(label(root))
-
-    def draw(sid: str, prefix: str) -> None:
-        kids = children.get(sid, [])
-        for i, c in enumerate(kids):
-            last = i == len(kids) - 1
-            out(f"{prefix}{'└── ' if last else '├── '}{label(c)}")
-            draw(c, prefix + ("    " if last else "│   "))
-
-    draw(root, "")
+    for line in graph(root, children, label):
+        out(line)
 
 
 @session_app.command("fork")
@@ -376,6 +407,8 @@ def fork_cmd(
     with_code: bool = typer.Option(
         False, "--with-code", help="With --worktree: start the worktree at the workspace checkpoint of the fork point."),
     json_out: bool = typer.Option(False, "--json", help="Print the new session as `session show --json` does."),
+    name: Optional[str] = typer.Option(
+        None, "--name", "-n", metavar="NAME", help="The fork's name (default: <SES's name>/<n> when SES has one)."),
 ) -> None:
     """A new complete Session sharing SES's history up to the fork point.
 
@@ -401,11 +434,11 @@ def fork_cmd(
         start, note = checkpoint_for_fork(sessions, sessions.get(ses), at)
         if note and not json_out:
             err(f"note: {t(note, quote=False)}")
-    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace, worktree_at=start)
+    info = sessions.fork(ses, at=at, worktree=worktree, workspace=workspace, worktree_at=start, name=name)
     if json_out:
         emit_json(info.to_json())
         return
-    out(f"{info.id}")
+    out(f"{info.id}" + (f"  ({t(info.meta['name'])})" if info.meta.get("name") else ""))
     ws = info.workspace
     if worktree:
         extra = f", worktree {t(ws.root)} on branch {t(str(ws.branch))}" + (
@@ -518,12 +551,18 @@ def export_cmd(
                                  "message whose history reads, and the runs that read."),
     with_checkpoints: bool = typer.Option(
         False, "--with-checkpoints", help="Also carry the workspace checkpoints (scanned for credentials first)."),
+    encrypt_to: Optional[list[str]] = typer.Option(
+        None, "--encrypt-to", metavar="RECIPIENT", help="Encrypt (age) to this age recipient or SSH public key "
+        "(a key, or a file such as ~/.ssh/id_ed25519.pub); only its holder can import. Repeatable."),
+    sign: Optional[str] = typer.Option(None, "--sign", metavar="KEY",
+                                       help="Sign with this SSH private key (ssh-keygen -Y sign), before encrypting."),
 ) -> None:
     """Write a self-contained, credential-free bundle of the sessions.
 
     \b
-    Example:
+    Examples:
       kxen-agent session export ses_6508 --output session.bundle
+      kxen-agent session export ses_6508 -o s.kxb --sign ~/.ssh/id_ed25519 --encrypt-to ./bob.pub
     """
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.session.transfer import export_sessions, session_objects
@@ -549,17 +588,24 @@ def export_cmd(
     prog = Progress("export", enabled=not json_out)
     from .checkpoint_travel_cmds import export_with_checkpoints, note_stays_behind
 
-    if with_checkpoints:
-        info = export_with_checkpoints(store, full, output, fmt, allow_secrets=allow_secrets, progress=prog)
-    elif salvage:
-        info = _export_salvaged(store, full, output, fmt, prog)
-    else:
-        info = export_sessions(store, full, output, fmt=fmt, progress=prog)
-    prog.done()
+    from kxen_agent.session.share import sealing
+
+    with sealing(output, encrypt_to=encrypt_to, sign_key=sign) as sealed:  # §12.14: signed, then encrypted
+        if with_checkpoints:
+            info = export_with_checkpoints(store, full, sealed.path, fmt, allow_secrets=allow_secrets, progress=prog)
+        elif salvage:
+            info = _export_salvaged(store, full, sealed.path, fmt, prog)
+        else:
+            info = export_sessions(store, full, sealed.path, fmt=fmt, progress=prog)
+        prog.done()
     if not with_checkpoints:
         note_stays_behind(store, full)
     if json_out:
-        emit_json(info.to_json())
+        emit_json(dict(info.to_json(), envelope=sealed.envelope_json()) if sealed.sealed else info.to_json())
+        return
+    if sealed.sealed:
+        out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {sealed.size} bytes "
+            f"({info.format}, {sealed.describe()})")
         return
     out(f"wrote {t(output)}: {len(info.refs)} session(s), {info.objects} objects, {info.file_bytes} bytes ({info.format})")
 
@@ -589,6 +635,15 @@ def import_cmd(
         False, "--json", help="Print what was imported as JSON: sessions and their fate, bindings, new objects."),
     restore_workspace: bool = typer.Option(
         False, "--restore-workspace", help="Write the session's last checkpoint (carried in the bundle) into the workspace."),
+    identity: Optional[list[str]] = typer.Option(
+        None, "--identity", "-i", metavar="FILE", help="An age identity file or SSH private key that opens an "
+        "encrypted bundle. Repeatable."),
+    allowed_signers: Optional[str] = typer.Option(
+        None, "--allowed-signers", metavar="FILE", help="Import only a bundle signed by a key this file "
+        "(ssh-keygen's allowed signers format, as Git's) allows."),
+    trust: bool = typer.Option(
+        False, "--trust", help="With --allowed-signers: also accept what the sessions ask of this machine, as "
+        "`session trust SES --yes` does."),
 ) -> None:
     """Verify a bundle, import its sessions and bind them to DIR.
 
@@ -597,27 +652,37 @@ def import_cmd(
       kxen-agent session import session.bundle --workspace /workspace/repo
     """
     from kxen_agent.runtime.lease import Lease, lease_ttl_s
+    from kxen_agent.session.share import open_bundle
     from kxen_agent.session.transfer import import_sessions
 
     from ._render import Progress
+    from .share_cmds import check_trust_flags, trust_imported
 
+    check_trust_flags(trust, allowed_signers)
     lease_ttl_s()  # a bad KXEN_AGENT_LEASE_TTL_S is refused before any object is imported
     default, per_session = workspaces(workspace)
     store = _store()
     prog = Progress("import", enabled=not json_out)
-    res = import_sessions(store, bundle, default, workspaces=per_session, progress=prog,
-                          acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
-    prog.done()
-    from .checkpoint_travel_cmds import adopt_from_bundle, restore
+    with open_bundle(bundle, identities=identity, allowed_signers=allowed_signers) as opened:  # §12.14
+        if opened.signature is not None and not json_out:
+            err(f"note: bundle {t(bundle)}: {t(opened.signature.line(), quote=False)}")
+        res = import_sessions(store, opened.path, default, workspaces=per_session, progress=prog,
+                              acquire_lease=lambda ses: Lease.acquire(store, ses, purpose="import"))
+        prog.done()
+        from .checkpoint_travel_cmds import adopt_from_bundle, restore
 
-    adopted = adopt_from_bundle(store, bundle, res, quiet=json_out)
+        adopted = adopt_from_bundle(store, opened.path, res, quiet=json_out)
     if restore_workspace:
         restore(store, sorted(adopted) or sorted(res.sessions), quiet=json_out)
+    trusted = trust_imported(store, sorted(res.sessions), opened.signature.principal, quiet=json_out) if trust else []
     if json_out:
-        emit_json(res.to_json())
+        emit_json(dict(res.to_json(), envelope=opened.envelope_json(), trusted=trusted) if opened.path != bundle
+                  else res.to_json())
         return
     for ses, status in sorted(res.sessions.items()):
         out(f"{t(ses)}: {status}, bound to {t(res.bindings[ses].root)}")
+    for gone in res.dropped_names:
+        err(f"note: {t(gone.line(), quote=False)}")
     out(f"imported {t(bundle)}: {res.result.new_objects} new objects")
     for ses in sorted(res.sessions):
         out(f"resume with `kxen-agent --resume {t(ses)} --workspace {t(res.bindings[ses].root)}`")
@@ -633,6 +698,15 @@ _register_checkpoint_cmds(session_app)
 from .rewind_cmds import register as _register_rewind_cmds  # noqa: E402
 
 _register_rewind_cmds(session_app)
+from .names_cmds import register as _register_names_cmds  # noqa: E402
+
+_register_names_cmds(session_app)
+from .grep_cmds import register as _register_grep_cmds  # noqa: E402
+
+_register_grep_cmds(session_app)
+from .which_cmds import register as _register_which_cmds  # noqa: E402
+
+_register_which_cmds(session_app)
 
 
 @session_app.command("trust")
@@ -700,6 +774,15 @@ def _show_trust(doc: dict) -> None:
         out(f"  tools:        {t(', '.join(a['tools']) or '-')}")
         out(f"  approve:      {t(', '.join(a['approve']) or '- (no call waits for a yes)')}")
         out(f"  env_keep:     {t(', '.join(a['envKeep']) or '-')}")
+        if a.get("mcp"):  # §14.15: the commands this machine would start, and each tool's hints
+            from kxen_agent.runtime.mcp_tools import hint_line
+
+            for name, s in a["mcp"]["servers"].items():
+                launch = " ".join([s["command"], *s["args"]]) if "command" in s else s["url"]
+                out(f"  MCP server {t(name)}: {t(launch)}" + (f"   env_keep: {t(', '.join(s['env_keep']))}"
+                                                              if s.get("env_keep") else ""))
+            for h in a["mcp"]["tools"]:
+                out(f"    {t(h['tool'])}: {hint_line(h)}")
         if a["script"] is not None:
             out("  script steps:")
             for n, step in enumerate(a["script"] if isinstance(a["script"], list) else [a["script"]]):

@@ -10,8 +10,9 @@ line and maps to an exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -225,6 +226,12 @@ def bundle_verify_cmd(
     file: str = typer.Argument(..., metavar="FILE", help="A bundle (pack or JSON form)."),
     json_out: bool = typer.Option(
         False, "--json", help="Print what the bundle holds as JSON: format, version, refs, objects, digest."),
+    identity: Optional[list[str]] = typer.Option(
+        None, "--identity", "-i", metavar="FILE", help="An age identity file or SSH private key that opens an "
+        "encrypted bundle. Repeatable."),
+    allowed_signers: Optional[str] = typer.Option(
+        None, "--allowed-signers", metavar="FILE", help="Check the bundle's SSH signature against this allowed "
+        "signers file (refused: unsigned, an unknown signer, a changed byte)."),
 ) -> None:
     """Check a bundle completely (no state dir needed): header, every object's hash and shape, the closure.
 
@@ -236,17 +243,30 @@ def bundle_verify_cmd(
       kxen-agent bundle verify session.bundle
     """
     from kxen_agent.session.schema import SESSION_SCHEMA
+    from kxen_agent.session.share import open_bundle
     from kxen_agent.store.bundle import verify_bundle
 
     from .secret_scan import SecretScan
 
     prog = Progress("verify", enabled=not json_out)
     scan = SecretScan()
-    try:
-        info = verify_bundle(file, progress=prog, schema=SESSION_SCHEMA, on_object=scan)
-    finally:
-        prog.done()
-        scan.warn(f"bundle {t(file)}")
+    with open_bundle(file, identities=identity, allowed_signers=allowed_signers) as opened:  # §12.14
+        try:
+            info = verify_bundle(opened.path, progress=prog, schema=SESSION_SCHEMA, on_object=scan)
+        finally:
+            prog.done()
+            scan.warn(f"bundle {t(file)}")
+    if opened.path != file:  # an envelope: say what it was, and name the file given
+        info = dataclasses.replace(info, path=file)
+        if json_out:
+            emit_json(dict(info.to_json(), envelope=opened.envelope_json()))
+            return
+        _print_info(info)
+        if opened.encrypted:
+            out("encrypted (age): opened with the identity given")
+        if opened.signature is not None:
+            out(t(opened.signature.line(), quote=False))
+        return
     if json_out:
         emit_json(info.to_json())
         return

@@ -17,7 +17,11 @@ below); every module, one line each:
 - :mod:`.history_bound` — how much of a history a run holds in memory;
 - :mod:`.history_index` — a session's history in one file, so a resume reads no message objects;
 - :mod:`.compaction` — the model's view of a long history kept under a budget;
+- :mod:`.instructions` — the project instructions (``AGENTS.md``) a run reads at its start and gives the model;
 - :mod:`.approvals` — a person says yes or no to a tool call before it runs;
+- :mod:`.pending` — calls that wait for a person (``run approve`` / ``run deny``);
+- :mod:`.task_note` — a new task's message after an abandoned run says so;
+- :mod:`.answer_end` — whether a model's answer can end or continue a run;
 - :mod:`.answer_check` — the door a model's answer passes before anything is recorded;
 - :mod:`.trust` — the gate a run passes (``objects_spec.md`` §14.13);
 - :mod:`.redaction` — what is taken out of every text a run persists
@@ -29,7 +33,10 @@ below); every module, one line each:
 - :mod:`.events` — what a run reports while it works (live output, ``--events``);
 - :mod:`.faults` — crash points for tests (``KXEN_AGENT_FAULT``);
 - :mod:`.providers` — the :class:`Provider` seam to a language model (package);
-- :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package).
+- :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package);
+- :mod:`.mcp_tools` — MCP servers' tools in a run: lock listing, specs, outcomes, recovery (§14.15);
+- :mod:`.mcp_link` — the connections to MCP servers through the ``mcp`` SDK (imported only when used);
+- :mod:`.mcp_procs` — the stdio servers' process-group records, and reaping those a killed run left.
 
 Nothing here renders text for a terminal or exits the process; that is the
 CLI's. Each module's docstring says what it owns and its limitations.

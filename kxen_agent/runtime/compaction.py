@@ -39,6 +39,7 @@ from kxen_agent.store import CorruptObject
 from .events import Activity
 from .history import RunHistory
 from .lease import Lease
+from .mcp_tools import mcp_specs
 from .plan import StepPlan
 from .providers import AssistantTurn, Provider, model_endpoint, require_sdk
 from .redaction import redact
@@ -160,7 +161,7 @@ def over_budget(held: RunHistory, head: bytes | None, before: Sequence[dict], ag
         return request, None  # no budget, or nothing new since the last compaction: compacting again would not help
     view = request[len(before):]  # a copy as long as the view, which compaction keeps within the budget
     system = agent.get("system", "")
-    specs = tool_specs(agent.get("tools", []))
+    specs = tool_specs(agent.get("tools", [])) + mcp_specs(agent)  # what the model is sent, MCP tools too
     tu = st.get("turnUsage")
     reported = (tu["inputTokens"] + tu["outputTokens"]
                 if tu is not None and tu["turn"] > st.get("compactedTurn", -1) else None)
@@ -244,7 +245,7 @@ def compact_session(runner: Runner, ses: str, at: str | None = None) -> dict:
         view = provider_view(history[: n + 1])
         provider = runner.providers(lock, model_endpoint(lock))
         try:
-            turn = _ask_summary(provider, lock.get("system", ""), view, tool_specs(lock.get("tools", [])),
+            turn = _ask_summary(provider, lock.get("system", ""), view, tool_specs(lock.get("tools", [])) + mcp_specs(lock),
                                 cancel=runner.cancel, policy=runner.retry_policy,
                                 on_retry=lambda note: runner.on_event(
                                     f"retrying the summary in {note.wait_s:.1f}s: {note.error}"),

@@ -45,12 +45,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kxen_agent.errors import KxenError
+from kxen_agent.session import positions
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import Store
 
 from .answer_check import safe_provider_message
-from .history_bound import ViewBound
-from .history_index import HISTORY, INDEX_MIN_MESSAGES, Entry, read_index, write_index
+from .history_bound import ELIDED, ViewBound
+from .history_index import HISTORY, INDEX_MIN_MESSAGES, Entry, read_index, sync_positions_beside, write_index
 
 __all__ = ["RunHistory"]
 
@@ -78,6 +79,9 @@ class RunHistory:
         self._index: tuple[str, int, int] | None = None
         self._stable = 0
         self._cut = False  # a message held was cut to the view's bounds (history_bound): no index is written
+        # The session's message positions file (§11a.1), known after start(): the ids of the messages older
+        # than the view's bound, which a walk then need not read one by one.
+        self._positions: str | None = None
 
     @property
     def head(self) -> bytes | None:
@@ -125,7 +129,20 @@ class RunHistory:
         cur: bytes | None = head
         join = -1  # the position of the newest held message the chain goes through (-1: none)
         bound = ViewBound(self._sessions)  # what is held stays within what a model could be shown
+        cur_seq: int | None = None  # the seq of ``cur`` when known (its child's, less one)
         while cur is not None:
+            if cur_seq is not None and bound.spent_all and self._positions is not None:
+                older = positions.prefix(self._sessions.store.io, self._positions, cur_seq, cur)
+                if older is not None:
+                    # Every message from here back is a stub, never read: its id from the positions
+                    # file, joined at ``cur`` (100,000 messages: 3 MB read instead of 92,000 objects).
+                    for j in range(cur_seq, -1, -1):
+                        if j < held and self._oids[j] == older[j]:
+                            join = j
+                            break
+                        newer.append((older[j], ELIDED, None))
+                        bound.elide(older[j])
+                    break
             m = bound.read(cur)
             self.reads += 1
             if m.seq < held and self._oids[m.seq] == cur:
@@ -138,7 +155,7 @@ class RunHistory:
             if parent is not None and 0 <= pos < held and self._oids[pos] == parent:
                 join = pos
                 break
-            cur = parent
+            cur, cur_seq = parent, pos
         bound.settle(newer)
         self._cut = self._cut or bound.cut
         del self._oids[join + 1:]
@@ -169,6 +186,7 @@ class RunHistory:
             # Never more entries than the head's history has: a fork of a far longer parent, or a
             # planted file, is not parsed past what the join could keep.
             limit = self._sessions.read_message(info.head).seq + 1
+            self._positions = store.caches.path(positions.POSITIONS, f"{NS}/{ses}")
             for _ in range(_ANCESTORS + 1):
                 paths.append(store.caches.path(HISTORY, f"{NS}/{cur}"))
                 parent = info.meta.get("parentId")
@@ -226,7 +244,12 @@ class RunHistory:
             # next time, not extended by what that call's own sync adds.
             self._lent = self._returned = None
         n = len(self._oids)
-        if n < INDEX_MIN_MESSAGES or self._cut:
+        if n < INDEX_MIN_MESSAGES:
+            return False
+        if self._cut:
+            # No index (it would hold the cut view, not what the messages say); the positions still hold
+            # (every id held is the message's own), so the next run's walk stops at the view's bound.
+            sync_positions_beside(io, path, self._oids)
             return False
         through = dict(self._compactions)
         entries: list[Entry] = [(self._oids[i], self._messages[i], through.get(i)) for i in range(n)]

@@ -77,6 +77,17 @@ class ViewBound:
                                                  for c in m.tool_calls)
         return m
 
+    @property
+    def spent_all(self) -> bool:
+        """Whether every message read from here on is a stub (:data:`ELIDED`): the walk may take the
+        older ids from elsewhere (the session's message positions) instead of reading each message."""
+        return self.spent >= HISTORY_CHARS
+
+    def elide(self, oid: bytes) -> None:
+        """Message ``oid``, older than the bound, shown as :data:`ELIDED` without being read."""
+        self.cut = True
+        self._elided.add(oid)
+
     def settle(self, newer: list[tuple[bytes, dict[str, Any], bytes | None]]) -> None:
         """Make the walk's provider forms (newest first) share :data:`ELIDED` for every stub, and leave out the
         tool results at the oldest end of what is shown when their call is left out."""

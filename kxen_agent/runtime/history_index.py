@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import blake3
 import zstandard
 
+from kxen_agent.session.grep_index import GREP
 from kxen_agent.session.positions import POSITIONS
 from kxen_agent.session.positions import sync as sync_positions
 from kxen_agent.session.sessions import NS, SessionStore
@@ -99,7 +100,7 @@ def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
 HISTORY = CacheKind("history", verify=_verify_store, problem="history-index", title="history index")
 #: The kinds of cache the run loop keeps: what a store opened for this program is given (the session
 #: layer's message positions, §11a.1, among them).
-CACHES = (HISTORY, POSITIONS)
+CACHES = (HISTORY, POSITIONS, GREP)
 
 
 # ---------------------------------------------------------------- bytes
@@ -294,7 +295,7 @@ def write_index(io: Any, path: str, entries: Sequence[Entry], *, keep: int = 0, 
     either way (the module docstring says why). The file's new size;
     raises OSError.
     """
-    _sync_positions(io, path, entries)
+    sync_positions_beside(io, path, [e[0] for e in entries])
     if keep and keep_bytes:
         if keep >= len(entries):
             return keep_bytes
@@ -314,17 +315,18 @@ def write_index(io: Any, path: str, entries: Sequence[Entry], *, keep: int = 0, 
     return len(data)
 
 
-def _sync_positions(io: Any, path: str, entries: Sequence[Entry]) -> None:
-    """Bring the session's message positions (§11a.1) up to date from the same entries, when ``path`` is
-    a history index in its cache dir (``cache/history/<ns>/<id>``): ``fork --at`` after a run then reads
-    no message. A cache beside a cache: never an error of the run's."""
+def sync_positions_beside(io: Any, path: str, ids: Sequence[bytes]) -> None:
+    """Bring the session's message positions (§11a.1) up to date from the ids of the same history (oldest
+    first), when ``path`` is a history index in its cache dir (``cache/history/<ns>/<id>``): ``fork --at``
+    after a run then reads no message, nor does the next run's walk past its view's bound. A cache beside
+    a cache: never an error of the run's."""
     ns_dir = os.path.dirname(path)
     kind_dir = os.path.dirname(ns_dir)
     if os.path.basename(kind_dir) != HISTORY.name:
         return
     other = os.path.join(os.path.dirname(kind_dir), POSITIONS.name, os.path.basename(ns_dir), os.path.basename(path))
     try:
-        sync_positions(io, other, [e[0] for e in entries])
+        sync_positions(io, other, ids)
     except OSError:
         pass
 

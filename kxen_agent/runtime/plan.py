@@ -58,6 +58,8 @@ class StepPlan:
     changes: Mapping[str, Any] | None = None
     entries: tuple[JournalWrite, ...] = field(default=())
     meta: tuple[bytes, Mapping[str, Any]] | None = None
+    #: Texts written as blobs in the step, before the run state that links them (a run's instructions, §14.5).
+    blobs: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ __all__ = [
     "SettleThenAsk",
     "Step",
     "Stop",
+    "WAITS_FOR_APPROVAL",
     "next_step",
     "provable_file_outcome",
 ]
@@ -83,6 +84,9 @@ class AskModel:
     """Ask the model for the next turn."""
 
 
+#: :class:`Stop`'s ``why`` while a call waits for `run approve` / `run deny` (§14.6 ``PendingApproval``).
+WAITS_FOR_APPROVAL = "waits for approval"
+
 Step = Union[FinishSettlement, Stop, ResumeAfterResolution, RunTools, SettleThenAsk, AskModel]
 
 
@@ -92,8 +96,11 @@ def next_step(run: str, status: RunStatus, settled: bool, last: LastMessage | No
     if status.terminal:
         return Stop("settled") if settled else FinishSettlement()
     if status is RunStatus.INPUT_REQUIRED:
+        ops = tuple(ops)
         if any(s is OpState.OUTCOME_UNKNOWN for s in ops):
             return Stop("waits for run resolve")
+        if any(s is OpState.PENDING_APPROVAL for s in ops):
+            return Stop(WAITS_FOR_APPROVAL)
         return ResumeAfterResolution()
     if last is not None and last.run == run:
         if last.role == "assistant" and last.asks_tools:

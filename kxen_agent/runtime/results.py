@@ -15,7 +15,7 @@ from kxen_agent.session.status import TERMINAL, RunStatus
 
 from .providers import Usage
 
-__all__ = ["CUT_SHORT", "NothingToRetry", "OUTPUT_BLOB_THRESHOLD", "RunError", "RunResult", "TERMINAL", "retryable",
+__all__ = ["CUT_SHORT", "NothingToResume", "NothingToRetry", "OUTPUT_BLOB_THRESHOLD", "RunError", "RunResult", "TERMINAL", "retryable",
            "sum_usage"]
 
 #: Tool output longer than this is kept in a blob object that the journal links.
@@ -32,6 +32,13 @@ class RunError(KxenError):
 
 class NothingToRetry(RunError):
     """``--retry`` found no failed or canceled run to retry (exit 2: the request, not the state, is wrong)."""
+
+    exit_code = 2
+
+
+class NothingToResume(RunError):
+    """``--resume`` without a task found no unfinished run (exit 2, as :class:`NothingToRetry`: one situation,
+    one code)."""
 
     exit_code = 2
 

@@ -36,7 +36,8 @@ def shown_status(store: Repository, ses: str, st: dict, *, backend: LeaseBackend
     """The status to show of run state ``st`` of session ``ses``: ``interrupted`` for an unsettled run
     (``running``, or ``completed`` before its final message) whose session's lease no live process
     holds — its process died (a crash, a kill, a full disk) and ``--resume`` finishes it — else the
-    stored status (``input_required`` waits for ``run resolve``, not for a process).
+    stored status (``input_required`` waits for a person — ``run resolve``, ``run approve`` / ``run deny``,
+    ``session trust`` — not for a process).
 
     ``backend`` is where the lease lives (default: :func:`~.lease.lease_backend` of ``store``).
     """

@@ -62,13 +62,17 @@ from kxen_agent.store.autopack import AutoPacker
 from kxen_agent.store.protocols import ObjectStore, Repository
 
 from .approvals import Approver, refuse_without_terminal
+from .answer_end import unusable_answer
 from .compaction import ask_summary, held_view, over_budget, plan_compaction, summary_interrupted
 from .events import Activity, Listener, ProviderRetry, RunEvent, RunStarted, TextDelta, TurnFinished, TurnStarted
 from .faults import check_spec as check_fault_spec, fault
 from .history import RunHistory
-from .recovery import (AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools, SettleThenAsk, Stop,
-                       next_step)
+from .instructions import model_preamble, read_for_run
+from .pending import decide, not_resolvable, still_waiting
+from .recovery import (WAITS_FOR_APPROVAL, AskModel, FinishSettlement, LastMessage, ResumeAfterResolution, RunTools,
+                       SettleThenAsk, Stop, next_step)
 from .lease import Lease, LeaseBackend, lease_backend, lease_ttl_s
+from .mcp_tools import mcp_specs, record_listings
 from .providers import (AssistantTurn, ModelEndpoint, Provider, ProviderCanceled, Usage, make_provider,
                         model_endpoint, require_sdk)
 from .redaction import credential_env_values, redact
@@ -79,6 +83,7 @@ from .run_status import read_run, shown_status
 from .tool_call import StopRun as _Stop, ToolTurn
 from .tools import TOOLS, tool_specs
 from .tools.files import GitInternalsWatch
+from .task_note import task_message_text
 from .trust import TrustGate, check_key_env, lock_verdict, rebind_agent, register, trust_doc
 
 __all__ = [
@@ -90,8 +95,8 @@ __all__ = [
     "sum_usage",
 ]
 
-from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToRetry, RunError, RunResult, _usage_json,
-                      retryable, sum_usage)
+from .results import (CUT_SHORT, OUTPUT_BLOB_THRESHOLD, TERMINAL, NothingToResume, NothingToRetry, RunError,
+                      RunResult, _usage_json, retryable, sum_usage)
 
 #: Makes the provider of a run: (agent lock, model and endpoint) -> Provider.
 ProviderFactory = Callable[[dict, ModelEndpoint], Provider]
@@ -222,6 +227,8 @@ class Runner:
             if plan.messages:
                 head = SessionStore(step).append_messages(plan.head, [dict(m) for m in plan.messages])
             journal = None if cur is None else cur.get("journal")
+            for blob in plan.blobs:
+                step.put("blob", blob)
             for w in plan.entries:
                 e, text = _journal_entry(step, w, journal)
                 journal = put(step, "journal", e)
@@ -331,7 +338,7 @@ class Runner:
         if model is not None or base_url is not None:
             model_endpoint(lock, model=model, base_url=base_url)  # a bad override changes nothing
         check_key_env(lock, api_key_env)
-        require_sdk(lock)
+        require_sdk(lock, find_only=True)  # imported when a provider is made: a refusal below needs no SDK
         if rebind:
             if workspace is None:
                 raise UsageError("--rebind-workspace needs --workspace NEW_PATH")
@@ -384,10 +391,10 @@ class Runner:
                 endpoint = model_endpoint(lock, model=model, base_url=base_url)
                 return self._new_run(ses, new_run, task, lease, endpoint, key_env=api_key_env)
             if latest is None:
-                raise RunError(f"session {ses} has no run to resume; give a task with --task or --task-file")
+                raise NothingToResume(f"session {ses} has no run to resume; give a task with --task or --task-file")
             run, oid, st = latest
             if st["status"] in TERMINAL and st.get("settled"):
-                raise RunError(
+                raise NothingToResume(
                     f"nothing to resume: run {run} of session {ses} is {st['status']}; "
                     f"start a new run with `kxen-agent --resume {ses} --task TEXT`"
                     f"{'' if st['status'] == RunStatus.COMPLETED else f' or try it again with `kxen-agent --resume {ses} --retry`'}"
@@ -396,6 +403,7 @@ class Runner:
             if model is not None or base_url is not None:
                 override = model_endpoint(lock, model=model, base_url=base_url, recorded=st)
             key = api_key_env if api_key_env is not None else (None if agent_lock is not None else _KEEP)
+            require_sdk(lock)  # imported now: the refusals above need none
             return self._loop(ses, run, lease, override=override, key_env=key)
 
     # ================================================================ a new run
@@ -418,6 +426,7 @@ class Runner:
         # that does not read, must refuse the task, not leave a run `running`
         # that every resume fails on.
         self.providers(agent, endpoint).close()
+        require_sdk(agent)  # imported now, not before a refusal that needs none (exit 2, nothing written)
         if info.head is not None:
             self.sessions.read_message(info.head)
         now = time.time_ns()
@@ -433,10 +442,14 @@ class Runner:
             st["retryOf"] = retry_of
         if key_env is not None:
             st["apiKeyEnv"] = key_env
+        # AGENTS.md, recorded in the run (§14.5); its warnings (a file cut at the bound) told now.
+        found = read_for_run(info.workspace.root, agent, secrets, lambda w: self.on_event(f"warning: run {run}: {w}"))
         # The task message (none for a retry: the retried run's is in the history) and the first state.
         assert retry_of is None or info.head is not None  # the retried run's task message at least
-        task_msg = () if retry_of is not None else ({"role": "user", "content": stored_task, "run": run},)
-        self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None, st))
+        task_msg = () if retry_of is not None else ({"role": "user", "run": run, "content": task_message_text(
+            stored_task, None if latest is None else latest[2]["status"])},)
+        self.commit(StepPlan(info.group, f"run {run}: start", lease.fence, info.head, task_msg, run, None,
+                             {**st, **found.state}, blobs=found.blobs))
         self.on_event(f"run {run} started in session {ses}" + (f", retrying run {retry_of}" if retry_of else ""))
         return self._loop(ses, run, lease, new=True)
 
@@ -493,6 +506,8 @@ class Runner:
             if op not in ops:
                 raise RunError(f"operation {op} is not in run {run}; `kxen-agent run show {ses} {run}` lists them")
             e = ops[op]
+            if not_resolvable(e, ses, run):
+                raise RunError(not_resolvable(e, ses, run))
             if e["state"] != OpState.OUTCOME_UNKNOWN:
                 raise RunError(
                     f"operation {op} is {e['state']}, not OutcomeUnknown: only an UNKNOWN operation can be resolved"
@@ -506,6 +521,11 @@ class Runner:
             )
             return {"session": ses, "run": run, "op": op, "state": OpState.OUTCOME_KNOWN, "source": OpSource.HUMAN,
                     "isError": bool(is_error)}
+
+    def decide(self, ses: str, run: str, op: str, *, yes: bool, reason: str | None = None) -> dict:
+        """``run approve`` / ``run deny``: this state dir's decision on a call that waits (:func:`.pending.decide`)."""
+        with self._lease(ses, run=run, purpose="approve" if yes else "deny") as lease:
+            return decide(_RunCtx(self, ses, run, lease), op, yes=yes, reason=reason)
 
     # ================================================================ trust (§14.13)
 
@@ -536,6 +556,8 @@ class Runner:
         for t in agent_lock.get("tools", []):
             if t not in TOOLS:
                 raise UsageError(f"agent lock names unknown tool {t!r}")
+        for note in record_listings(self.store, agent_lock, os.getcwd()):  # MCP servers' tool lists, into the lock
+            self.on_event(note)
 
     @staticmethod
     def _secrets(agent: dict) -> list[str]:
@@ -608,6 +630,7 @@ class _RunCtx(ToolTurn):
         return self._provider
 
     def close(self) -> None:
+        self.close_mcp()
         if self._provider is not None:
             self._provider.close()
             self._provider = None
@@ -687,7 +710,9 @@ class _RunCtx(ToolTurn):
                 self.finish_settlement()
                 raise _Stop
             if isinstance(step, Stop):
-                if status is RunStatus.INPUT_REQUIRED:
+                if step.why == WAITS_FOR_APPROVAL:
+                    still_waiting(self)  # pauses again, listing what waits
+                elif status is RunStatus.INPUT_REQUIRED:
                     self.r.on_event(f"run {self.run} waits for `run resolve` of its UNKNOWN operation(s)")
                 raise _Stop
             if isinstance(step, ResumeAfterResolution):
@@ -715,8 +740,8 @@ class _RunCtx(ToolTurn):
         self.r.pack_loose()  # before the model call: a turn boundary, outside every store lock
         # Held in memory (only the messages added since the last turn are read), from the latest
         # compaction on; compacts first when over budget.
-        messages = self.provider_history([{"role": "system", "content": self.agent.get("system", "")}])
-        specs = tool_specs(self.agent.get("tools", []))
+        messages = self.provider_history(model_preamble(self.store, self.agent, self.st))
+        specs = tool_specs(self.agent.get("tools", [])) + mcp_specs(self.agent)
         number = self.st["turn"] + 1
         where = self.endpoint.base_url or f"the {self.agent.get('provider')} provider"
 
@@ -769,7 +794,7 @@ class _RunCtx(ToolTurn):
             # run (tool calls are recorded, and reported "not run", below).
             self.end(RunStatus.CANCELED, error="canceled by the user while the model was answering; its answer was not recorded",
                      changes=counted)
-        unusable = self.unusable(turn, number)
+        unusable = unusable_answer(turn, number, self.ses, self.agent)
         if unusable is not None:
             self.end(RunStatus.FAILED, error=unusable, changes=counted)
         content = self.stored(turn.content) if turn.content is not None else None
@@ -841,30 +866,6 @@ class _RunCtx(ToolTurn):
         self.r.on_event(f"run {self.run}: history compacted ({held} messages summarized in {msg_id(self.info.head)})")
         self.fault("compaction:after-message")
         return held_view(self.r.history, self.info.head, before)
-
-    def unusable(self, turn: AssistantTurn, number: int) -> str | None:
-        """Why ``turn`` can neither complete the run nor go on with it, or None.
-
-        A cut-off or withheld answer is not the model's answer, and an answer
-        with no text and nothing to run says nothing: each fails the run
-        (nothing of it is recorded) rather than complete it with a fragment
-        or an empty result.
-        """
-        if turn.finish_reason in CUT_SHORT:
-            hint = (f"raise the model's output-token limit on the server (or ask for less), then "
-                    f"`kxen-agent --resume {self.ses} --retry`" if turn.finish_reason == "length" else
-                    f"rephrase the task and give it with `kxen-agent --resume {self.ses} --task TEXT`")
-            return (f"the model's answer on turn {number} {CUT_SHORT[turn.finish_reason]} (finish_reason "
-                    f"'{turn.finish_reason}'); nothing of it was recorded; {hint}")
-        if turn.tool_calls or (turn.content or "").strip():
-            return None
-        dropped = ""
-        if turn.dropped_calls:
-            kinds = ", ".join(sorted({repr(k) for k in turn.dropped_calls}))
-            dropped = (f" (it asked for {len(turn.dropped_calls)} tool call(s) of type {kinds}, which are not "
-                       "function calls)")
-        return (f"the model's answer on turn {number} had no text and no tool call kxen-agent can run{dropped}; "
-                f"nothing of it was recorded; `kxen-agent --resume {self.ses} --retry` asks again")
 
     def finish_settlement(self) -> None:
         """Write the final message (idempotently) if the run completed, then mark settled."""

@@ -24,12 +24,15 @@ from typing import TYPE_CHECKING, Any
 from kxen_agent.session import checkpoints as ckpt
 from kxen_agent.session.agent_def import env_keep_of
 from kxen_agent.session.gitproc import GitTimeout
+from kxen_agent.session.mcp_def import mcp_tools
 from kxen_agent.session.sessions import Message, new_id
 from kxen_agent.session.status import OpSource, OpState, RunStatus
 
 from .answer_check import parse_arguments
-from .approvals import REFUSED, needs_approval, plan_approval
+from .approvals import needs_approval, plan_approval
 from .events import Activity, ToolFinished, ToolStarted
+from .mcp_procs import reap_orphans
+from .mcp_tools import McpTool, RunMcp, pid_dir
 from .plan import KEEP_OUTPUT
 from .recovery import provable_file_outcome
 from .run_reader import JournalView
@@ -55,11 +58,11 @@ def summary(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def judge(call: dict, allowed: set[str]) -> ToolOutcome | dict[str, Any]:
+def judge(call: dict, allowed: set[str], tools: dict[str, Any] = TOOLS) -> ToolOutcome | dict[str, Any]:
     """The error outcome of a call refused before it runs (a tool the agent may not use, arguments that
     are not a JSON object), or else its arguments, parsed (the one parse of a call)."""
     name = call["name"]
-    if name not in TOOLS or name not in allowed:
+    if name not in tools or name not in allowed:
         return ToolOutcome(f"tool {name!r} is not allowed for this agent (allowed: {', '.join(sorted(allowed))})", True)
     try:
         return parse_arguments(call["arguments"] or "{}")  # never recurses or yields non-Unicode (answer_check)
@@ -73,22 +76,42 @@ class ToolTurn:
     def tool_turn(self: _RunCtx, assistant: Message, view: JournalView) -> None:
         by_call = dict(view.by_message.get(assistant.oid, {}))
         policy = self.agent.get("policy", {})
-        allowed = set(self.agent.get("tools", []))
+        allowed = set(self.agent.get("tools", [])) | set(mcp_tools(self.agent))
+        # Calls that wait for a person (§14.6 PendingApproval): nothing after the first runs now, the later
+        # ones needing a decision wait with it (``new``: their entries, written with the pause).
+        waiting: list[dict] = []
+        new: list[dict] = []
         for call in assistant.tool_calls:
             e = by_call.get(call["id"])
+            if waiting:
+                tools = self.run_tools()
+                if e is None and not isinstance(judge(call, allowed, tools), ToolOutcome) and needs_approval(
+                        self.agent, call["name"], bool(getattr(tools.get(call["name"]), "side_effects", False))):
+                    new.append(self.call_base(assistant, call, new_id("op"), state=OpState.PENDING_APPROVAL,
+                                              source=OpSource.POLICY))
+                    waiting.append(new[-1])
+                elif e is not None and e["state"] == OpState.PENDING_APPROVAL:
+                    waiting.append(e)
+                continue
             if e is None:
                 if self.r.cancel.is_set():
                     continue  # not started: reported as "not run" below
-                self.execute(assistant, call, allowed, policy)
+                pending = self.execute(assistant, call, allowed, policy)
+                if pending is not None:
+                    new.append(pending)
+                    waiting.append(pending)
                 continue
             state = e["state"]
+            if state == OpState.PENDING_APPROVAL:
+                waiting.append(e)
+                continue
             if state == OpState.DECIDED:  # the answer is durable: never asked again
                 if not self.r.cancel.is_set():
                     self.execute(assistant, call, allowed, policy, op=e["op"], decided=e)
                 continue
             if state == OpState.STARTED:
-                tool = TOOLS.get(e["tool"])
-                judged = judge(call, allowed)
+                tool = self.run_tools().get(e["tool"])
+                judged = judge(call, allowed, self.run_tools())
                 if isinstance(judged, ToolOutcome):
                     # Refused before it could run: nothing can have happened.
                     self.r.on_event(f"{e['op']}: {e['tool']} was refused, not run; refusing it again after the crash")
@@ -115,6 +138,11 @@ class ToolTurn:
                 if self.st["status"] != RunStatus.INPUT_REQUIRED:
                     self.update({"status": RunStatus.INPUT_REQUIRED}, reason=f"run {self.run}: waits for resolution")
                 raise StopRun
+        if waiting:
+            from .pending import pause  # pending imports nothing of this module
+
+            pause(self, new, waiting)
+            raise StopRun
         # Every call has a known outcome (or was never started because of a
         # cancellation): write the turn's tool messages, then settle.
         view = self.r.journal_view(self.st)
@@ -146,39 +174,55 @@ class ToolTurn:
         if canceled:
             self.end(RunStatus.CANCELED, error="canceled by the user")
 
-    def approve(self: _RunCtx, base: dict, decided: dict | None) -> bool:
+    def approve(self: _RunCtx, base: dict, decided: dict | None) -> bool | dict:
         """Commit the approval steps of a call (:func:`.approvals.plan_approval`); whether it may run
-        (``base`` then carries its approval). False when refused, or when Ctrl-C came while asking."""
+        (``base`` then carries its approval). False when refused, or when Ctrl-C came while asking; the
+        ``PendingApproval`` entry to write (nothing is written yet) when nobody could be asked."""
         plan = plan_approval(base, decided, latest=self.r.journal_view(self.st).latest,
                              decided_here=self.gate.decided_here, ask=lambda req: self.r.approver(req, self.r.cancel),
-                             session=self.ses, origin=self.origin)
+                             session=self.ses, origin=self.origin, stored=self.stored,
+                             no_terminal=self.agent.get("policy", {}).get("no_terminal", "pause"))
         if plan is None:
             return False
+        if plan.pending is not None:
+            return plan.pending
         if plan.decided is not None:
             self.journal_write([plan.decided], reason=plan.decided_reason)
             self.decided_here.add(base["op"])
             self.fault("approval:after-decided")
         base.update(plan.fields)
         if plan.refused is not None:
-            self.journal_write([plan.refused], outputs=[REFUSED], reason=plan.refused_reason)
+            self.journal_write([plan.refused], outputs=[plan.refused_output], reason=plan.refused_reason)
+            self.r.emit(ToolFinished(self.ses, self.run, base["turn"], base["op"], base["tool"], OpState.OUTCOME_KNOWN,
+                                     True, plan.refused_output, 1))
         return plan.runs
 
-    def execute(self: _RunCtx, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
-                decided: dict | None = None, judged: ToolOutcome | dict[str, Any] | None = None) -> None:
-        """Run one call; ``judged`` is its :func:`judge` when the caller has it already."""
-        name = call["name"]
-        tool = TOOLS.get(name)
-        op = op or new_id("op")
-        base = {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": name,
+    def call_base(self: _RunCtx, assistant: Message, call: dict, op: str, **more: Any) -> dict:
+        """The journal fields every entry of the operation ``op`` of ``call`` carries (§14.6), and ``more``."""
+        tool = self.run_tools().get(call["name"])  # an MCP tool's side effects: not declared read_only
+        return {"op": op, "run": self.run, "turn": self.st["turn"], "callId": call["id"], "tool": call["name"],
                 "arguments": call["arguments"], "message": assistant.oid,
-                "sideEffects": bool(tool.side_effects) if tool else False}
+                "sideEffects": bool(tool.side_effects) if tool else False, **more}
+
+    def execute(self: _RunCtx, assistant: Message, call: dict, allowed: set[str], policy: dict, op: str | None = None,
+                decided: dict | None = None, judged: ToolOutcome | dict[str, Any] | None = None) -> dict | None:
+        """Run one call; ``judged`` is its :func:`judge` when the caller has it already. Returns the
+        ``PendingApproval`` entry (not written) of a call nobody could be asked about, else None."""
+        name = call["name"]
+        tool = self.run_tools().get(name)
+        op = op or new_id("op")
+        base = self.call_base(assistant, call, op)
         if judged is None:
-            judged = judge(call, allowed)
+            judged = judge(call, allowed, self.run_tools())
         # A call decided before (an approval, or this machine's `session trust`) goes by that decision.
         if (not isinstance(judged, ToolOutcome)
-                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)
-                and not self.approve(base, decided)):
-            return  # refused (its outcome is journaled), or Ctrl-C came while asking (nothing is)
+                and (needs_approval(self.agent, name, base["sideEffects"]) or decided is not None)):
+            verdict = self.approve(base, decided)
+            if verdict is not True:
+                # It waits (its entry), was refused (its outcome is journaled), or Ctrl-C came while asking.
+                return verdict or None
+        if isinstance(tool, McpTool) and not isinstance(judged, ToolOutcome):
+            tool.prepare()  # its server started (and its tool list checked) before Started: a refusal writes nothing
         runs_effect = tool is not None and tool.side_effects and not isinstance(judged, ToolOutcome)
         if runs_effect:
             # Durable in the workspace repository before Started names it (§14.14).
@@ -222,7 +266,8 @@ class ToolTurn:
                 )
                 self.r.emit(ToolFinished(self.ses, self.run, base["turn"], op, name, OpState.OUTCOME_UNKNOWN, None,
                                          summary(note), 0))
-                self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN")
+                self.r.on_event(f"{op} did not stop within the cancellation window; its outcome is UNKNOWN"
+                                if not isinstance(tool, McpTool) else f"{op}: {ex.message}; its outcome is UNKNOWN")
                 raise StopRun
             finally:
                 self.r.activity = Activity("step")
@@ -238,6 +283,26 @@ class ToolTurn:
             if after is not None:
                 self.__dict__.setdefault("_ckpt_after", {})[op] = after
         self.fault("tool:after-outcome")
+
+    def run_tools(self: _RunCtx) -> dict[str, Any]:
+        """The tools this pass can run: :data:`.tools.TOOLS` and the lock's MCP tools (:mod:`.mcp_tools`).
+
+        First called at the pass's first tool turn, which also reaps the MCP servers a SIGKILLed run left."""
+        if "_run_tools" not in self.__dict__:
+            for line in reap_orphans(pid_dir(self.store)):
+                self.r.on_event(f"reaped {line}")
+            self._run_tools: dict[str, Any] = dict(TOOLS)
+            if self.agent.get("mcp"):
+                self._mcp = RunMcp(self.store, self.agent, self.info.workspace.root, self.ses)
+                self._run_tools.update(self._mcp.tools())
+        return self._run_tools
+
+    def close_mcp(self: _RunCtx) -> None:
+        """End the pass's MCP servers (their process groups), if it started any."""
+        self.__dict__.pop("_run_tools", None)
+        mcp = self.__dict__.pop("_mcp", None)
+        if mcp is not None:
+            mcp.close()
 
     def proven_outcome(self: _RunCtx, e: dict, args: dict[str, Any]) -> str | None:
         """The output of a ``write_file``/``edit_file`` op found Started whose effect the workspace proves

@@ -26,9 +26,9 @@ from kxen_agent.session.trust import (LocalRecords, TrustRecord, TrustStore, loc
 from kxen_agent.store.objects import encode_object
 from kxen_agent.store.protocols import Repository
 
+from .mcp_tools import mcp_doc
 from .plan import StepPlan
 from .providers import ModelEndpoint
-from .tools import TOOLS
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -62,7 +62,8 @@ def lock_doc(lock: dict) -> dict:
             steps = lock["script"]
     return {"name": lock.get("name"), "provider": lock.get("provider"), "model": lock.get("model"),
             "baseUrl": lock.get("base_url"), "apiKeyEnv": lock.get("api_key_env"), "tools": lock.get("tools", []),
-            "approve": policy.get("approve", []), "envKeep": policy.get("env_keep", []), "script": steps}
+            "approve": policy.get("approve", []), "envKeep": policy.get("env_keep", []), "script": steps,
+            **({"mcp": mcp_doc(lock)} if lock.get("mcp") else {})}
 
 
 def lock_verdict(store: Repository, ses: str, lock_oid: bytes, lock: dict, endpoint: str | None,
@@ -72,7 +73,7 @@ def lock_verdict(store: Repository, ses: str, lock_oid: bytes, lock: dict, endpo
     ``own``: this machine's configured agent locks. ``locality``: only whether the lock is this machine's
     (a definition it ran the session with, registered, or configured): None if it is.
     """
-    if not locality and lock.get("provider") != "script" and official_pair(endpoint, key_env):
+    if not locality and lock.get("provider") != "script" and not lock.get("mcp") and official_pair(endpoint, key_env):
         return None
     own = own or []
     trust = TrustStore(store)
@@ -212,7 +213,7 @@ class TrustGate:
         if e is not None:
             base = {k: v for k, v in e.items() if k not in ("previous", "output", "outputBlob", "timeNs")}
         else:
-            tool = TOOLS.get(call["name"])
+            tool = c.run_tools().get(call["name"])  # an MCP tool too (nothing is started)
             base = {"op": new_id("op"), "run": c.run, "turn": c.st["turn"], "callId": call["id"],
                     "tool": call["name"], "arguments": call["arguments"], "message": c.info.head,
                     "sideEffects": bool(tool.side_effects) if tool else False}

@@ -9,18 +9,24 @@ runners as a bundle or through a Git remote.
 
 Modules, one line each:
 
+- :mod:`.ids` — session ids as typed: unique prefixes, a typo's near match, an id from elsewhere;
 - :mod:`.sessions` — :class:`SessionStore`: sessions, messages, forks, delete/undelete;
+- :mod:`.names` — session names: their form, uniqueness, rename, and names from elsewhere (§14.16);
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
 - :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
+- :mod:`.grep_index` — the search index ``session grep`` reads, a cache of message texts (§11a.2);
+- :mod:`.commit_links` — which tool call made a Git commit, from the checkpoints' recorded ``HEAD``s;
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
 - :mod:`.agent_def` — agent definition files parsed into a DCPAgent lock body;
+- :mod:`.mcp_def` — ``[mcp.servers.NAME]``: MCP servers in a definition and the lock's ``mcp`` (§14.15);
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
 - :mod:`.checkpoint_restore` — rewinding the workspace to a checkpoint, crash-safe and undoable;
 - :mod:`.checkpoint_travel` — checkpoints in a bundle (§12.7a) or on a remote (§16.1), only when asked;
 - :mod:`.transfer` — export to a bundle and import with a binding;
+- :mod:`.share` — bundles signed (``ssh-keygen -Y``) and encrypted (age): sealing and opening (§12.14);
 - :mod:`.damage` — sessions intact, damaged or unreadable, and the branch repair makes;
 - :mod:`.repair` — repair's sources (bundles, the Git remote) and the branches of lost sessions;
 - :mod:`.trust` — what this state dir decided itself and what arrived from elsewhere (§14.13);

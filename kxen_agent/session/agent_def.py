@@ -16,7 +16,7 @@ Format (paths relative to the definition file)::
     base_url = "http://127.0.0.1:8000/v1"
     api_key_env = "OPENAI_API_KEY"       # default without base_url: OPENAI_API_KEY / ANTHROPIC_API_KEY
     system = "You are a careful coding agent."
-    tools = ["shell", "read_file", "write_file", "edit_file", "list_files"]
+    tools = ["shell", "read_file", "write_file", "edit_file", "list_files"]  # default; "search" too (version 6)
     [policy]
     max_turns = 20                       # 1 .. 1_000_000
     tool_timeout_s = 120                 # > 0 .. 86400, int or float, ms precision
@@ -32,13 +32,23 @@ Format (paths relative to the definition file)::
     checkpoint_max_file_bytes = 10485760 # a checkpoint leaves out larger files, 0 .. 1 TiB (version 5)
     checkpoint_max_files = 10000         # ... new or changed files past this many, 0 .. 10_000_000 (version 5)
     checkpoint_max_bytes = 268435456     # ... and past this many bytes of them in all, 0 .. 1 TiB (version 5)
+    instructions = ["AGENTS.md"]         # project instruction file names read at run start (version 6 if not this)
+    no_terminal = "pause"                # a call to approve with nobody to ask: "pause" the run, or "refuse" (6)
+    [mcp.servers.git]                    # MCP servers (version 6, §14.15; parsed by :mod:`.mcp_def`)
+    command = "mcp-server-git"           # or url = "https://..." (streamable HTTP)
+    args = ["--repository", "."]
+    env_keep = ["GITHUB_TOKEN"]          # variable names the server gets, never values
+    tools = ["git_status", "git_commit"] # the model calls mcp__git__git_status ...
+    read_only = ["git_status"]           # run again after a crash; any other call is UNKNOWN
 
-The lock is format version :data:`LOCK_VERSION` (5, ``objects_spec.md``
-§14.2; written as 3 unless it records a limit only version 4 has:
+The lock is format version :data:`LOCK_VERSION` (6, ``objects_spec.md``
+§14.2 and §14.15; written as 3 unless it records a limit only version 4 has:
 ``model_timeout_ms``, ``max_tool_calls``, ``max_argument_bytes``,
 ``max_file_bytes``, or a checkpoint key only version 5 has: ``checkpoints``,
 ``checkpoint_max_file_bytes``, ``checkpoint_max_files``,
-``checkpoint_max_bytes``): it records ``version`` and ``policy.env_keep`` (from 2) and may name
+``checkpoint_max_bytes``, or a key only version 6 has, each only when set
+to other than its default: ``instructions``, ``no_terminal``, ``max_tokens``, ``temperature``,
+``mcp`` servers, or the ``search`` tool): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
 keeps its meaning (:func:`env_keep_of` says None: the shell keeps every
@@ -73,9 +83,13 @@ from kxen_agent.errors import UsageError
 from kxen_agent.store import codec
 from kxen_agent.store.objects import MAX_OBJECT_SIZE
 
+from .mcp_def import McpDefinitionError, mcp_tools, parse_mcp
+
 __all__ = [
+    "DEFAULT_INSTRUCTIONS",
     "DEFAULT_KEY_ENV",
     "DEFAULT_SYSTEM",
+    "DEFAULT_TOOLS",
     "KNOWN_TOOLS",
     "MAX_DEFINITION_BYTES",
     "MAX_STEPS_BYTES",
@@ -84,10 +98,13 @@ __all__ = [
     "AgentDefinitionError",
     "LOCK_VERSION",
     "POLICY_V5_KEYS",
+    "POLICY_V6_KEYS",
+    "V6_TOOLS",
     "base_url_problem",
     "canonical_steps_json",
     "default_agent_definition",
     "env_keep_of",
+    "instructions_of",
     "load_agent_definition",
     "parse_agent_definition",
     "validate_script_steps",
@@ -98,7 +115,15 @@ MAX_DEFINITION_BYTES = 1 << 20
 #: The largest script steps file; its canonical JSON is stored in the lock.
 MAX_STEPS_BYTES = 16 << 20
 
-KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
+KNOWN_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files", "search")
+#: A definition's tools when it names none: the five a version-3 lock knows (so a definition without ``tools``
+#: still makes the lock, and the id, it always made); ``search`` is named to be had (version 6).
+DEFAULT_TOOLS = ("shell", "read_file", "write_file", "edit_file", "list_files")
+#: Tools only a version-6 lock may name (an older reader refuses such a lock as newer, not as corrupt).
+V6_TOOLS = ("search",)
+#: ``[policy] instructions`` when a definition sets none: the project instruction files read at a run's start.
+DEFAULT_INSTRUCTIONS = ("AGENTS.md",)
+_INSTRUCTIONS_MAX = 8
 #: The tools that can change something (§14.6 ``sideEffects``): the only ones ``approve`` may list.
 SIDE_EFFECT_TOOLS = ("shell", "write_file", "edit_file")
 PROVIDERS = ("script", "openai", "anthropic")
@@ -107,7 +132,8 @@ PROVIDERS = ("script", "openai", "anthropic")
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 DEFAULT_SYSTEM = "You are a careful coding agent."
 
-TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy")
+TOP_LEVEL_KEYS = ("name", "provider", "script", "model", "base_url", "api_key_env", "system", "tools", "policy",
+                  "mcp")
 STEP_KEYS = ("tool_calls", "content")
 TOOL_CALL_KEYS = ("id", "name", "arguments")
 
@@ -127,22 +153,39 @@ _POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 1
 _POLICY_V5_INTS = {"checkpoint_max_file_bytes": (0, 1 << 40), "checkpoint_max_files": (0, 10_000_000),
                    "checkpoint_max_bytes": (0, 1 << 40)}
 _POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS,
-                "checkpoints", *_POLICY_V5_INTS)
+                "checkpoints", *_POLICY_V5_INTS, "instructions", "no_terminal")
+#: ``[policy] no_terminal`` (§14.2, version 6): a call needing approval that nobody can be asked about waits
+#: (``pause``, the default: not recorded) or is refused (``refuse``: recorded).
+NO_TERMINAL = ("pause", "refuse")
 _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``, 4 the answer limits,
-#: 5 the workspace checkpoint keys.
-LOCK_VERSION = 5
+#: 5 the workspace checkpoint keys, 6 ``mcp`` (§14.15), ``policy.instructions``, ``policy.no_terminal``,
+#: ``max_tokens``/``temperature`` and the ``search`` tool.
+LOCK_VERSION = 6
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
 POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
 #: ``policy`` keys only a version-5 lock has (workspace checkpoints; absent, on with the default bounds).
 POLICY_V5_KEYS = ("checkpoints", *_POLICY_V5_INTS)
+#: ``policy`` keys only a version-6 lock has, each written only when the definition sets it (absent: the default).
+POLICY_V6_KEYS = ("instructions", "no_terminal")
+#: Top-level lock keys only a version-6 lock has, each written only when the definition sets it.
+LOCK_V6_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "mcp")
+#: ``[model] max_tokens``: the most tokens one answer may hold (the server's own limit still applies).
+_MAX_TOKENS_RANGE = (1, 1_000_000)
+#: ``[model] temperature``: 0 to 2, at most three decimals; the lock keeps it as text ("0.2": no float stored).
+_TEMPERATURE = re.compile(r"(?:[0-1](?:\.[0-9]{1,3})?|2(?:\.0{1,3})?)")
 
 
-def lock_version_for(policy: dict[str, Any]) -> int:
-    """The version a lock with ``policy`` is written as: 5 when it records a version-5 key, 4 for a version-4
-    key, else 3 (an older reader refuses a lock whose keys it cannot honour)."""
+def lock_version_for(policy: dict[str, Any], lock: dict[str, Any] | None = None) -> int:
+    """The version a lock with ``policy`` (and top-level keys ``lock``, its ``tools`` among them) is written as:
+    6, 5 or 4 when it records a key (or names a tool) of that version, else 3 (an older reader refuses a lock
+    whose keys it cannot honour)."""
+    lock = lock or {}
+    if (any(k in policy for k in POLICY_V6_KEYS) or any(k in lock for k in LOCK_V6_KEYS)
+            or any(t in V6_TOOLS for t in lock.get("tools", ()))):
+        return 6
     if any(k in policy for k in POLICY_V5_KEYS):
         return 5
     return 4 if any(k in policy for k in POLICY_V4_KEYS) else 3
@@ -406,7 +449,45 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
             if not low <= value <= high:
                 raise AgentDefinitionError(source, f"policy.{key}", f"{value} is out of range (must be {low} to {high})")
             policy[key] = value
+    if "instructions" in table:
+        names = _instructions(source, table["instructions"])
+        if tuple(names) != DEFAULT_INSTRUCTIONS:  # the default is not recorded: the lock (and its id) stays as it was
+            policy["instructions"] = names
+    if "no_terminal" in table:
+        if table["no_terminal"] not in NO_TERMINAL:
+            raise AgentDefinitionError(source, "policy.no_terminal", f"expected \"pause\" or \"refuse\", got "
+                                       f"{table['no_terminal']!r}")
+        if table["no_terminal"] != "pause":  # the default is not recorded: the lock stays what it was
+            policy["no_terminal"] = table["no_terminal"]
     return policy
+
+
+def _instructions(source: str, names: Any) -> list[str]:
+    """``[policy] instructions``: the file names read as project instructions in each directory (§14.5)."""
+    key = "policy.instructions"
+    if not isinstance(names, list):
+        raise AgentDefinitionError(source, key, f"expected an array of file names, got {_type_name(names)}")
+    if len(names) > _INSTRUCTIONS_MAX:
+        raise AgentDefinitionError(source, key, f"{len(names)} names, more than {_INSTRUCTIONS_MAX}")
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise AgentDefinitionError(source, key, f"expected file names (strings), got {_type_name(name)}")
+        if (not name or name in (".", "..") or "/" in name or "\\" in name or len(name.encode("utf-8")) > 255
+                or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+            raise AgentDefinitionError(source, key, f"{name!r} is not a file name (one path component, no / or "
+                                       "control characters), e.g. \"AGENTS.md\"")
+        if name in out:
+            raise AgentDefinitionError(source, key, f"{name!r} is listed twice; list each once")
+        out.append(name)
+    return out
+
+
+def instructions_of(lock: dict[str, Any]) -> tuple[str, ...]:
+    """The project instruction file names a run of this lock reads (absent, or a lock older than version 6:
+    the default)."""
+    names = lock.get("policy", {}).get("instructions") if lock.get("version", 1) >= 6 else None
+    return DEFAULT_INSTRUCTIONS if names is None else tuple(names)
 
 
 def _approve(source: str, tools: Any) -> list[str]:
@@ -418,6 +499,9 @@ def _approve(source: str, tools: Any) -> list[str]:
     for tool in tools:
         if not isinstance(tool, str):
             raise AgentDefinitionError(source, key, f"expected tool names (strings), got {_type_name(tool)}")
+        if tool.startswith("mcp__") and tool not in out:  # an MCP tool: checked against [mcp.servers] later
+            out.append(tool)
+            continue
         if tool not in KNOWN_TOOLS:
             raise AgentDefinitionError(source, key, f"unknown tool {tool!r} (expected any of: {', '.join(SIDE_EFFECT_TOOLS)})")
         if tool not in SIDE_EFFECT_TOOLS:
@@ -458,7 +542,7 @@ def env_keep_of(lock: dict[str, Any]) -> tuple[str, ...] | None:
 
 def _tools(source: str, doc: dict[str, Any]) -> list[str]:
     if "tools" not in doc:
-        return list(KNOWN_TOOLS)
+        return list(DEFAULT_TOOLS)
     tools = doc["tools"]
     if not isinstance(tools, list):
         raise AgentDefinitionError(source, "tools", f"expected an array of tool names, got {_type_name(tools)}")
@@ -532,6 +616,10 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             source, "provider", f"unknown provider {provider!r} (expected one of: {', '.join(PROVIDERS)})"
         )
 
+    doc, settings = _model_table(source, doc)
+    if settings and provider == "script":
+        raise AgentDefinitionError(source, "model", "max_tokens and temperature are settings of a model's server; "
+                                   "the script provider replays its steps: remove them")
     model = _string(source, doc, "model")
     if model is not None and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in model):
         raise AgentDefinitionError(source, "model", "must be one line without control characters")
@@ -559,13 +647,14 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "policy.env_keep", f"{kept[0]!r} keeps {api_key_env}, the provider "
                                        "key's variable, which is never given to tools; remove it")
 
+    mcp = _mcp(source, doc, policy, api_key_env)
     script_text: str | None = None
     script = _string(source, doc, "script")
     if provider == "script":
         if script is None:
             raise AgentDefinitionError(source, "script", "missing; the script provider needs script = \"steps.json\"")
         steps = _read_steps(source, base_dir, script)
-        problem = _steps_problem(steps, tools)
+        problem = _steps_problem(steps, [*tools, *mcp_tools({"mcp": mcp})])
         if problem is not None:
             raise AgentDefinitionError(source, "script", f"{script}: {problem}")
         try:
@@ -581,7 +670,7 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
             raise AgentDefinitionError(source, "model", f"required for provider {provider!r}; add e.g. model = \"gpt-4.1-mini\"")
 
     lock = {
-        "version": lock_version_for(policy),
+        "version": 3,  # set below, from what the lock records
         "name": name,
         "provider": provider,
         "model": model,
@@ -591,9 +680,64 @@ def parse_agent_definition(text: str, base_dir: str, source: str) -> dict[str, A
         "tools": tools,
         "policy": policy,
         "script": script_text,
+        **({"mcp": mcp} if mcp is not None else {}),  # only when set: a lock without servers keeps its id
     }
+    lock.update(settings)  # only the settings the definition gave: without them the lock is what it was
+    lock["version"] = lock_version_for(policy, lock)
     _check_lock_size(source, lock)
     return lock
+
+
+def _mcp(source: str, doc: dict[str, Any], policy: dict[str, Any], api_key_env: str | None) -> dict | None:
+    """The lock's ``mcp`` (:mod:`.mcp_def`), None without ``[mcp]``; ``[policy] approve`` may name its tools."""
+    mcp = None
+    if "mcp" in doc:
+        try:
+            mcp = parse_mcp(doc["mcp"], api_key_env=api_key_env)
+        except McpDefinitionError as e:
+            raise AgentDefinitionError(source, e.key, e.problem) from None
+    named = mcp_tools({"mcp": mcp})
+    for tool in policy["approve"]:
+        if tool.startswith("mcp__"):
+            server, name = named.get(tool, (None, None))
+            if server is None:
+                raise AgentDefinitionError(source, "policy.approve", f"{tool!r} is not a tool of the definition's "
+                                           f"MCP servers ({', '.join(named) or 'none'})")
+            if name in mcp["servers"][server]["read_only"]:
+                raise AgentDefinitionError(source, "policy.approve", f"{tool!r} is declared read_only, so its "
+                                           "calls never ask; remove it")
+    return mcp
+
+
+def _model_table(source: str, doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``[model]`` as a table (``name``, ``max_tokens``, ``temperature``): the document with ``model`` its
+    name, and the settings it gave, as the lock records them (version 6; ``model = "NAME"`` gives none)."""
+    table = doc.get("model")
+    if not isinstance(table, dict):
+        return doc, {}
+    for key in table:
+        if key not in ("name", "max_tokens", "temperature"):
+            raise AgentDefinitionError(source, f"model.{key}", "unknown key (expected one of: name, max_tokens, "
+                                       "temperature)")
+    settings: dict[str, Any] = {}
+    if "max_tokens" in table:
+        value, (low, high) = table["max_tokens"], _MAX_TOKENS_RANGE
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise AgentDefinitionError(source, "model.max_tokens", f"expected an integer, got {_type_name(value)}")
+        if not low <= value <= high:
+            raise AgentDefinitionError(source, "model.max_tokens", f"{value} is out of range (must be {low} to {high})")
+        settings["max_tokens"] = value
+    if "temperature" in table:
+        value = table["temperature"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AgentDefinitionError(source, "model.temperature", f"expected a number, got {_type_name(value)}")
+        text = f"{float(value):.3f}".rstrip("0").rstrip(".")
+        if not _TEMPERATURE.fullmatch(text) or float(text) != float(value):
+            raise AgentDefinitionError(source, "model.temperature", f"{value} is not a number from 0 to 2 with at "
+                                       "most three decimals")
+        settings["temperature"] = text
+    rest = {k: v for k, v in doc.items() if k != "model"}
+    return (dict(rest, model=table["name"]) if "name" in table else rest), settings
 
 
 def _check_lock_size(source: str, lock: dict[str, Any]) -> None:
@@ -640,7 +784,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
     """The lock body of a script-provider agent with every default and ``steps`` embedded."""
     if not isinstance(name, str) or not name.strip():
         raise AgentDefinitionError("<embedded steps>", "name", "must be a non-empty string")
-    validate_script_steps(steps, KNOWN_TOOLS, source="<embedded steps>")
+    validate_script_steps(steps, DEFAULT_TOOLS, source="<embedded steps>")
     try:
         script = canonical_steps_json(steps)
     except (TypeError, ValueError) as e:
@@ -653,7 +797,7 @@ def default_agent_definition(steps: list[Any], *, name: str = "default") -> dict
         "base_url": None,
         "api_key_env": None,
         "system": DEFAULT_SYSTEM,
-        "tools": list(KNOWN_TOOLS),
+        "tools": list(DEFAULT_TOOLS),
         "policy": {
             "max_turns": _POLICY_DEFAULTS["max_turns"],
             "tool_timeout_ms": _POLICY_DEFAULTS["tool_timeout_s"] * 1000,

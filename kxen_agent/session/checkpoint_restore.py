@@ -51,6 +51,7 @@ __all__ = [
     "last_checkpoint",
     "left_out_of",
     "rewind_code",
+    "undo_session",
     "undo_target",
 ]
 
@@ -149,6 +150,34 @@ def undo_target(repo: ckpt.Repo, ses: str) -> tuple[str, str]:
             if m:
                 return m.group(2), m.group(1)
     raise UsageError(f"session {ses} has no rewind to undo (`kxen-agent session rewind {ses} --at MSG` makes one)")
+
+
+def undo_session(sessions: Any, info: Any, repo: ckpt.Repo) -> tuple[Any, str, str]:
+    """(the session whose newest rewind ``--undo`` undoes, that rewind's from-checkpoint, its target).
+
+    ``--undo`` takes the session a rewind was made on, or the fork a ``rewind --both`` made: a conversation
+    fork with no rewind of its own whose parent's newest rewind went back to the checkpoint at the fork point
+    (or undid that one: ``--undo`` again redoes it). The fork shares its parent's workspace, so the rewind is
+    undone on the parent's chain, as the parent's ``--undo`` would. Anything else is refused in one line.
+    """
+    try:
+        frm, to = undo_target(repo, info.id)
+        return info, frm, to
+    except UsageError:
+        pass
+    meta = info.meta
+    if meta.get("parentId") and meta.get("forkKind") == "conversation" and meta.get("forkPoint"):
+        try:
+            parent = sessions.get(meta["parentId"])
+            frm, to = undo_target(repo, parent.id)
+            at, _note = checkpoint_at(sessions, parent, repo, sessions.resolve_message(parent, meta["forkPoint"]))
+        except KxenError:
+            at = None
+        if at is not None and (to == at or _tree(repo, frm) == _tree(repo, at)):
+            return parent, frm, to
+    raise UsageError(f"session {info.id} has no rewind to undo: --undo takes the session a rewind was made on, or "
+                     "the fork a `session rewind --both` made while that rewind is its parent's newest "
+                     f"(`kxen-agent session rewind {info.id} --at MSG` makes one)")
 
 
 def left_out_of(repo: ckpt.Repo, commit: str) -> list[tuple[str, str]]:

@@ -20,8 +20,10 @@ another history, damage) is written anew from a walk; a negative answer is
 checked by the walk all the same, so a damaged entry can cost time, never
 a wrong refusal. Never needed: delete it and the next lookup walks.
 
-Who writes it: the run loop, beside its history index after a run
-(:func:`sync`, from the ids it holds: no message read), and the lookup
+Who writes it: the run loop, beside its history index after a run, and
+after a run whose view was cut (no index then; :func:`sync`, from the ids
+it holds: no message read), so the next run's walk takes the ids older
+than the view's bound from here (:func:`prefix`) instead of reading them, and the lookup
 itself, after it walked (the whole history once; then only what was added
 since, O(added)), appending the new entries when the file ends where the
 walk joined it, else writing it anew (temp file and rename). Never fsynced. Two lookups appending at once both append the same
@@ -40,7 +42,7 @@ from typing import Any, Iterable, Sequence
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
 
-__all__ = ["MAGIC", "POSITIONS", "ID_SIZE", "find", "sync", "verify_positions"]
+__all__ = ["MAGIC", "POSITIONS", "ID_SIZE", "find", "prefix", "sync", "verify_positions"]
 
 #: The file's first bytes (§11a.1).
 MAGIC = b"kxen-positions 1\n"
@@ -126,6 +128,30 @@ def find(store: Any, group: str, head: bytes | None, oid: bytes, seq: int) -> bo
     ids = _walk(store, head)
     _write(io, path, ids)
     return seq < len(ids) and ids[seq] == oid
+
+
+def prefix(io: Any, path: str, k: int, last: bytes) -> list[bytes] | None:
+    """The ids at positions 0..``k`` (oldest first) when the file's entry at ``k`` is ``last``, else None
+    (no file, a short or damaged one, another history).
+
+    The join is the same trust as :func:`find`'s: ``last`` is a message the caller read (the parent of
+    one it read), so the entry at ``k`` being it makes every entry before it that history too, for every
+    file its writers make. One read of ``32 * (k + 1)`` bytes; no message read.
+    """
+    if k < 0:
+        return None
+    try:
+        f = io.open_read(path)
+    except OSError:
+        return None
+    with f:
+        size = io.fstat(f).st_size
+        if size < len(MAGIC) + ID_SIZE * (k + 1) or f.read(len(MAGIC)) != MAGIC:
+            return None
+        data = f.read(ID_SIZE * (k + 1))
+    if len(data) != ID_SIZE * (k + 1) or data[-ID_SIZE:] != last:
+        return None
+    return [data[i:i + ID_SIZE] for i in range(0, len(data), ID_SIZE)]
 
 
 def sync(io: Any, path: str, ids: Sequence[bytes]) -> None:

@@ -13,6 +13,7 @@ A refused pull changes nothing on either side.
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from kxen_agent.store.gitmap import (
 )
 from kxen_agent.store.objects import CorruptObject, SchemaViolation, a_kind, links_of, parse_object
 
+from . import names
 from .gitio import Mirror, Remote, Workbench, resolve_remote
 from .remote import (
     RemoteRefused,
@@ -39,12 +41,16 @@ from .remote import (
     _PACK_ABOVE,
     _compare,
     _follows,
+    SESSION_REFS,
     _read_group,
     session_ref,
 )
+
+#: A whole session id as kxen-agent makes them (anything shorter on the command line is a prefix).
+_FULL_SES = re.compile(r"ses_[0-9a-f]{20}")
 from .remote_listing import RemoteListing, ls_remote  # ls-remote: its own module; its names stay importable here
-from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
-from .sessions import NS, SessionStore, resolve_prefix
+from .schema import RUN_RE, SESSION_SCHEMA, misplaced
+from .sessions import NS, SessionStore, is_id_or_prefix, resolve_prefix
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
 
@@ -60,10 +66,13 @@ class PullReport:
     sessions: Mapping[str, str]  # ses -> created | updated | unchanged | restored | ahead
     new_objects: int
     bindings: Mapping[str, str]  # ses -> workspace root it is bound to
+    #: Names the remote gave that another session here holds: dropped (§14.16).
+    dropped_names: tuple = ()
 
     def to_json(self) -> dict:
         return {"remote": self.remote.display, "sessions": dict(self.sessions), "newObjects": self.new_objects,
-                "workspaces": dict(self.bindings)}
+                "workspaces": dict(self.bindings),
+                "droppedNames": [{"session": n.ses, "name": n.name, "heldBy": n.holder, "kept": n.kept} for n in self.dropped_names]}
 
 
 def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
@@ -81,18 +90,19 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
     """
     if not ses_ids:
         raise UsageError("name at least one session to pull")
-    ids = list(dict.fromkeys(ses_ids))
-    for ses in ids:
-        if not SES_RE.fullmatch(ses):
-            raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by letters and digits)")
+    for ses in ses_ids:
+        if not is_id_or_prefix("ses", ses):
+            raise UsageError(f"{ses!r} is not a session id (expected ses_ followed by at least 4 letters and digits: "
+                             "an id or a unique prefix of one)")
+    default = inspect_workspace(workspace)
+    r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
+    ids = list(dict.fromkeys(_remote_ids(r, ses_ids)))
     chosen = {}
     for text, d in (workspaces or {}).items():  # SES=DIR: one of the pulled sessions, or a unique prefix of one
         ses = resolve_prefix("session", "ses", text, lambda: ids, "among the sessions pulled")
         if ses is None:
             raise UsageError(f"--workspace {text}=DIR names a session that is not pulled; name it among SES")
         chosen[ses] = inspect_workspace(d)
-    default = inspect_workspace(workspace)
-    r = resolve_remote(default.repo_root, remote, what=f"workspace {default.root}")
     mirror = Mirror(store.root)
     with Workbench(r, mirror=mirror) as bench:
         seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ids])
@@ -121,7 +131,8 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
                 for ses, p in plans.items():
                     if p.status in ("updated", "restored"):
                         stack.enter_context(acquire_lease(ses))
-            statuses, written = _write_pull(store, objs, plans)
+            dropped: list = []
+            statuses, written = _write_pull(store, objs, plans, dropped)
         mirror_updates = [(f"{NS}/{s}", seen.get(f"{NS}/{s}"), live[session_ref(s)]) for s in ids
                           if live[session_ref(s)] != seen.get(f"{NS}/{s}")]
         if mirror_updates or fetch:
@@ -132,7 +143,52 @@ def pull_sessions(store: Store, ses_ids: Sequence[str], workspace: str, *,
             except KxenError:
                 pass  # a concurrent pull recorded it first; the next push re-checks against the remote
     bindings = {s: p.binding.root for s, p in plans.items()}
-    return PullReport(r, statuses, written, bindings)
+    return PullReport(r, statuses, written, bindings, tuple(dropped))
+
+
+def _remote_ids(r: Remote, texts: Sequence[str]) -> list[str]:
+    """The full ids ``texts`` name on remote ``r``: a whole id as it is, a prefix resolved against the
+    remote's session list (one ``git ls-remote``, only when a prefix is given), as ``--resume`` resolves
+    one against this state dir's."""
+    full = [t.strip() for t in texts]
+    if all(_FULL_SES.fullmatch(t) for t in full):
+        return full
+    with Workbench(r, mirror=None, durable=False) as bench:
+        there = [ref[len(SESSION_REFS):] for ref in bench.ls_remote([SESSION_REFS], what="listed")]
+    out = []
+    for t in full:
+        found = t if _FULL_SES.fullmatch(t) else resolve_prefix("session", "ses", t, lambda: there, f"on {r.display}")
+        if found is None:
+            raise RemoteRefused(f"no session on {r.display} begins with {t}; nothing was pulled "
+                                "(`kxen-agent session ls-remote` lists the sessions there)")
+        out.append(found)
+    return out
+
+
+def compare_with_remote(store: Store, ses_ids: Sequence[str], workspace: str, *,
+                        remote: str | None = None) -> dict[str, str]:
+    """How each session here stands to the remote's: ``same``, ``ahead`` (this state dir has more),
+    ``behind`` (the remote has more: a pull fast-forwards it) or ``diverged``; proven from the objects,
+    which are fetched and verified as a pull does, and written nowhere."""
+    ws = inspect_workspace(workspace)
+    r = resolve_remote(ws.repo_root, remote, what=f"workspace {ws.root}")
+    mirror = Mirror(store.root)
+    out: dict[str, str] = {}
+    with Workbench(r, mirror=mirror if mirror.exists() else None, durable=False) as bench:
+        seen = mirror.seen(r.key, [f"{NS}/{s}" for s in ses_ids]) if mirror.exists() else {}
+        live = bench.fetch_named([session_ref(s) for s in ses_ids], what="compared",
+                                 negotiation_tips=list(seen.values()))
+        there = [s for s in ses_ids if session_ref(s) in live]
+        objs = _Objects(store)
+        images = {s: _read_group(bench, live[session_ref(s)], f"{NS}/{s}", f"{r.display} {session_ref(s)}")
+                  for s in there}
+        _verify(bench, objs, images, [live[session_ref(s)] for s in there], r, exclude=list(seen.values()))
+        for s in there:
+            mine = {k: v for k, v in store.refs.read(f"{NS}/{s}").refs.items() if k != "meta"}
+            theirs = {k: v for k, v in images[s].refs.items() if k != "meta"}
+            how = _compare(objs, mine, theirs)[0]
+            out[s] = {"ahead": "behind", "behind": "ahead"}.get(how, how)  # _compare says how theirs stand
+    return out
 
 
 def _verify(bench: Workbench, objs: _Objects, images: Mapping[str, GroupImage], commits: Sequence[bytes],
@@ -404,13 +460,34 @@ def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:
     return all(record.get(k) == now[k] for k in now if k != "head")
 
 
-def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan]) -> tuple[dict[str, str], int]:
-    """Write the verified objects, then each session's refs (CAS against what was planned on)."""
+def _write_pull(store: Store, objs: _Objects, plans: Mapping[str, _PullPlan],
+                dropped: list | None = None) -> tuple[dict[str, str], int]:
+    """Write the verified objects, then each session's refs (CAS against what was planned on).
+
+    Under the names lock (§14.16): a pulled name another session here holds is dropped (into ``dropped``)."""
     changing = {s: p for s, p in plans.items() if p.status in ("created", "updated", "restored")}
     statuses = {s: p.status for s, p in plans.items()}
     if not changing:
         return statuses, 0
     sessions = SessionStore(store)
+    with names.lock(sessions):
+        for ses, p in changing.items():
+            meta = p.new_meta if p.new_meta is not None else objs.kind_value(p.refs["meta"])[1]
+            mine = objs.kind_value(p.local.refs["meta"])[1] if p.local is not None and "meta" in p.local.refs else {}
+            kept, gone = names.importable(sessions, ses, meta, names.name_of(mine))
+            if gone is not None:
+                if dropped is not None:
+                    dropped.append(gone)
+                if p.new_meta is None:
+                    p.base_oid = p.refs["meta"]
+                p.new_meta = {k: v for k, v in meta.items() if k != "name"}
+                if kept is not None:
+                    p.new_meta["name"] = kept
+        return _write_planned(store, objs, changing, statuses, sessions)
+
+
+def _write_planned(store: Store, objs: _Objects, changing: Mapping[str, _PullPlan], statuses: dict[str, str],
+                   sessions: SessionStore) -> tuple[dict[str, str], int]:
     needed = _reachable_new(objs, [v for p in changing.values() for v in p.refs.values()])
     groups = {ses: f"{NS}/{ses}" for ses in changing}
     # One step per session; the first carries the pulled objects (unless a pack does) and the new

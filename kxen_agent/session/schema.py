@@ -134,8 +134,8 @@ def _names(values: tuple) -> str:
 # ---------------------------------------------------------------- kinds
 
 def _agent(v: Any) -> Links:
-    from .agent_def import (KNOWN_TOOLS, LOCK_VERSION, SIDE_EFFECT_TOOLS, AgentDefinitionError, canonical_steps_json,
-                            validate_script_steps)
+    from .agent_def import (KNOWN_TOOLS, LOCK_VERSION, SIDE_EFFECT_TOOLS, V6_TOOLS, AgentDefinitionError,
+                            canonical_steps_json, validate_script_steps)
 
     f = _Fields(v, "an agent lock")
     f.text("name")
@@ -161,6 +161,9 @@ def _agent(v: Any) -> Links:
                               "upgrade kxen-agent")
     if provider == "anthropic" and version < 3:
         raise SchemaViolation(f"provider 'anthropic' needs a version-3 lock, not version {version}")
+    newer = [t for t in tools if t in V6_TOOLS]
+    if newer and version < 6:
+        raise SchemaViolation(f"tool {newer[0]!r} needs a version-6 lock, not version {version}")
     p = _Fields(f.d.get("policy"), "key 'policy'")
     p.int("max_turns", low=1)
     p.int("tool_timeout_ms", low=1)
@@ -182,9 +185,30 @@ def _agent(v: Any) -> Links:
         for key in ("checkpoint_max_file_bytes", "checkpoint_max_files", "checkpoint_max_bytes"):
             if key in p.d:
                 p.int(key)
+    mcp_names: dict = {}
+    if "mcp" in f.d:  # MCP servers (§14.15), version 6 on
+        from .mcp_def import check_lock_mcp, mcp_tools
+
+        if version < 6:
+            raise SchemaViolation(f"key 'mcp' needs a version-6 lock, not version {version}")
+        try:
+            check_lock_mcp(f.d["mcp"])
+        except ValueError as e:
+            raise SchemaViolation(str(e)) from None
+        mcp_names = mcp_tools(f.d)
+    if version >= 6 and "instructions" in p.d:  # §14.2: project instruction file names
+        names = p.d["instructions"]
+        if type(names) is not list or any(type(n) is not str or not n or "/" in n for n in names):
+            raise SchemaViolation("key 'policy.instructions' must be an array of file names (text without '/')")
+    if version >= 6:  # §14.2: the [model] settings, each absent (the server's default) or of its form
+        f.int("max_tokens", low=1, optional=True)
+        f.text("temperature", optional=True, match=re.compile(r"(?:[0-1](?:\.[0-9]{1,3})?|2(?:\.0{1,3})?)"))
+    if version >= 6 and "no_terminal" in p.d:  # §14.2: absent means "pause"
+        p.text("no_terminal", one_of=("pause", "refuse"))
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
-        if type(approve) is not list or any(t not in SIDE_EFFECT_TOOLS or type(t) is not str for t in approve):
+        if type(approve) is not list or any(type(t) is not str or (t not in SIDE_EFFECT_TOOLS and t not in mcp_names)
+                                            for t in approve):
             raise SchemaViolation("key 'policy.approve' must be an array of the tools with side effects "
                                   f"({', '.join(SIDE_EFFECT_TOOLS)})")
     script = f.text("script", null=True)
@@ -195,7 +219,7 @@ def _agent(v: Any) -> Links:
 
         try:
             steps = json.loads(script, parse_constant=_no_constant)
-            validate_script_steps(steps, tools, source="the agent lock's script")
+            validate_script_steps(steps, [*tools, *mcp_names], source="the agent lock's script")
             canonical = canonical_steps_json(steps)
         except (ValueError, RecursionError, AgentDefinitionError) as e:
             raise SchemaViolation(f"key 'script' is not a valid steps list: {_one_line(e)}") from None
@@ -222,6 +246,7 @@ def _session(v: Any) -> Links:
     f.int("revisedNs")
     f.text("reason")
     f.link("previous", "session", optional=True)
+    f.text("name", optional=True)
     return f.links
 
 
@@ -325,7 +350,27 @@ def _run(v: Any) -> Links:
         _usage(f.d["usage"], "usage", ("turns",))
     if f.d.get("turnUsage") is not None:
         _usage(f.d["turnUsage"], "turnUsage", ("turn",))
+    if "instructions" in f.d:
+        f.links.extend(_instructions(f.d["instructions"]))
     return f.links
+
+
+def _instructions(value: Any) -> Links:
+    """A run's project instructions (§14.5 ``instructions``): each ``path``, ``blob``, ``size``, ``truncated``."""
+    if type(value) is not list or not value:
+        raise SchemaViolation(f"key 'instructions' must be a non-empty array, not {_type_name(value)}")
+    links: Links = []
+    for i, item in enumerate(value):
+        u = _Fields(item, f"instructions[{i}]")
+        try:
+            u.text("path")
+            u.link("blob", "blob")
+            u.int("size")
+            u.bool("truncated")
+        except SchemaViolation as e:
+            raise SchemaViolation(f"instructions[{i}]: {e}") from None
+        links.extend(u.links)
+    return links
 
 
 def _usage(value: Any, key: str, counts: tuple[str, ...]) -> None:
@@ -358,11 +403,13 @@ def _journal(v: Any) -> Links:
         raise SchemaViolation("both 'output' and 'outputBlob' are present")
     f.text("output", optional=True)
     f.link("outputBlob", "blob", optional=True)
-    f.bool("isError", optional=state in (OpState.DECIDED, OpState.STARTED, OpState.OUTCOME_UNKNOWN))
+    f.bool("isError", optional=state in (OpState.DECIDED, OpState.STARTED, OpState.OUTCOME_UNKNOWN,
+                                         OpState.PENDING_APPROVAL))
     # §14.6: the approval of a call that needed one, from its Decided entry on.
     f.text("approval", one_of=APPROVALS, optional=state != OpState.DECIDED)
     f.text("approver", one_of=APPROVERS, optional=state != OpState.DECIDED)
     f.text("note", optional=True)
+    f.text("reason", optional=True)  # §14.6: why a person refused the call (what the model is shown)
     f.text("origin", optional=True)  # §14.6: the state dir that made the decision (informative)
     # §14.6/§14.14: Git commit ids of the workspace checkpoints (not links: they name Git objects).
     f.text("checkpointBefore", optional=True, match=_GIT_COMMIT_RE)

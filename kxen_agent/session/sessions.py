@@ -18,6 +18,7 @@ one ref transaction whatever the history's length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -29,6 +30,8 @@ from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import AmbiguousId, CorruptObject, MissingObject, RefUpdate
 from kxen_agent.store.protocols import ObjectStore, Repository
 
+from .ids import (MIN_PREFIX, AmbiguousPrefix, SessionError, UnknownSession, is_id_or_prefix,  # noqa: F401
+                  near_id, resolve_prefix)
 from .schema import SES_RE, misplaced, put, read, text_blob
 from .workspace import (
     WorkspaceIdentity,
@@ -69,61 +72,6 @@ _SES_RE = SES_RE
 _MSG_RE = re.compile(r"msg_([0-9a-fA-F]{8,64})")
 
 
-class UnknownSession(KxenError):
-    """A session id is not in this state dir."""
-
-    def __init__(self, ses: str, state_dir: str) -> None:
-        super().__init__(
-            f"session {ses} is not in state dir {state_dir}: session ids are local to the state dir "
-            "that created them (set KXEN_AGENT_STATE_DIR to it), or bring the session here with "
-            "`kxen-agent session import BUNDLE --workspace DIR`"
-        )
-
-
-class SessionError(KxenError):
-    """A session operation cannot be done as asked."""
-
-
-class AmbiguousPrefix(UsageError):
-    """An id prefix (``ses_``, ``run_``, ``op_``) names more than one thing; ``candidates`` are their ids."""
-
-    def __init__(self, what: str, prefix: str, candidates: list[str], where: str) -> None:
-        shown = ", ".join(candidates[:10]) + (f" and {len(candidates) - 10} more" if len(candidates) > 10 else "")
-        super().__init__(f"{what} id prefix {prefix} is ambiguous {where}: it matches {shown}; give more characters")
-        self.candidates = candidates
-
-
-#: The shortest id prefix accepted after the ``ses_``/``run_``/``op_`` tag, as Git's shortest abbreviation.
-MIN_PREFIX = 4
-_PREFIX_RE = {tag: re.compile(rf"{tag}_[0-9a-z]{{{MIN_PREFIX},40}}") for tag in ("ses", "run", "op")}
-
-
-def resolve_prefix(what: str, tag: str, text: str, ids: Callable[[], list[str]], where: str) -> str | None:
-    """The one id among ``ids()`` that ``text`` names (the id itself, or a unique prefix of it).
-
-    ``None`` when none matches (the caller says "not found" in its words);
-    :class:`AmbiguousPrefix` when several do; a text that is no ``tag_``
-    prefix of at least :data:`MIN_PREFIX` characters is a UsageError.
-    """
-    text = text.strip()
-    if not _PREFIX_RE[tag].fullmatch(text):
-        raise UsageError(f"{text!r} is not a {what} id (expected {tag}_ followed by at least {MIN_PREFIX} "
-                         "letters and digits: an id or a unique prefix of one)")
-    known = ids()
-    if text in known:
-        return text
-    found = sorted(i for i in known if i.startswith(text))
-    if len(found) > 1:
-        raise AmbiguousPrefix(what, text, found, where)
-    return found[0] if found else None
-
-
-
-
-def is_id_or_prefix(tag: str, text: str) -> bool:
-    """Whether ``text`` has the shape of a ``tag_`` id or of a prefix :func:`resolve_prefix` takes."""
-    return bool(_PREFIX_RE[tag].fullmatch(text.strip()))
-
 
 def new_id(prefix: str) -> str:
     import secrets  # here: a read command never makes an id, and the module costs start-up
@@ -133,6 +81,11 @@ def new_id(prefix: str) -> str:
 
 def msg_id(oid: bytes) -> str:
     return "msg_" + oid.hex()
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 class Message(NamedTuple):
@@ -215,6 +168,7 @@ class SessionInfo:
             "workspace": _ws_json(m["workspace"]),
             "head": msg_id(self.head) if self.head else None,
             "deleted": self.deleted_ns is not None,
+            "name": m.get("name"),
         }
 
 
@@ -233,6 +187,8 @@ class SessionStore:
 
     def __init__(self, store: Repository) -> None:
         self.store = store
+        #: The name the next :meth:`create` gives its session (``run -n NAME``: the runner creates it).
+        self.new_name: str | None = None
 
     # ------------------------------------------------------------ lookup
 
@@ -254,6 +210,14 @@ class SessionStore:
         text = text.strip()
         if _SES_RE.fullmatch(text) and self._exists(text, include_deleted):
             return text  # the common case: a full id, one ref file read
+        from . import names
+
+        if not is_id_or_prefix("ses", text) and names.is_name(text):
+            # A name never looks like an id (names.check_name), so it is read only when the text is no id.
+            found_name = names.find(self, text, include_deleted=include_deleted)
+            if found_name is None:
+                raise names.UnknownName(text, self.store.root)
+            return found_name
 
         def ids() -> list[str]:
             out = []
@@ -265,7 +229,9 @@ class SessionStore:
 
         found = resolve_prefix("session", "ses", text, ids, f"in state dir {self.store.root}")
         if found is None:
-            raise UnknownSession(text, self.store.root)
+            every = [g.split("/", 1)[1] for g in self.store.refs.groups(NS)]
+            raise UnknownSession(text, self.store.root,
+                                 near_id(text, [i for i in every if self._exists(i, include_deleted)]))
         return found
 
     def _exists(self, ses: str, include_deleted: bool) -> bool:
@@ -327,12 +293,19 @@ class SessionStore:
         root = os.path.realpath(path)
         infos = [i for i in self.list(on_damaged=lambda group, e: None) if keep is None or keep(i)]
         here = [i for i in infos if i.meta["workspace"].get("root") == root]
+        try:
+            current: WorkspaceIdentity | None = inspect_workspace(root)
+        except KxenError:
+            current = None
         if not here:
-            try:
-                identity = inspect_workspace(root).identity
-            except KxenError:
+            if current is None:
                 return None
-            here = [i for i in infos if i.meta["workspace"].get("identity") == identity]
+            here = [i for i in infos if i.meta["workspace"].get("identity") == current.identity]
+        # On branch B, a session bound to B comes first (issue #30): one bound to another branch
+        # only when none is, and the resume then says how to fork onto B.
+        if current is not None and current.branch:
+            on_branch = [i for i in here if i.meta["workspace"].get("branch") == current.branch]
+            here = on_branch or here
         best: tuple[int, str] | None = None
         chosen = None
         for info in here:
@@ -543,6 +516,7 @@ class SessionStore:
         reason: str,
         previous: bytes | None = None,
         created_ns: int | None = None,
+        name: str | None = None,
     ) -> dict:
         v: dict[str, Any] = {
             "id": ses,
@@ -558,27 +532,35 @@ class SessionStore:
         }
         if previous is not None:
             v["previous"] = previous
+        if name is not None:
+            v["name"] = name
         return v
 
-    def create(self, agent_lock: dict, workspace: WorkspaceIdentity) -> SessionInfo:
-        """A new root session bound to ``workspace`` with the given DCPAgent lock."""
+    def create(self, agent_lock: dict, workspace: WorkspaceIdentity, *, name: str | None = None) -> SessionInfo:
+        """A new root session bound to ``workspace`` with the given DCPAgent lock (and ``name``, default
+        :attr:`new_name`, §14.16)."""
+        from . import names
+
+        name = name if name is not None else self.new_name
         ses = new_id("ses")
-        # One durable step: the agent lock, the metadata and the ref that names them.
-        step = self.store.step(self.group(ses))
-        agent = put(step, "agent", agent_lock)
-        meta = put(
-            step, "session",
-            self._meta(
-                ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
-                fork_point=None, fork_kind=None, reason="create",
-            ),
-        )
-        step.update("meta", None, meta)
-        step.commit("session: create")
+        with names.lock(self) if name is not None else _nothing():
+            names.claim(self, name)
+            # One durable step: the agent lock, the metadata and the ref that names them.
+            step = self.store.step(self.group(ses))
+            agent = put(step, "agent", agent_lock)
+            meta = put(
+                step, "session",
+                self._meta(
+                    ses, agent=agent, workspace=workspace, parent_id=None, branch_root_id=ses,
+                    fork_point=None, fork_kind=None, reason="create", name=name,
+                ),
+            )
+            step.update("meta", None, meta)
+            step.commit("session: create")
         return self.get(ses)
 
     def fork(self, ses: str, *, at: str | None = None, worktree: str | None = None,
-             workspace: str | None = None, worktree_at: str | None = None) -> SessionInfo:
+             workspace: str | None = None, worktree_at: str | None = None, name: str | None = None) -> SessionInfo:
         """A new complete Session sharing ``ses``'s history up to ``at`` (default: its head).
 
         Never needs the parent's run lease: it reads immutable objects and
@@ -590,7 +572,12 @@ class SessionStore:
         and subdirectory, on whatever branch it is (``git switch -c
         feature-x``, then fork onto it): the metadata's reason is
         ``fork-workspace``. ``worktree_at`` (a checkpoint commit, ``--with-code``) starts the worktree there.
+        ``name``: the fork's name (default ``<parent's name>/<n>``, §14.16).
         """
+        from . import names
+
+        if name is not None:
+            names.claim(self, name)  # before a worktree is made; checked again under the lock
         if worktree is not None and workspace is not None:
             raise UsageError("give either --worktree NAME (a new worktree) or --workspace DIR (an existing "
                              "checkout), not both")
@@ -621,24 +608,30 @@ class SessionStore:
                                     worktree)
         try:
             new = new_id("ses")
-            step = self.store.step(self.group(new))
-            meta = put(
-                step, "session",
-                self._meta(
-                    new,
-                    agent=parent.agent_oid,
-                    workspace=bound,
-                    parent_id=parent.id,
-                    branch_root_id=parent.meta["branchRootId"],
-                    fork_point=msg_id(point) if point else None,
-                    fork_kind="worktree" if worktree else "conversation",
-                    reason=reason,
-                ),
-            )
-            step.update("meta", None, meta)
-            if point is not None:
-                step.update("head", None, point)
-            step.commit(f"session: fork of {ses}")
+            with names.lock(self):
+                if name is None:
+                    name = names.fork_name(self, parent)
+                else:
+                    names.claim(self, name)
+                step = self.store.step(self.group(new))
+                meta = put(
+                    step, "session",
+                    self._meta(
+                        new,
+                        agent=parent.agent_oid,
+                        workspace=bound,
+                        parent_id=parent.id,
+                        branch_root_id=parent.meta["branchRootId"],
+                        fork_point=msg_id(point) if point else None,
+                        fork_kind="worktree" if worktree else "conversation",
+                        reason=reason,
+                        name=name,
+                    ),
+                )
+                step.update("meta", None, meta)
+                if point is not None:
+                    step.update("head", None, point)
+                step.commit(f"session: fork of {ses}")
         except BaseException:
             if made is not None:
                 rollback_worktree(*made)
@@ -673,7 +666,7 @@ class SessionStore:
                 ses, agent=m["agent"], workspace=current, parent_id=m.get("parentId"),
                 branch_root_id=m["branchRootId"], fork_point=m.get("forkPoint"),
                 fork_kind=m.get("forkKind"), reason=reason, previous=info.meta_oid,
-                created_ns=m["createdNs"],
+                created_ns=m["createdNs"], name=m.get("name"),
             ),
         )
         step.update("meta", info.meta_oid, meta)
@@ -689,7 +682,7 @@ class SessionStore:
                 meta["id"], agent=meta["agent"], workspace=workspace, parent_id=meta.get("parentId"),
                 branch_root_id=meta["branchRootId"], fork_point=meta.get("forkPoint"),
                 fork_kind=meta.get("forkKind"), reason=reason, previous=meta_oid,
-                created_ns=meta["createdNs"],
+                created_ns=meta["createdNs"], name=meta.get("name"),
             ),
         )
 

@@ -66,6 +66,8 @@ class OpState(StrEnum):
     """An operation's journal ``state`` (§14.6)."""
 
     DECIDED = "Decided"  # approved or refused by the user (§14.6), not started yet: its tool turn goes on
+    # Nobody could be asked (no terminal, no --yes): the run waits for `run approve` / `run deny` (§14.6).
+    PENDING_APPROVAL = "PendingApproval"
     STARTED = "Started"
     OUTCOME_KNOWN = "OutcomeKnown"
     SETTLED = "Settled"
@@ -97,11 +99,12 @@ class ApproverName(StrEnum):
     YES_FLAG = "--yes"  # the run's --yes
     NO_TERMINAL = "no-terminal"  # nobody to ask: refused
     TRUST = "trust"  # `session trust` here, on a call another state dir asked for or decided
+    USER_COMMAND = "user-command"  # a person with `run approve` / `run deny`, on a call that waited (§14.6)
 
     @property
     def human(self) -> bool:
         """Whether a person answered (the entry's ``source`` is then ``human``, else ``policy``)."""
-        return self in (ApproverName.USER, ApproverName.USER_ALWAYS)
+        return self in (ApproverName.USER, ApproverName.USER_ALWAYS, ApproverName.USER_COMMAND)
 
 
 #: The words only this module may spell as string literals (tests/test_status_words.py). Words that
@@ -110,7 +113,8 @@ class ApproverName(StrEnum):
 #: points), ``yes``/``no``, ``--yes`` (a CLI option) and ``trust`` (a CLI command).
 STATUS_WORDS: frozenset[str] = frozenset(
     [*(s.value for s in RunStatus), INTERRUPTED, *(s.value for s in OpState),
-     OpSource.RECOVERY.value, OpSource.HUMAN.value, ApproverName.USER_ALWAYS.value, ApproverName.NO_TERMINAL.value])
+     OpSource.RECOVERY.value, OpSource.HUMAN.value, ApproverName.USER_ALWAYS.value, ApproverName.NO_TERMINAL.value,
+     ApproverName.USER_COMMAND.value])
 
 
 # ---------------------------------------------------------------- the state machines
@@ -142,7 +146,9 @@ RUN_MOVES: dict[RunStatus | None, frozenset[RunStatus]] = {
 _O = OpState
 #: §14.6: from each op state (None: the op's first entry) to the states its next entry may hold.
 OP_MOVES: dict[OpState | None, frozenset[OpState]] = {
-    None: frozenset({_O.DECIDED, _O.STARTED}),
+    None: frozenset({_O.DECIDED, _O.STARTED, _O.PENDING_APPROVAL}),
+    # Waiting for a person (no terminal to ask at): only their decision moves it on.
+    _O.PENDING_APPROVAL: frozenset({_O.DECIDED}),
     # A decision is re-recorded by `session trust` here; a refusal becomes an error outcome at once.
     _O.DECIDED: frozenset({_O.DECIDED, _O.STARTED, _O.OUTCOME_KNOWN}),
     # Started again: a refused or side-effect-free call re-run after a crash.

@@ -18,7 +18,7 @@ names the workspace (HEAD aside) is kept: importing twice is a no-op.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
 from kxen_agent.errors import UsageError
@@ -29,6 +29,8 @@ from kxen_agent.store.objects import RawObject, decode_stored
 from kxen_agent.store.step import Step
 
 from .schema import RUN_RE, SES_RE, SESSION_SCHEMA, misplaced
+from . import names
+from .names import NameDropped
 from .sessions import NS, SessionStore, resolve_prefix
 from .workspace import WorkspaceIdentity, WorkspaceMismatch, check_binding, inspect_workspace
 
@@ -68,9 +70,12 @@ class ImportedSessions:
     sessions: Mapping[str, str]  # ses id -> created | updated | unchanged | restored
     workspace: WorkspaceIdentity  # the default binding (``--workspace DIR``)
     bindings: Mapping[str, WorkspaceIdentity]  # ses id -> the workspace it is bound to
+    #: Names the bundle gave that another session here holds: dropped (§14.16).
+    dropped_names: tuple[NameDropped, ...] = field(default=())
 
     def to_json(self) -> dict:
         d = self.result.to_json()
+        d["droppedNames"] = [{"session": n.ses, "name": n.name, "heldBy": n.holder, "kept": n.kept} for n in self.dropped_names]
         d["sessions"] = dict(self.sessions)
         d["workspace"] = self.workspace.root
         d["workspaces"] = {ses: ws.root for ses, ws in sorted(self.bindings.items())}
@@ -144,6 +149,7 @@ def import_sessions(store: Store, path: str, workspace: str, *,
                 f"(for a worktree fork: a worktree of its branch {meta['workspace'].get('branch') or '?'})",
                 field=e.field, recorded=e.recorded, current=e.current) from None
     sessions = SessionStore(store)
+    dropped: dict[str, NameDropped] = {}
 
     def transform(group: str, refs: dict[str, bytes], step: Step) -> dict[str, bytes]:
         current = chosen.get(group.partition("/")[2], default)
@@ -158,11 +164,20 @@ def import_sessions(store: Store, path: str, workspace: str, *,
             # import or rebind here): build on that binding, so the meta ref
             # only moves forward and re-importing to another path is a rebind.
             base_oid, base = local, store.get(local, "session")
-        if _same_binding(base["workspace"], current):
+        # A name another session here holds is dropped: nothing from elsewhere takes a local name (§14.16).
+        mine = store.get(local, "session") if local is not None else {}
+        kept, gone = names.importable(sessions, group.partition("/")[2], base, names.name_of(mine))
+        if gone is not None:
+            dropped[gone.ses] = gone
+            base = {k: v for k, v in base.items() if k != "name"}
+            if kept is not None:
+                base["name"] = kept
+        elif _same_binding(base["workspace"], current):
             return dict(refs, meta=base_oid)  # importing twice is a no-op
         return dict(refs, meta=sessions.rebound_meta(base, base_oid, current, "import", into=step))
 
     with ExitStack() as stack:
+        stack.enter_context(names.lock(sessions))  # first: the names lock comes before any group lock
         if acquire_lease is not None:
             for group in info.refs:
                 ses = group.partition("/")[2]
@@ -170,7 +185,8 @@ def import_sessions(store: Store, path: str, workspace: str, *,
                     stack.enter_context(acquire_lease(ses))
         res = import_bundle(store, path, transform=transform, progress=progress, schema=SESSION_SCHEMA)
     by_ses = {g.partition("/")[2]: s for g, s in res.groups.items()}
-    return ImportedSessions(res, by_ses, default, {ses: chosen.get(ses, default) for ses in by_ses})
+    return ImportedSessions(res, by_ses, default, {ses: chosen.get(ses, default) for ses in by_ses},
+                            tuple(dropped[s] for s in sorted(dropped)))
 
 
 def _same_binding(record: Mapping, current: WorkspaceIdentity) -> bool:

@@ -309,6 +309,8 @@ def lock_problem(lock: Mapping[str, Any], lock_oid: bytes, endpoint: str | None,
     registered it); ``trusted_*``: its trust records. Pure: the caller
     reads the records.
     """
+    if lock.get("mcp") and not (lock_local or lock_oid in set(trusted_locks)):  # §14.15: launch commands
+        return "its agent lock starts MCP servers (commands this machine would run) written on another machine"
     if lock.get("provider") == "script":
         if lock_local or lock_oid in set(trusted_locks):
             return None

@@ -530,8 +530,8 @@ class IOFaultSpecError(ValueError):
     """
 
 
-_ERRNOS = {"ENOSPC": _errno.ENOSPC, "EIO": _errno.EIO}
-_SPEC = re.compile(r"(ENOSPC|EIO)@([1-9][0-9]*)(\+?)")
+_ERRNOS = {"ENOSPC": _errno.ENOSPC, "EIO": _errno.EIO, "EROFS": _errno.EROFS, "EACCES": _errno.EACCES}
+_SPEC = re.compile(r"(ENOSPC|EIO|EROFS|EACCES)@([1-9][0-9]*)(\+?)")
 
 
 class FaultyIO(FileIO):
@@ -586,7 +586,7 @@ def parse_fault_spec(spec: str) -> tuple[int, int, bool]:
     m = _SPEC.fullmatch(spec.strip())
     if m is None:
         raise IOFaultSpecError(
-            f"{IO_FAULT_ENV}={spec!r} is not ENOSPC@N or EIO@N (N >= 1, a trailing '+' keeps failing "
+            f"{IO_FAULT_ENV}={spec!r} is not ENOSPC@N, EIO@N, EROFS@N or EACCES@N (N >= 1, a trailing '+' keeps failing "
             f"from the N-th operation on); unset it to run normally"
         )
     return _ERRNOS[m.group(1)], int(m.group(2)), m.group(3) == "+"

@@ -697,7 +697,7 @@ class KillTrial:
             res = d.json()
             if res["status"] != "input_required" or not res["unknownOps"]:
                 self.fail(f"exit 3 without an UNKNOWN op: {d}")
-        elif d.rc == 1 and "has no run to resume" in d.err and self.run_id is None:
+        elif d.rc == 2 and "has no run to resume" in d.err and self.run_id is None:
             pass  # the session was created, its run not started: next, --task
         else:
             self.fail(f"unexpected exit: {d}")
@@ -1130,7 +1130,7 @@ class LeaseTorture:
                     if not (out["status"] == "completed" and out["settled"] and out["result"] == FINAL):
                         self.fail(f"round {r}: exit 0 but {out}")
                     done = True
-                elif res.rc == 1 and "nothing to resume" in res.err:
+                elif res.rc == 2 and "nothing to resume" in res.err:
                     done = True
                 else:
                     self.fail(f"round {r}: unexpected exit {res}")
@@ -1229,7 +1229,7 @@ class LeaseTorture:
             self.figs.stale_refused += 1
         elif res.rc in (0, 3):
             self.figs.stopped_after_last_write += 1
-        elif res.rc == 1 and "nothing to resume" in res.err:
+        elif res.rc == 2 and "nothing to resume" in res.err:
             self.figs.stopped_after_last_write += 1
         else:
             self.fail(f"a holder continued after the takeover exited {res}")

@@ -77,7 +77,7 @@ def test_what_the_remote_and_each_machine_hold_along_the_way(machines: tuple[Mac
     a.kx("--resume", ses, "--task", "second task", "--json", expect=0)
     assert _row(b.json("session", "ls-remote"), ses)["local"] == "same"  # a has not pushed yet
     a.kx("session", "push", ses, expect=0)
-    assert _row(b.json("session", "ls-remote"), ses)["local"] == "differs"
+    assert _row(b.json("session", "ls-remote"), ses)["local"] == "behind"  # issue 29: not "differs"
     assert b.json("session", "pull", ses)["sessions"] == {ses: "updated"}
     assert b.json("session", "pull", ses)["sessions"] == {ses: "unchanged"}
     assert b.json("session", "push", ses)["pushes"][0]["sessions"] == {ses: "up-to-date"}

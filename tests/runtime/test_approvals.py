@@ -21,7 +21,7 @@ from kxen_agent.runtime.approvals import REFUSED
 from kxen_agent.session.agent_def import AgentDefinitionError, parse_agent_definition
 from tests.helpers import Cli, run_kxen, spawn_kxen, write_agent
 
-PROMPT = b"[y]es / [n]o / [a]lways for this run: "
+PROMPT = b"[y]es / [n]o / [a]lways for this run / [r]efuse with a reason: "
 
 
 class PtyRun:
@@ -151,12 +151,15 @@ def test_read_only_and_unlisted_tools_never_ask(cli: Cli, workspace: Path, tmp_p
     assert [a for _, _, a in approvals(cli, res["session"], res["run"])] == [None, None]
 
 
-def test_without_a_terminal_calls_are_refused_unless_yes(cli: Cli, workspace: Path, tmp_path: Path) -> None:
-    agent = approving_agent(tmp_path, [shell_step("echo made > made.txt"), {"content": "done"}], ["shell"])
+def test_without_a_terminal_no_terminal_refuse_refuses_unless_yes(cli: Cli, workspace: Path, tmp_path: Path) -> None:
+    # [policy] no_terminal = "refuse" keeps the refusal of a call nobody can be asked about: never the user's.
+    agent = write_agent(tmp_path / "agent", [shell_step("echo made > made.txt"), {"content": "done"}],
+                        policy={"approve": ["shell"], "no_terminal": "refuse"})
     res = cli(*run_args(workspace, agent)).json()  # standard input: not a terminal
     assert res["status"] == "completed" and not (workspace / "made.txt").exists()
-    [(tool, _, approval)] = approvals(cli, res["session"], res["run"])
-    assert approval == {"answer": "no", "by": "no-terminal"}
+    [j] = cli.run_show(res["session"], res["run"])["journal"]
+    assert j["approval"] == {"answer": "no", "by": "no-terminal"}
+    assert j["outcome"] == {"output": "refused: no terminal to ask", "isError": True}
     assert "no terminal to ask at (give --yes to approve)" in cli("run", "show", res["session"], expect=0).out
 
     res = cli(*run_args(workspace, agent), "--yes", expect=0).json()
@@ -164,13 +167,14 @@ def test_without_a_terminal_calls_are_refused_unless_yes(cli: Cli, workspace: Pa
     assert approvals(cli, res["session"], res["run"]) == [("shell", "Settled", {"answer": "yes", "by": "--yes"})]
 
 
-def test_piped_task_is_refused_without_yes(cli: Cli, workspace: Path, tmp_path: Path) -> None:
+def test_piped_task_waits_for_approval_without_yes(cli: Cli, workspace: Path, tmp_path: Path) -> None:
     agent = approving_agent(tmp_path, [shell_step("echo made > made.txt"), {"content": "done"}], ["shell"])
     done = run_kxen(["run", "--workspace", str(workspace), "--agent", str(agent), "--json"],
-                    input="a task piped in", env=cli.env, expect=0)
+                    input="a task piped in", env=cli.env, expect=3)
     assert not (workspace / "made.txt").exists()
     res = done.json()
-    assert [m["content"] for m in cli.log(res["session"]) if m["role"] == "tool"] == [REFUSED]
+    assert res["status"] == "input_required" and "wait for approval" in res["error"]
+    assert [m for m in cli.log(res["session"]) if m["role"] == "tool"] == []
 
 
 def test_crash_after_the_answer_never_asks_again(cli: Cli, workspace: Path, tmp_path: Path) -> None:

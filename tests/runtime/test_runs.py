@@ -96,7 +96,7 @@ def test_consecutive_runs_and_resume_refusals(cli: Cli, workspace: Path, tmp_pat
     first = cli.run_json(workspace, "task one", agent, expect=0).json()
     ses, run0 = first["session"], first["run"]
 
-    p = cli.resume(ses, expect=1)
+    p = cli.resume(ses, expect=2)  # as --retry with nothing to retry: the request is wrong
     assert "nothing to resume" in p.err and ses in p.err and "--task" in p.err, str(p)
 
     second = cli.resume(ses, "--task", "task two", expect=0).json()
@@ -166,7 +166,7 @@ def test_max_turns_fails_the_run(cli: Cli, workspace: Path, tmp_path: Path) -> N
     assert "max_turns (2)" in res["error"]
     log = cli.log(res["session"])
     assert [m["role"] for m in log] == ["user", "assistant", "tool", "assistant", "tool"]
-    cli.resume(res["session"], expect=1)  # failed is terminal: nothing to resume
+    cli.resume(res["session"], expect=2)  # failed is terminal: nothing to resume
 
 
 def test_bad_agent_definition_is_refused_before_anything_is_written(cli: Cli, state_dir: Path, workspace: Path, tmp_path: Path) -> None:
@@ -303,7 +303,7 @@ def test_ctrl_c_cancels_a_running_command_and_the_rest_of_the_turn(cli: Cli, wor
     log = cli.log(res["session"])
     tools = [m["content"] for m in log if m["role"] == "tool"]
     assert len(tools) == 2 and "[canceled:" in tools[0] and tools[1].startswith("[not run:")
-    p = cli.resume(res["session"], expect=1)
+    p = cli.resume(res["session"], expect=2)
     assert "nothing to resume" in p.err
 
 

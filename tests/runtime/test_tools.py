@@ -72,7 +72,7 @@ def read_pid(path: Path) -> int:
 
 
 def test_registry_and_specs():
-    assert sorted(TOOLS) == ["edit_file", "list_files", "read_file", "shell", "write_file"]
+    assert sorted(TOOLS) == ["edit_file", "list_files", "read_file", "search", "shell", "write_file"]
     assert {n for n, t in TOOLS.items() if t.side_effects} == {"shell", "write_file", "edit_file"}
     assert all(isinstance(t, Tool) and t.name == n for n, t in TOOLS.items())
     specs = tool_specs(["shell", "read_file"])
@@ -99,7 +99,7 @@ def test_package_exports_its_sorted_all_and_each_tool_lives_in_its_concept_modul
         assert mod.__all__ == sorted(mod.__all__) and all(hasattr(mod, n) for n in mod.__all__)
     assert tools.TOOLS is registry.TOOLS and tools.ToolOutcome is protocol.ToolOutcome
     assert type(TOOLS["shell"]).__module__ == shell_mod.__name__
-    assert {type(t).__module__ for n, t in TOOLS.items() if n != "shell"} == {files.__name__}
+    assert {type(t).__module__ for n, t in TOOLS.items() if n not in ("shell", "search")} == {files.__name__}
 
 
 def test_redact():

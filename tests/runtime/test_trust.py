@@ -176,7 +176,9 @@ def test_a_foreign_script_lock_runs_no_command_until_accepted(tmp_path: Path) ->
 def _importer_with_own_agent(tmp_path: Path, b: Kx, ws_b: Path, server: FakeOpenAI) -> None:
     """The importer runs a session of its own with the same definition: the endpoint and key variable are its own."""
     server.reply_content("mine")
-    own = b.run_json(ws_b, "own work", openai_agent(tmp_path / "agent-b", server, policy={"approve": ["shell"]}),
+    # no_terminal = "refuse": a call it is asked for here off a terminal is refused, not left waiting.
+    own = b.run_json(ws_b, "own work", openai_agent(tmp_path / "agent-b", server,
+                                                    policy={"approve": ["shell"], "no_terminal": "refuse"}),
                      expect=0).json()
     assert own["status"] == "completed"
 
@@ -371,11 +373,12 @@ def test_always_said_on_another_machine_approves_nothing_here(tmp_path: Path) ->
     export_sessions(a.store, [ses], str(tmp_path / "s.bundle"))
     b_store = Store(str(tmp_path / "state-b"))
     import_sessions(b_store, str(tmp_path / "s.bundle"), str(ws_b))
-    b = Runner(b_store)  # no terminal: a call that needs a decision here is refused
+    b = Runner(b_store)
+    b.approver = lambda request, cancel: Decision("no", "user")  # asked here: the importer's person refuses
     assert b.accept_trust(ses)["accepted"]  # the script lock: accepted; no call is pending
     res = b.resume(ses)
     assert res.status == "completed", res
     assert not (ws_b / "pwned").exists()
     ops = list(b.ops(b.run_state(b.sessions.get(ses), res.run)[1]).values())
     assert [(e["approver"], e.get("output")) for e in ops] == [("user-always", "one\n[exit code 0]"),
-                                                               ("no-terminal", "refused by the user")], ops
+                                                               ("user", "refused by the user")], ops

@@ -58,7 +58,7 @@ def only_plain_values(value: Any) -> bool:
 
 
 def test_constants() -> None:
-    assert KNOWN_TOOLS == ("shell", "read_file", "write_file", "edit_file", "list_files")
+    assert KNOWN_TOOLS == ("shell", "read_file", "write_file", "edit_file", "list_files", "search")
     assert PROVIDERS == ("script", "openai", "anthropic")
 
 
@@ -72,7 +72,7 @@ def test_script_definition_with_defaults(tmp_path: Path) -> None:
         "base_url": None,
         "api_key_env": None,
         "system": DEFAULT_SYSTEM,
-        "tools": list(KNOWN_TOOLS),
+        "tools": list(KNOWN_TOOLS[:5]),  # "search" only when named (a version-6 lock)
         "policy": {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None},
         "script": json.dumps(STEPS, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
     }
@@ -161,7 +161,7 @@ def test_parse_agent_definition_uses_base_dir_and_source(tmp_path: Path) -> None
 def test_default_agent_definition() -> None:
     body = default_agent_definition([{"content": "hello"}])
     assert body["provider"] == "script" and body["model"] == "script"
-    assert body["tools"] == list(KNOWN_TOOLS) and body["system"] == DEFAULT_SYSTEM
+    assert body["tools"] == list(KNOWN_TOOLS[:5]) and body["system"] == DEFAULT_SYSTEM
     assert body["policy"] == {"max_turns": 20, "tool_timeout_ms": 120_000, "cancel_window_ms": 5_000, "env_keep": [], "approve": [], "context_tokens": None}
     assert body["script"] == '[{"content":"hello"}]'
     assert only_plain_values(body)

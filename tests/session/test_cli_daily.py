@@ -233,7 +233,7 @@ def test_every_command_help_teaches() -> None:
     from kxen_agent.cli.main import COMMANDS
 
     allowed = {"SES", "SES...", "RUN", "[RUN]", "[RUN] OP", "MSG", "FILE", "DIR", "DIR|SES=DIR", "TEXT", "NAME",
-               "DURATION", "WHEN", "FORMAT", "ID", "MODEL", "URL", "NAME_OR_URL"}
+               "DURATION", "WHEN", "FORMAT", "ID", "MODEL", "URL", "NAME_OR_URL", "PATTERN", "ROLE", "COMMIT"}
     seen = 0
     for path, cmd in _commands():
         where = "kxen-agent " + " ".join(path)

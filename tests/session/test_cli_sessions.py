@@ -483,10 +483,11 @@ def test_list_tree_delete_and_fsck(kx: Kx, repo: Path) -> None:
     assert rows[b]["parentId"] == root and rows[b]["messages"] == 4 and rows[b]["status"] is None
 
     drawn = kx.run("session", "tree", a1).out.splitlines()
-    assert drawn[0].startswith(root)
-    assert drawn[1].startswith(f"├── {a} [conversation]")
-    assert drawn[2].startswith(f"│   └── {a1} [conversation]") and drawn[2].endswith("<- this session")
-    assert drawn[3].startswith(f"└── {b} [conversation] at {log[3]['id'][:16]}")
+    # As `git log --graph` draws branches: each fork above its parent, the newest straight above it.
+    assert drawn[0].startswith(f"* {b}  no runs  ") and f"[conversation] at {log[3]['id'][:16]}" in drawn[0]
+    assert drawn[1].startswith(f"| * {a1}  no runs  ") and drawn[1].endswith("<- this session")
+    assert drawn[2].startswith(f"| * {a}  no runs  ") and drawn[3] == "|/"
+    assert drawn[4].startswith(f"* {root}  completed  ") and drawn[4].endswith("task: first task")
     tree = kx.json("session", "tree", b)
     assert tree["id"] == root
     assert [c["id"] for c in tree["children"]] == [a, b]
@@ -499,9 +500,9 @@ def test_list_tree_delete_and_fsck(kx: Kx, repo: Path) -> None:
     assert f"session {a} is not in state dir {kx.state}" in err
     kx.fail("session", "delete", a, code=1)
     drawn = kx.run("session", "tree", root).out.splitlines()
-    # The fork of a deleted fork stays in the tree, under it.
-    assert drawn[1].startswith(f"├── {a} [conversation]") and "(deleted)" in drawn[1]
-    assert drawn[2].startswith(f"│   └── {a1} [conversation]")
+    # The fork of a deleted fork stays in the tree, above it.
+    assert drawn[2].startswith(f"| * {a}  ") and "(deleted)" in drawn[2]
+    assert drawn[1].startswith(f"| * {a1}  ")
     assert kx.log(a1) == log
     assert "clean" in kx.run("fsck").out
 
@@ -580,7 +581,9 @@ def test_unknown_and_malformed_session_ids(kx: Kx, repo: Path) -> None:
                  ("session", "fork", unknown), ("session", "delete", unknown), ("--resume", unknown, "--task", "x")):
         err = kx.fail(*args, code=1)
         assert unknown in err and str(kx.state) in err and "session import" in err, err
-    for args in (("session", "show", "bogus"), ("session", "log", "ses_"), ("session", "fork", "ses_NOT-AN-ID"),
+    # "bogus" has a name's form (§14.16): no session has it, exit 1.
+    assert "no session is named 'bogus'" in kx.fail("session", "show", "bogus", code=1)
+    for args in (("session", "show", "bogus id"), ("session", "log", "ses_"), ("session", "fork", "ses_NOT-AN-ID"),
                  ("--resume", "ses_../../etc", "--task", "x")):
         err = kx.fail(*args, code=2)
         assert "not a session id" in err

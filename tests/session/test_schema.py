@@ -274,7 +274,7 @@ def test_a_fork_tree_whose_parents_make_a_cycle_is_drawn_once(made, tmp_path: Pa
     meta = store.get(meta_oid, "session")
     _move(store, fork, "meta", store.put("session", {**meta, "parentId": fork}))  # its own parent
     drawn = kx("session", "tree", ses, expect=0).out.splitlines()
-    assert len(drawn) == 2 and drawn[0].startswith(ses) and fork in drawn[1], drawn
+    assert len(drawn) == 2 and drawn[1].startswith(f"* {ses}") and fork in drawn[0], drawn
     tree = kx("session", "tree", fork, "--json", expect=0).json()
     assert tree["id"] == ses and [c["id"] for c in tree["children"]] == [fork], tree
 
@@ -394,8 +394,8 @@ def test_agent_lock_versions(made) -> None:
     check("agent", v1)
     with pytest.raises(SchemaViolation, match="'policy.env_keep' must be an array of text"):
         check("agent", {**lock, "policy": v1["policy"]})
-    with pytest.raises(SchemaViolation, match="agent lock version 6 is newer than this kxen-agent reads"):
-        check("agent", {**lock, "version": 6})
+    with pytest.raises(SchemaViolation, match="agent lock version 7 is newer than this kxen-agent reads"):
+        check("agent", {**lock, "version": 7})
     # Version 4: the answer limits, each absent (the default) or a positive int.
     check("agent", {**lock, "version": 4, "policy": {**lock["policy"], "max_tool_calls": 8}})
     with pytest.raises(SchemaViolation, match="'max_tool_calls' must be an int"):

@@ -279,3 +279,14 @@ def test_in_process_fsck_agrees_with_the_cli(state_dir, store, populated):
     rep = fsck(store)
     code, js = _fsck_json(state_dir)
     assert rep.to_json() == js and code == 0
+
+
+def test_the_mcp_and_prompts_dirs_are_not_stray(state_dir, store, populated):
+    # An MCP run's process-group records (§14.15) and the chat prompt history (§1.3) are the state
+    # dir's own; another top-level name is listed.
+    for name in ("mcp", "prompts", "notes"):
+        os.makedirs(os.path.join(state_dir, name))
+        with open(os.path.join(state_dir, name, "x.json"), "w") as f:
+            f.write("{}")
+    code, rep = _fsck_json(state_dir)
+    assert code == 0 and rep["strayFiles"] == [os.path.join(str(state_dir), "notes")]

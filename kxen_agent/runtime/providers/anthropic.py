@@ -419,9 +419,10 @@ class AnthropicProvider(HttpProvider):
 
     def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120,
                  max_tokens: int = MAX_TOKENS, deadline_s: float | None = None,
-                 limits: AnswerLimits | None = None) -> None:
+                 limits: AnswerLimits | None = None, temperature: float | None = None) -> None:
         super().__init__(base_url or DEFAULT_ANTHROPIC_URL, model, api_key_env, timeout_s, deadline_s, limits)
         self.max_tokens = max_tokens
+        self.temperature = temperature  # the lock's [model] temperature (None: the server's default)
 
     # ------------------------------------------------------------ the SDK and the request
 
@@ -438,6 +439,9 @@ class AnthropicProvider(HttpProvider):
                       stream: bool) -> dict[str, Any]:
         system, converted = to_messages(messages)
         request: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": converted}
+        if self.temperature is not None:
+            # In the body as the API takes it (not every SDK version names it as a parameter).
+            request["extra_body"] = {"temperature": self.temperature}
         if system:
             request["system"] = system
         if tools:
@@ -534,7 +538,9 @@ class AnthropicProvider(HttpProvider):
         reason = _STOP_REASONS.get(stop_reason, stop_reason) if isinstance(stop_reason, str) else None
         return AssistantTurn(content=content, tool_calls=tuple(usable),
                              model=model if isinstance(model, str) and model else self.model,
-                             finish_reason=reason, usage=usage, dropped_calls=tuple(dropped))
+                             finish_reason=reason, usage=usage, dropped_calls=tuple(dropped),
+                             # Named as the server said it where the runner reports it: a cut-short answer.
+                             stop_reason=stop_reason if reason in ("length", "content_filter") else None)
 
 
 class _Fields:

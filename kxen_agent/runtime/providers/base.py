@@ -80,6 +80,9 @@ class AssistantTurn:
     finish_reason: str | None = None
     usage: Usage | None = None
     dropped_calls: tuple[str, ...] = ()
+    #: The server's own word for why the answer ended, when its API does not speak Chat Completions'
+    #: (Anthropic's ``stop_reason``: ``max_tokens`` where ``finish_reason`` says ``length``); None otherwise.
+    stop_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,11 @@ def make_provider(lock: Mapping[str, Any], endpoint: ModelEndpoint | None = None
         common: dict[str, Any] = {"base_url": ep.base_url, "model": ep.model, "api_key_env": lock.get("api_key_env"),
                                   "deadline_s": None if deadline_ms is None else deadline_ms / 1000,
                                   "limits": limits_of(lock)}
+        # The lock's [model] settings (§14.2, version 6), each only when the definition set it.
+        if type(lock.get("max_tokens")) is int:
+            common["max_tokens"] = lock["max_tokens"]
+        if isinstance(lock.get("temperature"), str):
+            common["temperature"] = float(lock["temperature"])
         # Imported here: a script run (and every read command) never pays for the HTTP providers' imports.
         if kind == "anthropic":
             from .anthropic import AnthropicProvider

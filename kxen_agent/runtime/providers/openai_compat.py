@@ -132,8 +132,11 @@ class OpenAIProvider(HttpProvider):
     """
 
     def __init__(self, base_url: str | None, model: str, api_key_env: str | None, timeout_s: float = 120,
-                 deadline_s: float | None = None, limits: AnswerLimits | None = None) -> None:
+                 deadline_s: float | None = None, limits: AnswerLimits | None = None,
+                 max_tokens: int | None = None, temperature: float | None = None) -> None:
         super().__init__(base_url or DEFAULT_BASE_URL, model, api_key_env, timeout_s, deadline_s, limits)
+        # The lock's [model] settings (None: not sent, the server's default).
+        self.max_tokens, self.temperature = max_tokens, temperature
 
     # ------------------------------------------------------------ the SDK and the request
 
@@ -152,6 +155,10 @@ class OpenAIProvider(HttpProvider):
             "model": self.model,
             "messages": [_to_openai(m, i) for i, m in enumerate(messages)],
         }
+        if self.max_tokens is not None:
+            request["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
         if tools:
             request["tools"] = tools
         if stream:

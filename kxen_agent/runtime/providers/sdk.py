@@ -10,6 +10,7 @@ imports an SDK except to check that it imports.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import shlex
@@ -33,15 +34,25 @@ class ProviderUnavailable(ProviderError):
     message carries the install command.
     """
 
+    exit_code = 2  # the installation, not the state, is wrong: a usage error wherever it is found
+
     def __init__(self, message: str) -> None:
         super().__init__(message, transient=False)
 
 
-def require_sdk(lock: Mapping[str, Any]) -> None:
-    """Raise :class:`ProviderUnavailable` if the lock's provider needs an SDK that does not import."""
+def require_sdk(lock: Mapping[str, Any], *, find_only: bool = False) -> None:
+    """Raise :class:`ProviderUnavailable` if the lock's provider needs an SDK that does not import.
+
+    ``find_only``: only look for it, without importing it (an SDK's import takes up to seconds: a
+    command that may still refuse for another reason, or call no model, does not pay it).
+    """
     provider = str(lock.get("provider"))
     sdk = _SDK.get(provider)
     if sdk is None:
+        return
+    if find_only:
+        if importlib.util.find_spec(sdk[1]) is None:
+            raise missing_sdk_error(provider)
         return
     try:
         importlib.import_module(sdk[1])

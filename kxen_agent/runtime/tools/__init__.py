@@ -1,7 +1,7 @@
 """The tools an agent run executes in a workspace.
 
-The tool set is ``shell``, ``read_file``, ``write_file``, ``edit_file`` and
-``list_files``; the package is split by concept:
+The tool set is ``shell``, ``read_file``, ``write_file``, ``edit_file``,
+``list_files`` and ``search``; the package is split by concept:
 
 - :mod:`.protocol`: the contract every tool meets (:class:`Tool`,
   :class:`ToolContext`, :class:`ToolOutcome`, :class:`ToolOutcomeUnknown`)
@@ -9,6 +9,8 @@ The tool set is ``shell``, ``read_file``, ``write_file``, ``edit_file`` and
   redacted, is :mod:`kxen_agent.runtime.redaction`'s);
 - :mod:`.files`: the file tools and the confinement of their paths to the
   workspace;
+- :mod:`.search`: the ``search`` tool (content search, read-only, confined
+  and bounded like the file tools);
 - :mod:`.shell`: the ``shell`` tool and the supervision of its process group
   (timeout, output cap, cancellation window, SIGTERM/SIGKILL escalation, an
   environment without the secrets);

@@ -2,7 +2,7 @@
 
 This module owns :data:`TOOLS` (name -> the one instance of each tool) and
 :func:`tool_specs`, the OpenAI function-calling specs of a chosen subset. It
-sits above :mod:`.protocol`, :mod:`.files` and :mod:`.shell` because it
+sits above :mod:`.protocol`, :mod:`.files`, :mod:`.search` and :mod:`.shell` because it
 holds an instance of each (in :mod:`.protocol` it would be an import cycle).
 
 It must never run a tool nor change the set at run time: the tools a run may
@@ -18,11 +18,12 @@ from kxen_agent.errors import UsageError
 
 from .files import EditFile, ListFiles, ReadFile, WriteFile
 from .protocol import Tool
+from .search import Search
 from .shell import Shell
 
 __all__ = ["TOOLS", "tool_specs"]
 
-TOOLS: dict[str, Tool] = {t.name: t for t in (Shell(), ReadFile(), WriteFile(), EditFile(), ListFiles())}
+TOOLS: dict[str, Tool] = {t.name: t for t in (Shell(), ReadFile(), WriteFile(), EditFile(), ListFiles(), Search())}
 
 
 def tool_specs(names: Iterable[str]) -> list[dict[str, Any]]:

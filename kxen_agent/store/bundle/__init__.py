@@ -42,6 +42,7 @@ entry parser, decompressor and :class:`~kxen_agent.store.pack.PackStream`):
 - :mod:`.pack_form`, :mod:`.json_form`: each form's streaming reader and
   its writer into a sink (they never open a file);
 - :mod:`.verify`: opening a bundle through the FileIO seam and checking it;
+- :mod:`.envelope`: the signed and encrypted envelopes' bytes (§12.14, pure);
 - :mod:`.export`, :mod:`.import_`: the store-facing operations.
 """
 

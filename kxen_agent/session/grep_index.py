@@ -1,0 +1,461 @@
+"""The search index: every session's message texts in one file per session, so ``session grep`` reads a few
+files instead of every message object.
+
+A derived cache (``objects_spec.md`` §11a.2, kind :data:`GREP`,
+``cache/grep/sessions/<ses>``): never needed — :func:`search` brings each
+file up to date from the objects before it reads it, and a file that is
+missing, damaged (its digest) or does not join the session's head is
+written anew from the history. Never fsynced (temp file and rename).
+
+What a file holds: the searchable text of each message of the session's
+history from ``seq`` *base* + 1 to its head — the content, then one line
+``<tool name> <arguments>`` per tool call — each followed by a newline,
+with a table of entries (message id, role, date, ``seq``). A fork's file
+starts after its fork point when its parent's chain of files holds that
+point: the messages it shares with its parent are held, and searched,
+once, in the parent's file, and a hit there is reported with every session
+whose history holds it. The date of a message is the start of the run that
+wrote it (a message holds no time, §14.4); 0 (shown ``-``) without one.
+
+Trust: the digest (BLAKE3 of everything after the header) is checked on
+every read; a file's last entry must be the session's head and its base
+point must be its base session's entry at that ``seq``, so a file that
+describes other objects is never used. That the texts are the objects'
+texts is the writer's care and fsck's check (:func:`verify_grep`).
+
+Every file call goes through the store's ``FileIO``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from kxen_agent.errors import KxenError
+from kxen_agent.store.caches import CacheKind
+
+__all__ = ["GREP", "MAGIC", "Hit", "IndexFile", "encode_index", "parse_index", "search", "verify_grep"]
+
+#: The file's first bytes (§11a.2).
+MAGIC = b"kxen-grep 1\n"
+#: After the magic: entries, text bytes, base seq (-1: none), base session (NUL-padded), base id, head id, digest.
+_HEAD = struct.Struct("<IQq48s32s32s32s")
+#: One entry of the table: message id, date (ns), seq, role.
+_REC = struct.Struct("<32sqIB3x")
+ROLES = ("user", "assistant", "tool", "compaction")
+_ROLE = {r: i for i, r in enumerate(ROLES)}
+NS = "sessions"
+
+
+def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    return verify_grep(store)
+
+
+#: The search index as a kind of derived cache (§11a.2): removed with its session, checked by fsck.
+GREP = CacheKind("grep", verify=_verify_store, problem="grep-index", title="search index")
+
+
+class BadIndex(ValueError):
+    """A search index file that does not parse (the reader writes it anew)."""
+
+
+@dataclass
+class IndexFile:
+    """One session's search index, parsed: ``text`` and the entries' offsets into it."""
+
+    ses: str
+    base_ses: str | None
+    base_seq: int  # -1: the file starts at seq 0
+    base_id: bytes
+    head_id: bytes
+    buf: Any  # the file's bytes (a read-only mapping): the text is buf[t0:t0 + offsets[-1]]
+    t0: int
+    offsets: array  # n + 1 offsets into the text
+    table: bytes  # n records of _REC
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def first_seq(self) -> int:
+        return self.base_seq + 1
+
+    def record(self, i: int) -> tuple[bytes, int, int, str]:
+        """(message id, date ns, seq, role) of entry ``i``."""
+        oid, date, seq, role = _REC.unpack_from(self.table, i * _REC.size)
+        return oid, date, seq, ROLES[role] if role < len(ROLES) else "?"
+
+    def id_at_seq(self, seq: int) -> bytes | None:
+        i = seq - self.first_seq
+        if 0 <= i < self.count:
+            return self.table[i * _REC.size:i * _REC.size + 32]
+        return None
+
+    def entries(self) -> Iterator[tuple[bytes, int, int, str, bytes]]:
+        t0 = self.t0
+        for i in range(self.count):
+            yield (*self.record(i), bytes(self.buf[t0 + self.offsets[i]:t0 + self.offsets[i + 1]]))
+
+
+def _blake3(data: Iterable[bytes]) -> bytes:
+    import blake3
+
+    h = blake3.blake3()
+    for d in data:
+        h.update(d)
+    return h.digest()
+
+
+def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses: str | None, base_seq: int,
+                 base_id: bytes | None, head_id: bytes | None) -> bytes:
+    """The file's bytes for ``entries`` (message id, date ns, seq, role, text with its final newline)."""
+    text = b"".join(e[4] for e in entries)
+    offs = array("Q", [0])
+    pos = 0
+    for e in entries:
+        pos += len(e[4])
+        offs.append(pos)
+    if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+        offs.byteswap()
+    table = b"".join(_REC.pack(e[0], e[1], e[2], _ROLE.get(e[3], 255)) for e in entries)
+    body = (text, offs.tobytes(), table)
+    head = _HEAD.pack(len(entries), len(text), base_seq, (base_ses or "").encode("ascii"), base_id or bytes(32),
+                      head_id or bytes(32), _blake3(body))
+    # An LF before the text: a line-anchored pattern (``^``) matches at the first entry's first line too.
+    return MAGIC + head + b"\n" + b"".join(body)
+
+
+def parse_index(ses: str, data: bytes) -> IndexFile:
+    """The parsed file; :class:`BadIndex` if it is not one, or its digest does not match."""
+    if len(data) < len(MAGIC) + _HEAD.size or data[:len(MAGIC)] != MAGIC:
+        raise BadIndex("no search index header")
+    n, tlen, base_seq, bses, base_id, head_id, digest = _HEAD.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _HEAD.size + 1
+    if len(data) != start + tlen + 8 * (n + 1) + _REC.size * n or data[start - 1:start] != b"\n":
+        raise BadIndex("length does not match the header")
+    view = memoryview(data)
+    text, offs, table = (view[start:start + tlen], view[start + tlen:start + tlen + 8 * (n + 1)],
+                         view[start + tlen + 8 * (n + 1):])
+    if _blake3((text, offs, table)) != digest:
+        raise BadIndex("digest does not match")
+    offsets = array("Q")
+    offsets.frombytes(offs)
+    if sys.byteorder != "little":  # pragma: no cover
+        offsets.byteswap()
+    if offsets[0] != 0 or offsets[-1] != tlen:
+        raise BadIndex("offsets do not span the text")
+    name = bses.rstrip(b"\0").decode("ascii", "replace") or None
+    # The text stays in ``data`` (a mapping of the file: no copy); find/rfind/regex work on it in place.
+    return IndexFile(ses, name, base_seq, base_id, head_id, data, start, offsets, bytes(table))
+
+
+def _text_of(m: Any) -> bytes:
+    parts = [m.content or ""]
+    for c in m.tool_calls or ():
+        parts.append(f"{c.get('name')} {c.get('arguments')}")
+    text = "\n".join(p for p in parts if p) if any(parts) else ""
+    return text.encode("utf-8", "surrogatepass") + b"\n"
+
+
+@dataclass
+class _Builder:
+    """Writes and reads the index files of one state dir (the disk store's ``io`` and caches)."""
+
+    sessions: Any  # SessionStore
+    runs: dict[str, int] | None = None
+    written: int = 0
+    loaded: dict[str, IndexFile | None] = field(default_factory=dict)
+
+    @property
+    def store(self) -> Any:
+        return self.sessions.store
+
+    def path(self, ses: str) -> str:
+        return self.store.caches.path(GREP, f"{NS}/{ses}")
+
+    def run_dates(self) -> dict[str, int]:
+        # Every run of every session: a history's messages may come from its ancestors' runs.
+        if self.runs is None:
+            from .schema import read
+
+            self.runs = {}
+            for info in self.sessions.list(include_deleted=True, on_damaged=lambda g, e: None):
+                for run, oid in info.runs.items():
+                    try:
+                        self.runs[run] = read(self.store, oid, "run").get("startedNs", 0) or 0
+                    except KxenError:
+                        continue
+        return self.runs
+
+    def read(self, ses: str) -> IndexFile | None:
+        try:
+            return parse_index(ses, self.store.io.map_file(self.path(ses)))
+        except (OSError, BadIndex):
+            return None
+
+    def chain_id(self, ses: str | None, seq: int, depth: int = 0) -> bytes | None:
+        """The id of the message of ``seq`` in the history ``ses``'s chain of files holds."""
+        f = self.loaded.get(ses) if ses is not None else None
+        if f is None or depth > 10_000:
+            return None
+        if seq >= f.first_seq:
+            return f.id_at_seq(seq)
+        if f.base_ses is not None and seq <= f.base_seq:
+            return self.chain_id(f.base_ses, seq, depth + 1)
+        return None
+
+    def ensure(self, info: Any) -> IndexFile:
+        """``info``'s file, brought up to date with its head (its base session's must be loaded first)."""
+        f = self.read(info.id)
+        head = info.head
+        if f is not None and f.head_id == (head or bytes(32)) and self._base_ok(f):
+            self.loaded[info.id] = f
+            return f
+        # Join: the file's last entry an ancestor of the head (a run added messages): keep its entries.
+        keep: list = []
+        base = (f.base_ses, f.base_seq, f.base_id) if f is not None and self._base_ok(f) else None
+        new: list = []
+        cur = head
+        stop_seq = f.first_seq + f.count - 1 if base is not None and f is not None else None
+        joined = False
+        while cur is not None and stop_seq is not None:
+            m = self.sessions.read_message(cur)
+            if stop_seq is not None and m.seq == stop_seq:
+                joined = f is not None and m.oid == f.head_id
+                break
+            if stop_seq is not None and m.seq < stop_seq:
+                break
+            new.append(m)
+            cur = m.parent
+        if joined and f is not None:
+            keep = list(f.entries())
+        else:
+            base, new = self._fresh_base(info), []
+            cur = head
+            while cur is not None:
+                m = self.sessions.read_message(cur)
+                if base is not None and m.seq == base[1]:
+                    if m.oid != base[2]:
+                        base, cur = None, head  # not the fork point: the whole history after all
+                        new = []
+                        continue
+                    break
+                new.append(m)
+                cur = m.parent
+        dates = self.run_dates()
+        entries = keep + [(m.oid, dates.get(m.run or "", 0), m.seq, m.role, _text_of(m)) for m in reversed(new)]
+        data = encode_index(entries, base_ses=base[0] if base else None, base_seq=base[1] if base else -1,
+                            base_id=base[2] if base else None, head_id=head)
+        self._write(info.id, data)
+        f = parse_index(info.id, data)
+        self.loaded[info.id] = f
+        return f
+
+    def _base_ok(self, f: IndexFile) -> bool:
+        if f.base_ses is None:
+            return f.base_seq == -1
+        return self.chain_id(f.base_ses, f.base_seq) == f.base_id
+
+    def _fresh_base(self, info: Any) -> tuple[str, int, bytes] | None:
+        """(parent, fork point's seq, its id) when the parent's chain of files holds the fork point."""
+        parent, point = info.meta.get("parentId"), info.meta.get("forkPoint")
+        if parent is None or point is None or parent not in self.loaded:
+            return None
+        oid = bytes.fromhex(point[4:])
+        try:
+            seq = self.sessions.read_message(oid).seq
+        except KxenError:
+            return None
+        return (parent, seq, oid) if self.chain_id(parent, seq) == oid else None
+
+    def _write(self, ses: str, data: bytes) -> None:
+        io = self.store.io
+        path = self.path(ses)
+        d = os.path.dirname(path)
+        try:
+            io.makedirs(d)
+            tmp = io.write_tmp(d, data, sync=False)  # no fsync: a cache (§11a)
+            try:
+                io.rename(tmp, path)
+            except BaseException:
+                try:
+                    io.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            self.written += 1
+        except OSError:
+            pass  # unwritable: searched from memory this time, written by the next search
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One matching line: the message, the sessions whose history holds it, its role, date and line."""
+
+    message: bytes
+    sessions: tuple[str, ...]
+    role: str
+    date_ns: int
+    seq: int
+    line_no: int  # 1-based, within the message's text
+    line: str
+
+
+def _family_order(infos: list[Any]) -> list[Any]:
+    """Parents before their forks (a fork's file may start after its parent's)."""
+    by_id = {i.id: i for i in infos}
+    out: list[Any] = []
+    seen: set[str] = set()
+
+    def visit(i: Any, depth: int = 0) -> None:
+        if i.id in seen:
+            return
+        seen.add(i.id)
+        p = by_id.get(i.meta.get("parentId"))
+        if p is not None and depth < 10_000:
+            visit(p, depth + 1)
+        out.append(i)
+
+    for i in sorted(infos, key=lambda i: (i.meta["createdNs"], i.id)):
+        visit(i)
+    return out
+
+
+def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, only: set[str] | None = None,
+           roles: set[str] | None = None, since_ns: int | None = None, sessions_only: bool = False,
+           on_damaged: Callable[[str, KxenError], None] | None = None) -> tuple[list[Hit], dict[str, int]]:
+    """Every line of every session's messages that ``match`` finds, each message once with its sessions.
+
+    ``match(buf, start, end)`` yields where each match in ``buf[start:end]`` begins (offsets into ``buf``);
+    ``only``: session ids to search (a message shared with others is
+    reported with these only). ``sessions_only``: a file is left as soon as
+    every session it serves has a hit (``-l``: the hits are then the first
+    of each). Returns the hits, oldest session's first, and
+    figures (``files``, ``written``, ``bytes``).
+    """
+    b = _Builder(sessions)
+    infos = _family_order(sessions.list(on_damaged=on_damaged or (lambda g, e: None)))
+    if only is not None:
+        # A fork's file may lean on its ancestors': load the chain, search only what ``only`` holds.
+        by_id = {i.id: i for i in infos}
+        need: set[str] = set()
+        for ses in only:
+            cur, depth = by_id.get(ses), 0
+            while cur is not None and cur.id not in need and depth < 10_000:
+                need.add(cur.id)
+                cur, depth = by_id.get(cur.meta.get("parentId")), depth + 1
+        infos = [i for i in infos if i.id in need]
+    files: dict[str, IndexFile] = {}
+    for info in infos:
+        try:
+            files[info.id] = b.ensure(info)
+        except KxenError as e:
+            if on_damaged is not None:
+                on_damaged(info.group, e)
+    # Which sessions each file serves, and up to which seq: its own (all), then each fork leaning on it.
+    cover: dict[str, list[tuple[str, int]]] = {s: [] for s in files}
+    for ses, f in files.items():
+        if only is not None and ses not in only:
+            continue
+        cover[ses].append((ses, 1 << 62))
+        limit, cur, depth = f.base_seq, f, 0
+        while cur.base_ses is not None and cur.base_ses in files and depth < 10_000:
+            cover[cur.base_ses].append((ses, limit))
+            cur = files[cur.base_ses]
+            limit, depth = min(limit, cur.base_seq), depth + 1
+    hits: list[Hit] = []
+    total = 0
+    for ses, f in files.items():
+        served = cover[ses]
+        if not served:
+            continue
+        unseen = {s for s, _lim in served}
+        buf, t0 = f.buf, f.t0
+        t1 = t0 + f.offsets[-1]
+        total += t1 - t0
+        last_line = -1
+        for start in match(buf, t0, t1):
+            ls = buf.rfind(b"\n", t0, start) + 1 or t0
+            if ls <= last_line:
+                continue  # another match on a line already reported
+            le = buf.find(b"\n", start, t1)
+            last_line = ls
+            i = bisect_right(f.offsets, ls - t0) - 1
+            oid, date, seq, role = f.record(i)
+            if roles is not None and role not in roles:
+                continue
+            if since_ns is not None and date < since_ns:
+                continue
+            owners = tuple(s for s, lim in served if seq <= lim)
+            if not owners:
+                continue
+            if sessions_only and unseen.isdisjoint(owners):
+                continue
+            line_no = bytes(buf[t0 + f.offsets[i]:ls]).count(b"\n") + 1
+            hits.append(Hit(oid, owners, role, date, seq, line_no, bytes(buf[ls:le]).decode("utf-8", "replace")))
+            unseen.difference_update(owners)
+            if sessions_only and not unseen:
+                break
+    # A message held by two files (a fork whose parent's files could not serve it when its file was
+    # written, e.g. a parent deleted then) is still reported once, with all its sessions.
+    merged: dict[tuple[bytes, int], Hit] = {}
+    for h in hits:
+        key = (h.message, h.line_no)
+        prev = merged.get(key)
+        merged[key] = h if prev is None else Hit(h.message, prev.sessions + tuple(
+            s for s in h.sessions if s not in prev.sessions), h.role, h.date_ns, h.seq, h.line_no, h.line)
+    return list(merged.values()), {"files": len(files), "written": b.written, "bytes": total}
+
+
+def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """fsck's check (§11a.2): each file's digest, and every entry's text, role and seq against its message.
+
+    A file that does not parse is a problem ``grep-index`` (delete it; the
+    next search writes it again); so is an entry whose message says
+    otherwise, or a head or base that is not the session's. A file for a
+    session whose head moved on since is information (the next search
+    brings it up to date), as is an entry naming a message gc pruned.
+    """
+    from .sessions import SessionStore
+
+    problems: list[tuple[str, str]] = []
+    notes: list[str] = []
+    sessions = SessionStore(store)
+    caches = getattr(store, "caches", None)
+    if caches is None:
+        return problems, notes
+    for path in caches.files(GREP, NS):
+        ses = os.path.basename(path)
+        try:
+            f = parse_index(ses, store.io.read(path))
+        except BadIndex as e:
+            problems.append((path, f"search index does not parse ({e}); delete it: the next search writes it again"))
+            continue
+        except OSError as e:
+            problems.append((path, f"cannot read the search index: {e.strerror}"))
+            continue
+        try:
+            head = store.refs.read(f"{NS}/{ses}").refs.get("head")
+        except KxenError:
+            head = None
+        if head != (f.head_id if f.head_id != bytes(32) else None):
+            notes.append(f"search index {path} is behind its session's head (the next search brings it up to date)")
+        prev_seq = f.base_seq
+        for oid, _date, seq, role, text in f.entries():
+            try:
+                m = sessions.read_message(oid)
+            except KxenError:
+                notes.append(f"search index {path} names message {oid.hex()[:16]}, which is not here (pruned?)")
+                break
+            if m.seq != seq or m.seq != prev_seq + 1 or m.role != role or _text_of(m) != text:
+                problems.append((path, f"search index entry for msg_{oid.hex()} (seq {seq}) does not match the "
+                                       "message; delete the file: the next search writes it again"))
+                break
+            prev_seq = seq
+    return problems, notes
