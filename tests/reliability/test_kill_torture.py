@@ -33,8 +33,8 @@ from tests.reliability.torture import (
 #: The fast subset: trials started within the budget (two workers for the two cores);
 #: each worker runs its forced trials and at least one random one whatever the budget.
 #: ``KXEN_TEST_LONG=1``: 40 trials in 50 s, every fault point forced.
-TRIALS = depth(fast=12, long=40)
-BUDGET_S = float(depth(fast=12, long=50))
+TRIALS = depth(fast=8, long=40)
+BUDGET_S = float(depth(fast=8, long=50))
 
 
 def _seed() -> int:

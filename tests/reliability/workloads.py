@@ -679,6 +679,8 @@ VARIANTS = ((errno.ENOSPC, False), (errno.ENOSPC, True), (errno.EIO, False), (er
 class FaultReport:
     workload: str
     total_ops: int = 0
+    points: int = 0  # the N failed (all of total_ops unless sampled)
+    distinct: int = 0  # distinct operations (op_key) among them, when ``first`` chose them
     trials: int = 0
     faults: int = 0  # OSErrors actually raised by the faulty disk
     raised: dict[str, int] = field(default_factory=dict)  # what the library call raised, by type
@@ -708,7 +710,7 @@ READ_VARIANTS = ((errno.EIO, False), (errno.EIO, True))
 
 def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | None = None,
                   jobs: int | None = None, reads: bool = False, sample: int | None = None,
-                  seed: int = 0) -> FaultReport:
+                  seed: int = 0, first: int | None = None) -> FaultReport:
     """Fail operation N, for N = 1 .. the workload's total, with each of :data:`VARIANTS`.
 
     ``rotate``: one variant per N, taken in turn (N = 1 ENOSPC once, N = 2
@@ -723,6 +725,10 @@ def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | No
     numbered by ``FileIO.read_count``), with :data:`READ_VARIANTS`.
     ``sample``: fail only that many of the N, drawn with ``seed`` (for a
     workload with too many operations to fail each in the time there is).
+    ``first`` (writes only): fail the first ``first`` occurrences of every
+    distinct operation (:func:`op_key`: kind, kind before, normalised path)
+    and ``sample`` of the others (a run repeats the same few dozen
+    operations step after step; each of them still fails).
 
     After each trial: the call raised a one-line :class:`KxenError` or the
     injected ``OSError`` (anything else is a failure); with a good disk
@@ -744,12 +750,35 @@ def inject_faults(workload: Workload, *, rotate: bool = False, scratch: str | No
             count_dir = os.path.join(base, "count")
             shutil.copytree(top0, count_dir, symlinks=True)
             io = FaultyIO(None, sync=False, reads=reads)
+            keys: list[tuple[str, str | None, str]] = []
+            if first is not None:
+                if reads:
+                    raise ValueError("first= chooses among write operations")
+                prev: list[str | None] = [None]
+
+                def note(op: str, path: str) -> None:
+                    keys.append(op_key(op, prev[0], os.path.relpath(path, count_dir)))
+                    prev[0] = op
+
+                io.hook = note
             workload.run(open_store(os.path.join(count_dir, "state"), io=io))
             rep.total_ops = io.read_count if reads else io.op_count
             variants = READ_VARIANTS if reads else VARIANTS
             points = list(range(1, rep.total_ops + 1))
-            if sample is not None and sample < len(points):
+            if first is not None:
+                assert len(keys) == rep.total_ops, (len(keys), rep.total_ops)
+                seen: dict[tuple, int] = {}
+                chosen, others = [], []
+                for n, key in zip(points, keys):
+                    seen[key] = seen.get(key, 0) + 1
+                    (chosen if seen[key] <= first else others).append(n)
+                rep.distinct = len(seen)
+                if sample is not None and sample < len(others):
+                    others = random.Random(seed).sample(others, sample)
+                points = sorted(chosen + others)
+            elif sample is not None and sample < len(points):
                 points = sorted(random.Random(seed).sample(points, sample))
+            rep.points = len(points)
             plan = [(n, err, persistent, reads) for i, n in enumerate(points)
                     for err, persistent in ((variants[i % len(variants)],) if rotate else variants)]
             jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
