@@ -5,7 +5,8 @@ repository's object database whose tree is the workspace as Git sees it —
 ``HEAD``'s files with every tracked and untracked-but-not-ignored file under
 the bound directory as it is on disk — made with a per-session index kept in
 the state dir (:data:`INDEX_CACHE`: a kept index re-hashes only what changed),
-``git add -A``, ``write-tree`` and ``commit-tree``. Its first parent is the
+``update-index`` of the paths ``ls-files`` names (what ``git add -A`` would stage), ``write-tree`` and
+``commit-tree``. Its first parent is the
 session's previous checkpoint (a chain under one ref,
 :func:`checkpoint_ref`), its second the workspace's ``HEAD`` of that time, so
 the repository's own ``git gc`` keeps every checkpoint and a branch made at
@@ -344,7 +345,6 @@ class Checkpointer:
 
 
 _QUARANTINE = "kxen-incoming-"
-_LISTED_ADD = 200
 
 
 class _Quarantine:
@@ -447,7 +447,7 @@ def stage(repo: Repo, index_path: str, bounds: Bounds, *,
         try:
             st = os.lstat(os.path.join(repo.root, path))
         except OSError:
-            keep.append(path)  # deleted: add -A records the deletion
+            keep.append(path)  # deleted: update-index --remove records the deletion
             continue
         size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # a link's target, a submodule: not its size
         if size > bounds.max_file_bytes:
@@ -462,15 +462,14 @@ def stage(repo: Repo, index_path: str, bounds: Bounds, *,
             keep.append(path)
     if not keep and known is not None:
         return left, known
-    if not left and len(keep) > _LISTED_ADD:
-        repo.git(["add", "-A", "--", "."], env=env, config=config)
-    elif keep:
-        # By name: Git then walks only the directories that hold them (on 10,000 files, one changed file
-        # costs ~0 s of CPU instead of ~0.05 s); past a few hundred, matching every entry against every
-        # name costs more than the walk.
-        repo.git(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                 input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in keep),
-                 env={**env, "GIT_LITERAL_PATHSPECS": "1"}, config=config)
+    if keep:
+        # Exactly the paths ls-files named (changed, deleted, new and not ignored), by name: no pathspec
+        # matching and no second walk of the work tree, which `add -A` does (1,000 of 10,000 files
+        # changed: add 484 ms of CPU, this 338 ms; `git stash create` in all 568 ms). --replace: a file
+        # that became a directory, or the other way round; a nested repository becomes its commit.
+        repo.git(["update-index", "--add", "--remove", "--replace", "-z", "--stdin"],
+                 input=b"".join(p.rstrip("/").encode("utf-8", "surrogateescape") + b"\0" for p in keep),
+                 env=env, config=config)
     tree = repo.git(["write-tree"], env=env, config=cfg).decode().strip()
     return left, tree
 
