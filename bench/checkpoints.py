@@ -11,7 +11,7 @@ repository of ``FILES`` files (10,000; 300 with ``--quick``) in 100
 directories, with the session's kept index warm, each repeat changes 1 or
 1,000 files (new content each time), then takes a checkpoint
 (:meth:`~kxen_agent.session.checkpoints.Checkpointer.take`: ``ls-files``,
-``add -A``, ``write-tree``, ``commit-tree``, ``update-ref``, every git
+``update-index``, ``write-tree``, ``commit-tree``, ``update-ref``, every git
 through the hardened runner, objects and ref fsynced) and runs ``git stash
 create`` on the same tree with those files changed again (the repository's
 index warm too; each side hashes and writes n files of content it has not
