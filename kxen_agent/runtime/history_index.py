@@ -47,7 +47,7 @@ from kxen_agent.session.positions import POSITIONS
 from kxen_agent.session.positions import sync as sync_positions
 from kxen_agent.session.sessions import NS, SessionStore
 from kxen_agent.store import codec
-from kxen_agent.store.caches import CacheKind, Caches
+from kxen_agent.store.caches import CacheKind, Caches, replace_cache_file
 
 from .answer_check import safe_provider_message
 from kxen_agent.store.objects import MAX_OBJECT_SIZE, CorruptObject, check_frame_parameters
@@ -300,18 +300,8 @@ def write_index(io: Any, path: str, entries: Sequence[Entry], *, keep: int = 0, 
         if keep >= len(entries):
             return keep_bytes
         return io.append(path, encode_segments(entries[keep - 1][0], entries[keep:]), sync=False)
-    directory = os.path.dirname(path)
-    io.makedirs(directory)
     data = MAGIC + encode_segments(None, entries)
-    tmp = io.write_tmp(directory, data, sync=False)
-    try:
-        io.rename(tmp, path)
-    except BaseException:
-        try:
-            io.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_cache_file(io, path, data)
     return len(data)
 
 

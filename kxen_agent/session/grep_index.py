@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from kxen_agent.errors import KxenError
-from kxen_agent.store.caches import CacheKind
+from kxen_agent.store.caches import CacheKind, replace_cache_file
 
 __all__ = ["GREP", "MAGIC", "Hit", "IndexFile", "encode_index", "parse_index", "search", "verify_grep"]
 
@@ -277,18 +277,8 @@ class _Builder:
     def _write(self, ses: str, data: bytes) -> None:
         io = self.store.io
         path = self.path(ses)
-        d = os.path.dirname(path)
         try:
-            io.makedirs(d)
-            tmp = io.write_tmp(d, data, sync=False)  # no fsync: a cache (§11a)
-            try:
-                io.rename(tmp, path)
-            except BaseException:
-                try:
-                    io.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            replace_cache_file(io, path, data)  # no fsync: a cache (§11a)
             self.written += 1
         except OSError:
             pass  # unwritable: searched from memory this time, written by the next search

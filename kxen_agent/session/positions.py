@@ -36,11 +36,10 @@ Every file call goes through the store's ``FileIO``.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable, Sequence
 
 from kxen_agent.errors import KxenError
-from kxen_agent.store.caches import CacheKind
+from kxen_agent.store.caches import CacheKind, replace_cache_file
 
 __all__ = ["MAGIC", "POSITIONS", "ID_SIZE", "find", "prefix", "sync", "verify_positions"]
 
@@ -201,18 +200,8 @@ def _append(io: Any, path: str, ids: Iterable[bytes], size: int) -> None:
 
 
 def _write(io: Any, path: str, ids: list[bytes]) -> None:
-    d = os.path.dirname(path)
     try:
-        io.makedirs(d)
-        tmp = io.write_tmp(d, MAGIC + b"".join(ids), sync=False)
-        try:
-            io.rename(tmp, path)
-        except BaseException:
-            try:
-                io.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        replace_cache_file(io, path, MAGIC + b"".join(ids))
     except OSError:
         pass  # a full disk, a read-only state dir: lookups walk
 

@@ -23,12 +23,29 @@ from typing import Any, Callable, Iterable
 from .fsio import FileIO
 from .refformat import validate_group, validate_namespace
 
-__all__ = ["CacheKind", "Caches", "CacheCheck"]
+__all__ = ["CacheKind", "Caches", "CacheCheck", "replace_cache_file"]
 
 #: What a kind's fsck hook returns: problems as (path, what is wrong) — fsck
 #: reports them and is not clean — and notes, what is normal for a cache
 #: (a torn tail that readers cut off), printed but not counted.
 CacheCheck = tuple[list[tuple[str, str]], list[str]]
+
+
+def replace_cache_file(io: FileIO, path: str, data: bytes) -> None:
+    """Make the cache file at ``path`` hold ``data``: written beside it and renamed over it, so a reader sees
+    the old file or the new one, never a mixture; no fsync (a cache, §11a). Raises OSError (its temp file
+    removed)."""
+    d = os.path.dirname(path)
+    io.makedirs(d)
+    tmp = io.write_tmp(d, data, sync=False)
+    try:
+        io.rename(tmp, path)
+    except BaseException:
+        try:
+            io.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 @dataclass(frozen=True)
