@@ -123,7 +123,7 @@ def _boot_id() -> str | None:
         return None
 
 
-def _proc_stat(pid: int) -> tuple[bytes, int] | None:
+def proc_stat(pid: int) -> tuple[bytes, int] | None:
     """(state letter, start time in clock ticks since boot) of a process, from /proc."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -139,11 +139,11 @@ def _proc_stat(pid: int) -> tuple[bytes, int] | None:
 
 
 def _pid_start(pid: int) -> int | None:
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     return None if st is None else st[1]
 
 
-def _pid_alive(pid: object, start: object) -> bool:
+def pid_alive(pid: object, start: object) -> bool:
     """Whether ``pid`` (of this pid namespace) still names the process that wrote the record."""
     if not isinstance(pid, int) or pid <= 0:
         return True  # unreadable: assume alive, the expiry still frees it
@@ -153,7 +153,7 @@ def _pid_alive(pid: object, start: object) -> bool:
         return False
     except PermissionError:
         pass
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     if st is None:
         return True  # no /proc: trust kill()
     state, started = st
@@ -251,7 +251,7 @@ def blocking_reason(holder: dict | None, fence: int, *, have_fcntl: bool, now_ns
     # Same kernel: fcntl locks are shared. Pids mean something only in the
     # same pid namespace (containers on one host may share a hostname).
     pid_known = holder.get("pidns") == _PIDNS
-    alive = not pid_known or _pid_alive(holder.get("pid"), holder.get("pidStart"))
+    alive = not pid_known or pid_alive(holder.get("pid"), holder.get("pidStart"))
     if holder.get("locked"):
         # It holds the fcntl lock while it lives. Free lock: it died. Busy
         # lock but a dead pid: another process is mid-grant; the group lock

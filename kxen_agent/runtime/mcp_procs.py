@@ -16,35 +16,24 @@ import json
 import os
 import signal
 
+from .lease import pid_alive, proc_stat
+
 __all__ = ["kill_group", "proc_start", "reap_orphans"]
 
 
-def _stat(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2:].split()  # the command name may hold spaces and parens
-
-
 def proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (``/proc``, Linux), so a reused pid is never taken for it."""
-    fields = _stat(pid)
-    return fields[19].decode() if fields is not None and len(fields) > 19 else None
+    """The start time of process ``pid`` (``/proc``, Linux; as text, §14.15), so a reused pid is never taken
+    for it."""
+    st = proc_stat(pid)
+    return None if st is None else str(st[1])
+
+
+def _start_ticks(start: str | None) -> int | None:
+    return int(start) if isinstance(start, str) and start.isdigit() else None  # anything else: not known
 
 
 def _alive(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _stat(pid)
-    if fields is None or len(fields) < 20:
-        return True  # no /proc: a live pid is taken as the process recorded
-    return fields[0] not in (b"Z", b"X") and (start is None or fields[19].decode() == start)
+    return pid_alive(pid, _start_ticks(start))
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -58,9 +47,8 @@ def kill_group(pgid: int, sig: int) -> bool:
 
 def _reused(pid: int, start: str | None) -> bool:
     """Whether ``pid`` now names a live process other than the one recorded (its start time differs)."""
-    fields = _stat(pid)
-    return (fields is not None and len(fields) > 19 and start is not None and fields[0] not in (b"Z", b"X")
-            and fields[19].decode() != start)
+    st, ticks = proc_stat(pid), _start_ticks(start)
+    return st is not None and ticks is not None and st[0] not in (b"Z", b"X") and st[1] != ticks
 
 
 def reap_orphans(directory: str | None) -> list[str]:
