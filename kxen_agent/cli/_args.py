@@ -1,4 +1,4 @@
-"""Option parsers the command modules share (``--workspace``), below all of them.
+"""Option parsers the command modules share (``--workspace``, ``--since``), below all of them.
 
 A parser takes the option's raw values and returns what the command needs,
 or raises :class:`~kxen_agent.errors.UsageError` with a one-line message.
@@ -12,7 +12,7 @@ from kxen_agent.errors import UsageError
 
 from ._render import term_text as t
 
-__all__ = ["workspaces"]
+__all__ = ["since_ns", "workspaces"]
 
 
 def workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
@@ -35,3 +35,24 @@ def workspaces(values: list[str]) -> tuple[str, dict[str, str]]:
         raise UsageError(f"give exactly one --workspace DIR (the default binding), got {len(default)}; "
                          "bind single sessions elsewhere with --workspace SES=DIR")
     return default[0], per_session
+
+
+def since_ns(text: str) -> int:
+    """``--since`` (``session list``, ``session grep``): a duration back from now (2d, 1w, 12h...) or a date
+    (2025-01-31, 2025-01-31T10:00), as nanoseconds since the epoch."""
+    import time
+    from datetime import datetime
+
+    from kxen_agent.store.gc import BadDuration, parse_duration
+
+    try:
+        return int(datetime.fromisoformat(text.strip()).timestamp() * 1e9)
+    except ValueError:
+        pass
+    try:
+        secs = parse_duration(text)
+    except BadDuration:
+        raise UsageError(f"--since {text!r} is neither a duration (2d, 1w, 12h) nor a date (2025-01-31)") from None
+    if secs is None:
+        raise UsageError("--since never leaves nothing to match; give a duration (2d, 1w) or a date (2025-01-31)")
+    return time.time_ns() - int(secs * 1e9)

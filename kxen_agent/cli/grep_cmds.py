@@ -19,6 +19,7 @@ import typer
 
 from kxen_agent.errors import UsageError
 
+from ._args import since_ns
 from ._render import emit_json, err, out, term_text as t
 
 __all__ = ["register"]
@@ -28,25 +29,6 @@ _ROLES = ("user", "assistant", "tool", "compaction")
 
 def register(session_app: typer.Typer) -> None:
     session_app.command("grep")(grep_cmd)
-
-
-def _since_ns(text: str) -> int:
-    """``--since``: a duration back from now (2d, 1w, 12h) or a date (2025-01-31, 2025-01-31T10:00)."""
-    from datetime import datetime
-
-    from kxen_agent.store.gc import BadDuration, parse_duration
-
-    try:
-        return int(datetime.fromisoformat(text.strip()).timestamp() * 1e9)
-    except ValueError:
-        pass
-    try:
-        secs = parse_duration(text)
-    except BadDuration:
-        raise UsageError(f"--since {text!r} is neither a duration (2d, 1w, 12h) nor a date (2025-01-31)") from None
-    if secs is None:
-        raise UsageError("--since needs a duration (2d, 1w) or a date (2025-01-31)")
-    return time.time_ns() - int(secs * 1e9)
 
 
 def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
@@ -111,7 +93,7 @@ def grep_cmd(
     if bad:
         raise UsageError(f"--role {bad[0]!r}: expected one of {', '.join(_ROLES)}")
     match = matcher(pattern, regex=regex, ignore_case=ignore_case)
-    cutoff = _since_ns(since) if since is not None else None
+    cutoff = since_ns(since) if since is not None else None
     store = Store.open(namespaces=(NS,))
     if not store.exists:
         hits, only = [], None

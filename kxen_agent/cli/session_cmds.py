@@ -18,7 +18,7 @@ import typer
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.session.status import OpState
 
-from ._args import workspaces
+from ._args import since_ns, workspaces
 from ._render import dumps_json, emit_json, err, out, term_block, term_text as t, usage_line
 
 if TYPE_CHECKING:
@@ -87,26 +87,6 @@ def _one_line(text: str, width: int = 60) -> str:
     return line + ("…" if more else "")
 
 
-def _since(text: str) -> int:
-    """``--since``: a duration back from now (2d, 1w, 12h...) or a date (2025-01-31, 2025-01-31T10:00)."""
-    from datetime import datetime
-
-    from kxen_agent.store.gc import BadDuration, parse_duration
-
-    try:
-        when = datetime.fromisoformat(text.strip())
-        return int(when.timestamp() * 1e9)
-    except ValueError:
-        pass
-    try:
-        secs = parse_duration(text)
-    except BadDuration:
-        raise UsageError(f"--since {text!r} is neither a duration (2d, 1w, 12h) nor a date (2025-01-31)") from None
-    if secs is None:
-        raise UsageError("--since never lists nothing; give a duration (2d, 1w) or a date (2025-01-31)")
-    return time.time_ns() - int(secs * 1e9)
-
-
 @session_app.command("list")
 def list_cmd(
     workspace: Optional[str] = typer.Option(
@@ -135,7 +115,7 @@ def list_cmd(
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.session.workspace import inspect_workspace
 
-    cutoff = _since(since) if since is not None else None
+    cutoff = since_ns(since) if since is not None else None
     where = None
     if workspace is not None:
         where = inspect_workspace(workspace)
