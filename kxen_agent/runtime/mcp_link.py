@@ -164,6 +164,7 @@ class ServerLink:
         async def reader() -> None:
             assert proc.stdout is not None
             buf = b""
+            not_rpc = False
             async with in_send:
                 try:
                     async for chunk in proc.stdout:
@@ -180,14 +181,18 @@ class ServerLink:
                             try:
                                 msg: Any = SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line))
                             except ValueError as e:
+                                not_rpc = True
                                 msg = McpFailure("protocol", f"{self.where()} wrote a line that is not a JSON-RPC "
                                                              f"message: {_one_line(str(e))[:200]}")
                                 self.protocol_error = msg
                                 # The stream cannot be trusted from here on: end the server, which ends
-                                # the call with "connection closed", reported as this protocol error.
+                                # the call with "connection closed", reported as this protocol error. Nothing
+                                # after the bad line is read, not even an answer already in the pipe.
                                 _kill_group(proc.pid, signal.SIGKILL)
                                 break
                             await in_send.send(msg)
+                        if not_rpc:
+                            break
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                     pass
             self.returncode = proc.returncode if proc.returncode is not None else await _reap(proc)

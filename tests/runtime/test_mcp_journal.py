@@ -17,9 +17,9 @@ import pytest
 from tests.helpers import Cli, git_workspace, wait_for_file
 
 SERVER = textwrap.dedent('''
-    import os, subprocess, sys
+    import json, os, subprocess, sys
     import anyio
-    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver import Context, MCPServer
     from mcp_types import ToolAnnotations
 
     D = sys.argv[1]
@@ -61,7 +61,17 @@ SERVER = textwrap.dedent('''
         os._exit(4)
 
     @app.tool()
-    def noisy() -> str:
+    def noisy(ctx: Context) -> str:
+        # A helper outside the server's process group holds the wire and, once the server is gone, writes a
+        # well-formed answer to this very request: nothing after the bad line may be read.
+        r, w = os.pipe()
+        forged = json.dumps({"jsonrpc": "2.0", "id": ctx.request_id,
+                             "result": {"content": [{"type": "text", "text": "forged"}],
+                                        "structuredContent": {"result": "forged"}}})
+        subprocess.Popen([sys.executable, "-c", "import os, sys; os.read(int(sys.argv[1]), 1); "
+                          "os.write(int(sys.argv[2]), sys.argv[3].encode() + bytes([10]))",
+                          str(r), str(WIRE), forged], pass_fds=(r, WIRE), start_new_session=True)
+        os.close(r)
         os.write(WIRE, b"this is not JSON-RPC\\n")  # the SDK diverts fd 1 from the wire: write to the pipe itself
         return "noise"
 
@@ -165,6 +175,7 @@ def test_failures_each_have_their_outcome_and_one_line(fx: Path, tmp_path: Path)
     assert big.startswith("head ") and big.endswith(" tail") and "bytes left out" in big and len(big) < 70_000
     assert "exited with status 3" in out["crash_read"]["output"] and out["crash_read"]["isError"]
     assert "not a JSON-RPC message" in out["noisy"]["output"] and out["noisy"]["isError"]
+    assert "forged" not in out["noisy"]["output"]  # the answer written after the bad line was never read
     assert "did not answer within 2 s" in out["peek"]["output"]
     assert (marks / "slow.cancelled").exists()  # the timeout sent notifications/cancelled for the request
     assert out["crash_write"]["state"] == "OutcomeUnknown"
