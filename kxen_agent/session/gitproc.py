@@ -339,20 +339,23 @@ def _subcommand(argv: Sequence[str]) -> str:
 
 def run(args: Sequence[str], *, cwd: str | None = None, chdir: str | None = None, git_dir: str | None = None,
         input: bytes | None = None, timeout: float | None = None, remote: bool = False, config: Sequence[str] = (),
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+        env: Mapping[str, str] | None = None,
+        overrides: tuple[Sequence[str], Mapping[str, str]] | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run ``git [-C chdir] ARGS`` in ``cwd`` (bytes out), bounded, killed with its children when it must end.
 
     ``remote``: it talks to a remote (timeout :func:`remote_timeout_s`);
     ``timeout`` overrides either default. A subcommand of
-    :data:`CONFIG_RUNNERS` also gets :func:`repository_overrides`.
+    :data:`CONFIG_RUNNERS` also gets :func:`repository_overrides`, or
+    ``overrides`` when the caller computed them for this repository just
+    before (a checkpoint's commands in a row: one ``git config`` for all).
     Raises :class:`GitTimeout` when the timeout passes.
     """
     limit = timeout if timeout is not None else (remote_timeout_s() if remote else LOCAL_TIMEOUT_S)
     extra_config = list(config)
     extra_env = dict(env or {})
     if args and args[0] in CONFIG_RUNNERS:
-        c, e = repository_overrides(cwd, git_dir=git_dir, chdir=chdir)
-        extra_config = c + extra_config
+        c, e = overrides if overrides is not None else repository_overrides(cwd, git_dir=git_dir, chdir=chdir)
+        extra_config = [*c, *extra_config]
         extra_env = {**e, **extra_env}
     argv = git_argv(args, git_dir=git_dir, cwd_flag=chdir, config=extra_config)
     return _communicate(argv, cwd=cwd, input=input, env=git_env(extra_env), timeout=limit)
