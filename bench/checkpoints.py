@@ -10,9 +10,10 @@ A tool call that may change files costs one checkpoint (``objects_spec.md``
 repository of ``FILES`` files (10,000; 300 with ``--quick``) in 100
 directories, with the session's kept index warm, each repeat changes 1 or
 1,000 files (new content each time), then takes a checkpoint
-(:meth:`~kxen_agent.session.checkpoints.Checkpointer.take`: ``ls-files``,
-``update-index``, ``write-tree``, ``commit-tree``, ``update-ref``, every git
-through the hardened runner, objects and ref fsynced) and runs ``git stash
+(:meth:`~kxen_agent.session.checkpoints.Checkpointer.take`: ``git config``
+for the trust boundary's overrides, ``status``, ``update-index``,
+``write-tree``, a commit and a pack written by kxen-agent, ``update-ref``;
+every git through the hardened runner, objects and ref fsynced) and runs ``git stash
 create`` on the same tree with those files changed again (the repository's
 index warm too; each side hashes and writes n files of content it has not
 seen, since Git skips writing an object that exists; ``stash create``

@@ -23,6 +23,7 @@ Modules, one line each:
 - :mod:`.workspace` — workspace identity, binding checks and kxen Git worktrees;
 - :mod:`.worktrees` — finding and re-creating sessions' worktrees (delete/undelete);
 - :mod:`.checkpoints` — workspace checkpoints: commits of the workspace repository per tool call (§14.14);
+- :mod:`.checkpoint_pack` — a checkpoint's commit and pack, in Git's formats, without two ``git`` processes;
 - :mod:`.checkpoint_restore` — rewinding the workspace to a checkpoint, crash-safe and undoable;
 - :mod:`.checkpoint_travel` — checkpoints in a bundle (§12.7a) or on a remote (§16.1), only when asked;
 - :mod:`.transfer` — export to a bundle and import with a binding;

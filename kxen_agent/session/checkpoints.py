@@ -6,7 +6,8 @@ repository's object database whose tree is the workspace as Git sees it —
 the bound directory as it is on disk — made with a per-session index kept in
 the state dir (:data:`INDEX_CACHE`: a kept index re-hashes only what changed, and its untracked cache
 re-reads only the directories that changed), ``update-index`` of the paths ``git status`` names (what
-``git add -A`` would stage), ``write-tree`` and ``commit-tree``. Its first parent is the
+``git add -A`` would stage), ``write-tree`` and the commit ``commit-tree`` would write (made and
+packed by :mod:`.checkpoint_pack`). Its first parent is the
 session's previous checkpoint (a chain under one ref,
 :func:`checkpoint_ref`), its second the workspace's ``HEAD`` of that time, so
 the repository's own ``git gc`` keeps every checkpoint and a branch made at
@@ -62,7 +63,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind
 from kxen_agent.store.fsio import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, SHARED_FILE_MODE
 
-from . import gitproc
+from . import checkpoint_pack, gitproc
 from .workspace import WorkspaceIdentity
 
 __all__ = [
@@ -115,6 +116,7 @@ _SHA1 = re.compile(r"[0-9a-f]{40}")
 _ZERO = "0" * 40
 # Git fsyncs the objects and the ref it writes (git 2.36+); batch: one fsync for the loose objects of an add.
 _DURABLE = ("core.fsync=committed", "core.fsyncMethod=batch")
+_AUTHOR = "kxen-agent <checkpoint@kxen-agent.invalid>"  # author and committer of every checkpoint (§14.14)
 _IDENT = {"GIT_AUTHOR_NAME": "kxen-agent", "GIT_AUTHOR_EMAIL": "checkpoint@kxen-agent.invalid",
           "GIT_COMMITTER_NAME": "kxen-agent", "GIT_COMMITTER_EMAIL": "checkpoint@kxen-agent.invalid",
           "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
@@ -276,15 +278,14 @@ class Checkpointer:
                            overrides=overrides)
                 head, tree, left_out = s.head, s.tree, s.left_out
                 reuse = tip is not None and tip[1] == tree and (head is None or self._recorded_head(tip[0]) == head)
-                if not reuse:
-                    parents = [p for p in ((tip[0] if tip else self.base), head) if p]
-                    msg = _message(self.ses, label, left_out, self.bounds)
-                    args = ["commit-tree", tree]
-                    for p in dict.fromkeys(parents):
-                        args += ["-p", p]
-                    commit = self.repo.git([*args, "-F", "-"], input=msg.encode("utf-8", "surrogateescape"),
-                                           env=q.env, config=q.config).decode().strip()
-                q.persist()
+                if reuse:
+                    q.persist()
+                else:
+                    # The commit `git commit-tree` would write, made here and packed with the new blobs and trees.
+                    parents = list(dict.fromkeys(p for p in ((tip[0] if tip else self.base), head) if p))
+                    msg = _message(self.ses, label, left_out, self.bounds).encode("utf-8", "surrogateescape")
+                    commit, body = checkpoint_pack.commit_object(tree, parents, _AUTHOR, msg)
+                    q.persist([(commit, "commit", body)])
             if os.path.exists(work):
                 self._own_mode(work)  # Git made it with 0666 less the umask, or copy2 kept the old mode
                 _set_back(work, began)
@@ -435,29 +436,29 @@ class _Quarantine:
     def env(self) -> dict[str, str]:
         return {"GIT_OBJECT_DIRECTORY": self.dir, "GIT_ALTERNATE_OBJECT_DIRECTORIES": self.objects}
 
-    #: Loose objects here are read once, by pack-objects: not compressing them saves a zlib pass. Many blobs
+    #: Loose objects here are read once, to be packed: not compressing them saves a zlib pass. Many blobs
     #: do not come here loose at all (:data:`_BULK_FROM`): Git streams them into a pack of their own, fsynced
     #: with its index before Git names them here, then moved to the repository (:meth:`persist`).
     config = ("core.looseCompression=0", "pack.compression=1", "core.fsync=pack,pack-metadata",
               "core.fsyncMethod=fsync")
 
-    def persist(self) -> None:
-        """Pack what was written here into the repository's ``objects/pack``, fsynced (nothing when nothing was)."""
+    def persist(self, extra: Sequence[tuple[str, str, bytes]] = ()) -> None:
+        """Pack what was written here, and the ``extra`` objects ``(id, type, body)`` (the commit), into the
+        repository's ``objects/pack``, fsynced (nothing when there is nothing)."""
         ids = []
         for fan in os.listdir(self.dir):
             if len(fan) == 2:
                 ids += [fan + name for name in os.listdir(os.path.join(self.dir, fan)) if len(name) == 38]
         pack_dir = os.path.join(self.objects, "pack")
         moved = self._move_packs(pack_dir)
-        if not ids:
+        if not ids and not extra:
             if moved:
                 Checkpointer._fsync_dir(pack_dir)
             return
         os.makedirs(pack_dir, exist_ok=True)
-        self.repo.git(["pack-objects", "-q", "--window=0", os.path.join(pack_dir, "pack")],
-                      input="".join(i + "\n" for i in ids).encode(), env=self.env,
-                      config=("core.fsync=pack,pack-metadata", "core.fsyncMethod=fsync", "pack.writeBitmaps=false",
-                              "pack.compression=1"))
+        # What `git pack-objects --window=0` made of them (no deltas), without its process; fsynced as
+        # `core.fsync=pack,pack-metadata` has Git do it (:mod:`.checkpoint_pack`).
+        checkpoint_pack.write_pack(self.dir, sorted(ids), extra, pack_dir)
         Checkpointer._fsync_dir(pack_dir)
         if sum(name.endswith(".pack") for name in os.listdir(pack_dir)) > _PACKS_BEFORE_MERGE:
             # One small pack per checkpoint, and every Git process looks an object up in every pack: a run's
@@ -599,7 +600,7 @@ def _stage(repo: Repo, index_path: str, bounds: Bounds, *, env: Mapping[str, str
         # that became a directory, or the other way round; a nested repository becomes its commit.
         # Many files: past ``core.bigFileThreshold`` Git streams each into one pack as it hashes it ("bulk
         # checkin"), compressed once; at 1 byte every non-empty file goes that way (1,000 files: no loose
-        # write and no second pass by pack-objects, 314 -> 172 ms of CPU). A few: the loose way is one pack
+        # write and no second pass to pack them, 314 -> 172 ms of CPU). A few: the loose way is one pack
         # (of the blobs and the trees) where bulk checkin would make two, each with its fsyncs.
         bulk = ("core.bigFileThreshold=1",) if len(keep) > _BULK_FROM else ()
         repo.git(["update-index", "--add", "--remove", "--replace", "-z", "--stdin"],
