@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -276,3 +277,110 @@ def test_a_changed_hooks_directory_is_refused_before_the_call_starts(world: Worl
     cli.resume(ses, expect=0)
     assert [s for s, _ in trailers(repo, "HEAD")] == [ses]
     assert (mine / "pre-commit").read_bytes() == saved
+
+
+# -- the forwarder under plain Git (the §14.17 claims the runs above do not reach), no CLI --------------------
+
+SES, MSG = "ses_0123456789abcdef0123", "msg_" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def plain_git(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """A work dir, the user's environment (isolated Git, one config entry) and the shell child's with the trailer."""
+    from kxen_agent.runtime.commit_trailer import CommitTrailer, ensure_hooks_dir
+
+    tmp = tmp_path_factory.mktemp("forwarder")
+    (tmp / "gitconfig").write_text("")
+    user = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "KXEN_"))}
+    user.update(GIT_CONFIG_GLOBAL=str(tmp / "gitconfig"), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="a",
+                GIT_AUTHOR_EMAIL="a@kxen.invalid", GIT_COMMITTER_NAME="a", GIT_COMMITTER_EMAIL="a@kxen.invalid",
+                GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="kxen.test", GIT_CONFIG_VALUE_0="kept", GIT_EDITOR="true")
+    child = CommitTrailer(ensure_hooks_dir(str(tmp / "state")), SES, MSG).apply(user)
+    return tmp, user, child
+
+
+def run_git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True)
+
+
+def body(repo: Path, env: dict[str, str], rev: str = "HEAD") -> str:
+    return run_git(repo, env, "log", "-1", "--format=%B", rev).stdout
+
+
+def test_what_gets_the_trailer_under_plain_git(plain_git: tuple[Path, dict, dict]) -> None:
+    tmp, user, child = plain_git
+    repo = tmp / "what"
+    assert run_git(tmp, user, "init", "-q", "-b", "main", str(repo)).returncode == 0
+
+    def change(name: str) -> None:
+        (repo / name).write_text(name + "\n")
+        assert run_git(repo, user, "add", name).returncode == 0
+        assert run_git(repo, user, "commit", "-q", "-m", name).returncode == 0
+
+    change("base")
+    assert run_git(repo, user, "switch", "-q", "-c", "side").returncode == 0
+    change("s1")
+    change("s2")
+    assert run_git(repo, user, "switch", "-q", "main").returncode == 0
+    change("m1")
+    line = f"Kxen-Session: {SES}@{MSG}"
+    # A merge's default message has no newline at its end: the trailer still gets a paragraph of its own.
+    assert run_git(repo, user, "switch", "-q", "-c", "merging").returncode == 0
+    assert run_git(repo, child, "merge", "-q", "--no-ff", "--no-edit", "side").returncode == 0
+    assert body(repo, user).rstrip("\n") == f"Merge branch 'side' into merging\n\n{line}"
+    # A message Git finds empty stays empty: the commit is refused as Git refuses it.
+    p = run_git(repo, child, "commit", "-q", "--allow-empty", "-m", "")
+    assert p.returncode != 0 and "empty commit message" in p.stderr
+    # After an editor (commit-msg adds it): what the editor wrote, then the trailer; the -v diff is no message.
+    editor = tmp / "editor"
+    editor.write_text('#!/bin/sh\nsed -i "1i from the editor" "$1"\n')
+    editor.chmod(0o755)
+    assert run_git(repo, {**child, "GIT_EDITOR": str(editor)}, "commit", "-q", "--allow-empty", "-v").returncode == 0
+    assert body(repo, user).rstrip("\n") == f"from the editor\n\n{line}"
+    p = run_git(repo, {**child, "GIT_EDITOR": "true"}, "commit", "-q", "--allow-empty", "-v")
+    assert p.returncode != 0 and "empty commit message" in p.stderr
+    # cherry-pick, revert, rebase: each commit written gets it; am does not (no prepare-commit-msg).
+    assert run_git(repo, user, "switch", "-q", "main").returncode == 0
+    assert run_git(repo, child, "cherry-pick", "side~1").returncode == 0 and line in body(repo, user)
+    assert run_git(repo, child, "revert", "--no-edit", "HEAD").returncode == 0 and line in body(repo, user)
+    patch = run_git(repo, user, "format-patch", "-1", "--stdout", "side").stdout
+    assert run_git(repo, user, "switch", "-q", "side").returncode == 0
+    assert run_git(repo, child, "rebase", "-q", "--reapply-cherry-picks", "main").returncode == 0
+    assert [line in body(repo, user, r) for r in ("HEAD", "HEAD~1")] == [True, True]
+    assert run_git(repo, user, "switch", "-q", "main").returncode == 0
+    assert subprocess.run(["git", "am", "-q"], cwd=repo, env=child, input=patch, text=True).returncode == 0
+    assert body(repo, user).startswith("s2\n")
+    assert "Kxen-Session" not in body(repo, user)
+
+
+def test_entries_after_ours_move_down_and_a_push_to_checkout_does_what_git_does(
+        plain_git: tuple[Path, dict, dict]) -> None:
+    tmp, user, child = plain_git
+    repo = tmp / "entries"
+    assert run_git(tmp, user, "init", "-q", "-b", "main", str(repo)).returncode == 0
+    install(repo / ".git" / "hooks", **{"pre-commit": '#!/bin/sh\necho "$GIT_CONFIG_COUNT $(git config kxen.test) '
+                                                      '$(git config kxen.after) [$(git config core.hooksPath)]" >&2\n'})
+    # A command of the agent's that adds an entry after ours: the hook sees the user's two, ours gone.
+    later = {**child, "GIT_CONFIG_COUNT": "3", "GIT_CONFIG_KEY_2": "kxen.after", "GIT_CONFIG_VALUE_2": "late"}
+    p = run_git(repo, later, "commit", "-q", "--allow-empty", "-m", "x")
+    assert p.returncode == 0 and p.stderr == "2 kept late []\n", p.stderr
+    assert f"Kxen-Session: {SES}@{MSG}" in body(repo, user)
+
+    # push-to-checkout: a hook of ours is there, so Git leaves updateInstead to it; it does what Git does.
+    # (A local push never passes GIT_CONFIG_* to receive-pack; --receive-pack puts them back to reach it.)
+    dst = tmp / "dst"
+    assert run_git(tmp, user, "init", "-q", "-b", "main", str(dst)).returncode == 0
+    assert run_git(dst, user, "config", "receive.denyCurrentBranch", "updateInstead").returncode == 0
+    (repo / "f").write_text("pushed\n")
+    assert run_git(repo, user, "add", "f").returncode == 0
+    assert run_git(repo, user, "commit", "-q", "-m", "f").returncode == 0
+    receive = ("env GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.hooksPath "
+               f"GIT_CONFIG_VALUE_0={shlex.quote(child['GIT_CONFIG_VALUE_1'])} git-receive-pack")
+    assert run_git(repo, user, "push", "-q", f"--receive-pack={receive}", str(dst), "main").returncode == 0
+    assert (dst / "f").read_text() == "pushed\n"
+    (dst / "f").write_text("changed there\n")
+    (repo / "f").write_text("again\n")
+    assert run_git(repo, user, "commit", "-q", "-am", "g").returncode == 0
+    p = run_git(repo, user, "push", "-q", f"--receive-pack={receive}", str(dst), "main")
+    assert p.returncode != 0 and "Working directory has unstaged changes" in p.stderr
+    assert (dst / "f").read_text() == "changed there\n"
