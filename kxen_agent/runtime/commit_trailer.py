@@ -34,6 +34,7 @@ trailer); a commit whose message is edited in an editor *and* made with
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -175,6 +176,11 @@ def _files() -> list[tuple[str, bytes]]:
     return [(name, _FORWARDER) for name in sorted(HOOK_NAMES)]
 
 
+@functools.cache
+def _digest() -> str:
+    return hooks_digest(_files())
+
+
 def hooks_digest(files: list[tuple[str, bytes]] | None = None) -> str:
     """The hooks directory's name: the BLAKE3 (hex) of, for each file in byte order of its name, the
     name, a 0x00 byte, the file's size in decimal ASCII, a 0x00 byte and its bytes (§14.17)."""
@@ -184,7 +190,7 @@ def hooks_digest(files: list[tuple[str, bytes]] | None = None) -> str:
     return h.hexdigest()
 
 
-# Directories this process wrote or checked: a run's every shell call costs no more than a dict lookup.
+# Directories whose bytes this process wrote or checked: a later call only looks that every hook is still there.
 _READY: set[str] = set()
 
 
@@ -206,12 +212,16 @@ def _check(io: FileIO, final: str, files: list[tuple[str, bytes]]) -> None:
 def ensure_hooks_dir(root: str, io: FileIO = OS_IO) -> str:
     """The hooks directory of the state dir at ``root``, written durably if missing (§14.17, §9.1:
     each file fsynced, the directory renamed into place, its parent fsynced); an existing one's
-    bytes are checked once per process (:class:`HooksDirDamaged`)."""
+    bytes are checked once per process (:class:`HooksDirDamaged`), its files' presence on every call."""
     files = _files()
     top = os.path.join(root, HOOKS_DIR)
-    final = os.path.join(top, hooks_digest(files))
+    final = os.path.join(top, _digest())
     if final in _READY:
-        return final
+        # Removed since (by hand, in a long chat)? A hooksPath without its hooks would run none of the
+        # repository's: written again below.
+        if all(os.access(os.path.join(final, name), os.X_OK) for name, _ in files):
+            return final
+        _READY.discard(final)
     if not io.isdir(final):
         io.makedirs(top)
         tmp = os.path.join(top, f"tmp_{os.urandom(8).hex()}")

@@ -384,3 +384,33 @@ def test_entries_after_ours_move_down_and_a_push_to_checkout_does_what_git_does(
     p = run_git(repo, user, "push", "-q", f"--receive-pack={receive}", str(dst), "main")
     assert p.returncode != 0 and "Working directory has unstaged changes" in p.stderr
     assert (dst / "f").read_text() == "changed there\n"
+
+
+def test_a_removed_directory_is_written_again_and_a_lost_race_keeps_the_winners(tmp_path: Path) -> None:
+    from kxen_agent.runtime import commit_trailer as ct
+    from kxen_agent.store.fsio import FileIO
+
+    root = tmp_path / "state"
+    d = Path(ct.ensure_hooks_dir(str(root)))
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+    # This process checked it before: a hooksPath without hooks would run none of the repository's.
+    assert Path(ct.ensure_hooks_dir(str(root))) == d and set(os.listdir(d)) == GITHOOKS
+
+    class Late(FileIO):
+        """Another process renames the same directory into place between our look and our rename."""
+
+        looked = False
+
+        def isdir(self, path: str) -> bool:
+            if path == str(d) and not self.looked:
+                self.looked = True
+                return False
+            return super().isdir(path)
+
+    ct._READY.discard(str(d))
+    before = {f: (d / f).stat().st_ino for f in os.listdir(d)}
+    assert ct.ensure_hooks_dir(str(root), Late()) == str(d)
+    assert {f: (d / f).stat().st_ino for f in os.listdir(d)} == before  # the winner's files, untouched
+    assert os.listdir(root / "hooks") == [d.name]  # our temp directory removed
