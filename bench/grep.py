@@ -94,7 +94,7 @@ def export_jsonl(state: Path, out: Path) -> int:
 
 def search_phase(state: Path, pattern: str, regex: bool, repeats: int, sessions_only: bool = False) -> float:
     """CPU seconds of the search alone, in this process (modules imported, the index up to date): median."""
-    from kxen_agent.cli.grep_cmds import matcher
+    from kxen_agent.cli.grep_lean import matcher
     from kxen_agent.session.grep_index import search
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Store
