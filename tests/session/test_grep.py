@@ -117,7 +117,7 @@ def test_the_spec_example_is_the_encoding() -> None:
     made = encode_index([(b"\x11" * 32, 1700000000000000000, 0, "user", b"fix the failing test\n"),
                          (b"\x22" * 32, 1700000000000000000, 1, "tool", b"pytest -q\n1 failed\n")],
                         base_ses=None, base_seq=-1, base_id=None, head_id=b"\x22" * 32)
-    assert made.hex() == block and len(made) == 337
+    assert made.hex() == block and len(made) == 345
     f = parse_index("ses_x", made)
     assert [e[3] for e in f.entries()] == ["user", "tool"] and f.id_at_seq(1) == b"\x22" * 32
 
