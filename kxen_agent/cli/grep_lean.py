@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from kxen_agent.errors import KxenError, UsageError
 
@@ -41,29 +41,25 @@ _VALUES = {"--role": "role", "--session": "session", "-s": "session", "--since":
 
 
 def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
-    """``match(buf, start, end)``: where each match begins. A plain pattern is found as bytes (memchr speed)."""
+    """``first(buf, pos, end)``: where the first match in ``buf[pos:end]`` begins, -1 if none. A plain
+    pattern is found as bytes (``bytes.find``); a search resumes after the line of the last match."""
     raw = pattern.encode("utf-8")
     if "\n" in pattern:
         raise UsageError("a pattern matches within one line; give it without a newline")
     if not regex and not ignore_case:
-        def find(buf: Any, start: int, end: int) -> Iterator[int]:
-            pos = buf.find(raw, start, end)
-            while pos >= 0:
-                yield pos
-                nl = buf.find(b"\n", pos, end)  # the rest of this line is reported once anyway
-                if nl < 0:
-                    return
-                pos = buf.find(raw, nl + 1, end)
+        def find(buf: Any, pos: int, end: int) -> int:
+            return buf.find(raw, pos, end)
         return find
     try:
         rx = re.compile(raw if regex else re.escape(raw), re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
     except re.error as e:
         raise UsageError(f"--regex {pattern!r} is not a regular expression: {e}") from None
+    search = rx.search
 
-    def search(buf: Any, start: int, end: int) -> Iterator[int]:
-        for m in rx.finditer(buf, start, end):
-            yield m.start()
-    return search
+    def first(buf: Any, pos: int, end: int) -> int:
+        m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+        return -1 if m is None else m.start()
+    return first
 
 
 def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: list[str] = (),  # type: ignore[assignment]
@@ -112,7 +108,9 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
             when = dates.get(h.date_ns)
             if when is None:
                 when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
-            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {t(h.line, quote=False)}\n")
+            # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
+            line = h.line if h.line.isascii() and h.line.isprintable() else t(h.line, quote=False)
+            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {line}\n")
         sys.stdout.write("".join(lines))
     sys.stdout.flush()
     return 0 if hits else 1  # as grep and rg: 1 when nothing is found

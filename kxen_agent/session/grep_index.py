@@ -41,7 +41,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind, replace_cache_file
@@ -84,6 +84,7 @@ class IndexFile:
     t0: int
     offsets: array  # n + 1 offsets into the text
     table: bytes  # n records of _REC
+    _view: Any = None  # memoryview of buf, made by the first check
 
     @property
     def count(self) -> int:
@@ -101,7 +102,9 @@ class IndexFile:
     def check(self, i: int) -> None:
         """:class:`BadIndex` unless entry ``i``'s text is the one its checksum was made of."""
         crc = _REC.unpack_from(self.table, i * _REC.size)[3]
-        if zlib.crc32(self.buf[self.t0 + self.offsets[i]:self.t0 + self.offsets[i + 1]]) != crc:
+        if self._view is None:
+            self._view = memoryview(self.buf)  # slices of it are not copies
+        if zlib.crc32(self._view[self.t0 + self.offsets[i]:self.t0 + self.offsets[i + 1]]) != crc:
             raise BadIndex(f"entry {i} (seq {self.first_seq + i}) does not match its checksum")
 
     def id_at_seq(self, seq: int) -> bytes | None:
@@ -303,8 +306,7 @@ class _Builder:
             pass  # unwritable: searched from memory this time, written by the next search
 
 
-@dataclass(frozen=True)
-class Hit:
+class Hit(NamedTuple):
     """One matching line: the message, the sessions whose history holds it, its role, date and line."""
 
     message: bytes
@@ -336,12 +338,13 @@ def _family_order(infos: list[Any]) -> list[Any]:
     return out
 
 
-def search(sessions: Any, match: Callable[[Any, int, int], Iterator[int]], *, only: set[str] | None = None,
+def search(sessions: Any, match: Callable[[Any, int, int], int], *, only: set[str] | None = None,
            roles: set[str] | None = None, since_ns: int | None = None, sessions_only: bool = False,
            on_damaged: Callable[[str, KxenError], None] | None = None) -> tuple[list[Hit], dict[str, int]]:
     """Every line of every session's messages that ``match`` finds, each message once with its sessions.
 
-    ``match(buf, start, end)`` yields where each match in ``buf[start:end]`` begins (offsets into ``buf``);
+    ``match(buf, pos, end)``: where the first match in ``buf[pos:end]`` begins (an offset into ``buf``), or
+    -1; called from the start of the text and then from the line after each matching line;
     ``only``: session ids to search (a message shared with others is
     reported with these only). ``sessions_only``: a file is left as soon as
     every session it serves has a hit (``-l``: the hits are then the first
@@ -389,7 +392,7 @@ class _Damaged(Exception):
         self.ses = ses
 
 
-def _scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], Iterator[int]], *, only: set[str] | None,
+def _scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, only: set[str] | None,
           roles: set[str] | None, since_ns: int | None, sessions_only: bool) -> tuple[list[Hit], int]:
     """The hits in ``files`` (a message held by two files once from each) and the bytes of text searched."""
     # Which sessions each file serves, and up to which seq: its own (all), then each fork leaning on it.
@@ -405,29 +408,33 @@ def _scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], Iterator
             limit, depth = min(limit, cur.base_seq), depth + 1
     hits: list[Hit] = []
     total = 0
+    unpack, size = _REC.unpack_from, _REC.size
     for ses, f in files.items():
         served = cover[ses]
         if not served:
             continue
-        unseen = {s for s, _lim in served}
-        buf, t0 = f.buf, f.t0
-        t1 = t0 + f.offsets[-1]
+        every, below = tuple(s for s, _lim in served), min(lim for _s, lim in served)
+        unseen = set(every)
+        buf, t0, offsets, table = f.buf, f.t0, f.offsets, f.table
+        t1 = t0 + offsets[-1]
         total += t1 - t0
-        last_line = -1
         checked = -1  # the entry whose checksum was checked last (matches come in file order)
-        for start in match(buf, t0, t1):
-            ls = buf.rfind(b"\n", t0, start) + 1 or t0
-            if ls <= last_line:
-                continue  # another match on a line already reported
-            le = buf.find(b"\n", start, t1)
-            last_line = ls
-            i = bisect_right(f.offsets, ls - t0) - 1
-            oid, date, seq, role = f.record(i)
+        pos = t0
+        # One match per line: after a matching line, the search resumes at the next line.
+        while pos < t1 and (start := match(buf, pos, t1)) >= 0:
+            ls = buf.rfind(b"\n", pos, start) + 1 or pos
+            le = buf.find(b"\n", start, t1)  # every text ends with an LF (unless damaged: its check says so)
+            if le < 0:
+                le = t1
+            pos = le + 1
+            i = bisect_right(offsets, ls - t0) - 1
+            oid, date, seq, _crc, role_no = unpack(table, i * size)
+            role = ROLES[role_no] if role_no < len(ROLES) else "?"
             if roles is not None and role not in roles:
                 continue
             if since_ns is not None and date < since_ns:
                 continue
-            owners = tuple(s for s, lim in served if seq <= lim)
+            owners = every if seq <= below else tuple(s for s, lim in served if seq <= lim)
             if not owners:
                 continue
             if sessions_only and unseen.isdisjoint(owners):
@@ -440,11 +447,13 @@ def _scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], Iterator
                 except BadIndex:
                     raise _Damaged(ses) from None
                 checked = i
-            line_no = bytes(buf[t0 + f.offsets[i]:ls]).count(b"\n") + 1
+            e0 = t0 + offsets[i]
+            line_no = 1 if ls == e0 else bytes(buf[e0:ls]).count(b"\n") + 1
             hits.append(Hit(oid, owners, role, date, seq, line_no, bytes(buf[ls:le]).decode("utf-8", "replace")))
-            unseen.difference_update(owners)
-            if sessions_only and not unseen:
-                break
+            if sessions_only:
+                unseen.difference_update(owners)
+                if not unseen:
+                    break
     return hits, total
 
 

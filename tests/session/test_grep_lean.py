@@ -55,6 +55,7 @@ CASES = [
     (["alpha-task", "--since=1w"], True),
     (["--sessions-with-matches", "task"], True),
     (["no such text anywhere"], True),  # exit 1, nothing printed
+    (["-E", "z*", "-l"], True),  # an empty match, at the end of a file's text too
     (["-E", "("], True),  # one-line error, exit 2
     (["x", "--session", "ses_0000nosuch"], True),  # unknown session
     (["x", "--role", "bogus"], True),  # exit 2
