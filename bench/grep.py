@@ -106,14 +106,13 @@ def search_phase(state: Path, pattern: str, regex: bool, repeats: int, sessions_
     """CPU seconds of the search alone, in this process (modules imported, the index up to date): median."""
     from kxen_agent.cli.grep_lean import matcher
     from kxen_agent.session.grep_index import search
-    from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Store
 
     match = matcher(pattern, regex=regex, ignore_case=False)
     out = []
     for _ in range(repeats):
         t0 = time.process_time()
-        search(SessionStore(Store(str(state))), match, sessions_only=sessions_only)
+        search(Store(str(state)), match, sessions_only=sessions_only)
         out.append(time.process_time() - t0)
     return statistics.median(out)
 

@@ -66,8 +66,7 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
          session: list[str] = (), since: Optional[str] = None, sessions_only: bool = False,  # type: ignore[assignment]
          json_out: bool = False) -> int:
     """Search and print (see ``grep_cmds.grep_cmd``); 0 when something matched, 1 when nothing did."""
-    from kxen_agent.session.grep_index import search
-    from kxen_agent.session.sessions import NS, SessionStore
+    from kxen_agent.session.grep_index import NS, search
     from kxen_agent.store import Store
 
     bad = [r for r in role if r not in ROLES]
@@ -84,14 +83,18 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
     if not store.exists:
         hits: list = []
     else:
-        sessions = SessionStore(store)
-        only = {sessions.resolve_id(s) for s in session} if session else None
+        only = None
+        if session:
+            from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+
+            sessions = SessionStore(store)
+            only = {sessions.resolve_id(s) for s in session}
 
         def damaged(group: str, e: Exception) -> None:
             err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
                 "`kxen-agent fsck` checks the state dir")
 
-        hits, _figures = search(sessions, match, only=only, roles=set(role) or None, since_ns=cutoff,
+        hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
                                 sessions_only=sessions_only, on_damaged=damaged)
     matched = sorted({s for h in hits for s in h.sessions})
     if json_out:

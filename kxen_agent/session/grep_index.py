@@ -16,6 +16,10 @@ chain of files holds that point: the messages it shares with its parent are held
 once, in the parent's file, and a hit there is reported with every session
 whose history holds it. The date of a message is the start of the run that
 wrote it (a message holds no time, §14.4); 0 (shown ``-``) without one.
+A file also holds what a search needs of its session's metadata object
+(parent, creation time) and that object's id: while the id is the
+session's ``meta`` ref, a search reads the session's refs and its file,
+and no object (:class:`Listed`).
 
 Trust: the digest (BLAKE3 of the offsets and the table) is checked on
 every read, and an entry's checksum (CRC-32 of its text) before a line of
@@ -46,12 +50,19 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind, replace_cache_file
 
-__all__ = ["GREP", "MAGIC", "Hit", "IndexFile", "encode_index", "parse_index", "search", "verify_grep"]
+from .ids import UnknownSession
+
+__all__ = ["GREP", "MAGIC", "Hit", "IndexFile", "Listed", "encode_index", "parse_index", "search", "verify_grep"]
 
 #: The file's first bytes (§11a.2). Version 1 (a digest of the whole text) is read as damage: written anew.
 MAGIC = b"kxen-grep 2\n"
-#: After the magic: entries, text bytes, base seq (-1: none), base session (NUL-padded), base id, head id, digest.
-_HEAD = struct.Struct("<IQq48s32s32s32s")
+#: After the magic: the digest; entries, text bytes, base seq (-1: none), base session (NUL-padded), base id,
+#: head id; the session's metadata the file was written with: its id, createdNs, parentId (NUL-padded).
+_DIGEST = struct.Struct("<32s")
+_HEAD = struct.Struct("<IQq48s32s32s32sq48s")
+#: Where the header the digest covers begins, and where the text begins (after an LF).
+_H0 = len(MAGIC) + _DIGEST.size
+_T0 = _H0 + _HEAD.size + 1
 #: One entry of the table: message id, date (ns), seq, CRC-32 of its text, role.
 _REC = struct.Struct("<32sqIIB3x")
 ROLES = ("user", "assistant", "tool", "compaction")
@@ -80,6 +91,9 @@ class IndexFile:
     base_seq: int  # -1: the file starts at seq 0
     base_id: bytes
     head_id: bytes
+    meta_id: bytes  # the session's metadata object this file was written with; then its createdNs and parentId
+    created_ns: int
+    parent: str | None
     buf: Any  # the file's bytes (a read-only mapping): the text is buf[t0:t0 + offsets[-1]]
     t0: int
     offsets: array  # n + 1 offsets into the text
@@ -131,8 +145,10 @@ def _blake3(data: Iterable[bytes]) -> bytes:
 
 
 def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses: str | None, base_seq: int,
-                 base_id: bytes | None, head_id: bytes | None) -> bytes:
-    """The file's bytes for ``entries`` (message id, date ns, seq, role, text with its final newline)."""
+                 base_id: bytes | None, head_id: bytes | None, meta_id: bytes | None = None, created_ns: int = 0,
+                 parent: str | None = None) -> bytes:
+    """The file's bytes for ``entries`` (message id, date ns, seq, role, text with its final newline);
+    ``meta_id``, ``created_ns``, ``parent``: the session's metadata object and what a search takes of it."""
     text = b"".join(e[4] for e in entries)
     offs = array("Q", [0])
     pos = 0
@@ -142,25 +158,26 @@ def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses:
     if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
         offs.byteswap()
     table = b"".join(_REC.pack(e[0], e[1], e[2], zlib.crc32(e[4]), _ROLE.get(e[3], 255)) for e in entries)
-    body = (offs.tobytes(), table)
-    head = _HEAD.pack(len(entries), len(text), base_seq, (base_ses or "").encode("ascii"), base_id or bytes(32),
-                      head_id or bytes(32), _blake3(body))
     # An LF before the text: a line-anchored pattern (``^``) matches at the first entry's first line too.
-    return MAGIC + head + b"\n" + text + b"".join(body)
+    head = _HEAD.pack(len(entries), len(text), base_seq, (base_ses or "").encode("ascii"), base_id or bytes(32),
+                      head_id or bytes(32), meta_id or bytes(32), created_ns, (parent or "").encode("ascii")) + b"\n"
+    body = (offs.tobytes(), table)
+    return MAGIC + _blake3((head, *body)) + head + text + b"".join(body)
 
 
 def parse_index(ses: str, data: bytes) -> IndexFile:
     """The parsed file; :class:`BadIndex` if it is not one, or its digest does not match (the entries'
     checksums are :meth:`IndexFile.check`'s)."""
-    if len(data) < len(MAGIC) + _HEAD.size or data[:len(MAGIC)] != MAGIC:
+    if len(data) < _T0 or data[:len(MAGIC)] != MAGIC:
         raise BadIndex("no search index header")
-    n, tlen, base_seq, bses, base_id, head_id, digest = _HEAD.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _HEAD.size + 1
+    (digest,) = _DIGEST.unpack_from(data, len(MAGIC))
+    n, tlen, base_seq, bses, base_id, head_id, meta_id, created_ns, parent = _HEAD.unpack_from(data, _H0)
+    start = _T0
     if len(data) != start + tlen + 8 * (n + 1) + _REC.size * n or data[start - 1:start] != b"\n":
         raise BadIndex("length does not match the header")
     view = memoryview(data)
     offs, table = view[start + tlen:start + tlen + 8 * (n + 1)], view[start + tlen + 8 * (n + 1):]
-    if _blake3((offs, table)) != digest:
+    if _blake3((view[_H0:start], offs, table)) != digest:
         raise BadIndex("digest does not match")
     offsets = array("Q")
     offsets.frombytes(offs)
@@ -169,8 +186,10 @@ def parse_index(ses: str, data: bytes) -> IndexFile:
     if offsets[0] != 0 or offsets[-1] != tlen:
         raise BadIndex("offsets do not span the text")
     name = bses.rstrip(b"\0").decode("ascii", "replace") or None
+    up = parent.rstrip(b"\0").decode("ascii", "replace") or None
     # The text stays in ``data`` (a mapping of the file: no copy); find/rfind/regex work on it in place.
-    return IndexFile(ses, name, base_seq, base_id, head_id, data, start, offsets, bytes(table))
+    return IndexFile(ses, name, base_seq, base_id, head_id, meta_id, created_ns, up, data, start, offsets,
+                     bytes(table))
 
 
 def _text_of(m: Any) -> bytes:
@@ -181,18 +200,70 @@ def _text_of(m: Any) -> bytes:
     return text.encode("utf-8", "surrogatepass") + b"\n"
 
 
+class Listed(NamedTuple):
+    """A session as a search needs it: its id, head, metadata object and, of that, ``parentId`` and
+    ``createdNs`` (in ``meta``: taken from its index file when it names that object, else read whole)."""
+
+    id: str
+    head: bytes | None
+    meta_oid: bytes
+    meta: dict
+    whole: bool  # ``meta`` is the metadata object read, not the two fields an index file holds
+
+    @property
+    def group(self) -> str:
+        return f"{NS}/{self.id}"
+
+
 @dataclass
 class _Builder:
     """Writes and reads the index files of one state dir (the disk store's ``io`` and caches)."""
 
-    sessions: Any  # SessionStore
+    store: Any  # the disk Store (a Repository with caches and io)
     runs: dict[str, int] | None = None
     written: int = 0
     loaded: dict[str, IndexFile | None] = field(default_factory=dict)
+    parsed: dict[str, IndexFile | None] = field(default_factory=dict)  # each file read once
+    _sessions: Any = None
 
     @property
-    def store(self) -> Any:
-        return self.sessions.store
+    def sessions(self) -> Any:
+        """The SessionStore, made when a search must read objects (imported then: the lean start's cost)."""
+        if self._sessions is None:
+            from .sessions import SessionStore
+
+            self._sessions = SessionStore(self.store)
+        return self._sessions
+
+    def listing(self, on_damaged: Callable[[str, KxenError], None]) -> list[Listed]:
+        """Every session not deleted, as ``SessionStore.list`` finds them (a group that does not read as a
+        session to ``on_damaged``), but a session's metadata object is read only when its index file does
+        not name the one its ``meta`` ref does: then the file holds what a search takes of it."""
+        out = []
+        for group in self.store.refs.groups(NS):
+            ses = group.split("/", 1)[1]
+            f = self.read(ses)
+            if f is not None:
+                try:
+                    state = self.store.refs.read(group)
+                except KxenError as e:
+                    on_damaged(group, e)  # what SessionStore.get raises for it
+                    continue
+                if state.refs.get("meta") == f.meta_id:
+                    if state.deleted_ns is None:
+                        meta = {"parentId": f.parent, "createdNs": f.created_ns}
+                        out.append(Listed(ses, state.refs.get("head"), f.meta_id, meta, False))
+                    continue
+            try:
+                info = self.sessions.get(ses)
+            except UnknownSession:
+                continue  # no metadata, or deleted: passed over, as SessionStore.list does
+            except KxenError as e:
+                on_damaged(group, e)
+                continue
+            out.append(Listed(ses, info.head, info.meta_oid, info.meta, True))
+        out.sort(key=lambda i: (i.meta["createdNs"], i.id))
+        return out
 
     def path(self, ses: str) -> str:
         return self.store.caches.path(GREP, f"{NS}/{ses}")
@@ -212,10 +283,12 @@ class _Builder:
         return self.runs
 
     def read(self, ses: str) -> IndexFile | None:
-        try:
-            return parse_index(ses, self.store.io.map_file(self.path(ses)))
-        except (OSError, BadIndex):
-            return None
+        if ses not in self.parsed:
+            try:
+                self.parsed[ses] = parse_index(ses, self.store.io.map_file(self.path(ses)))
+            except (OSError, BadIndex, KxenError):  # KxenError: not a group's name (a session's get says so)
+                self.parsed[ses] = None
+        return self.parsed[ses]
 
     def chain_id(self, ses: str | None, seq: int, depth: int = 0) -> bytes | None:
         """The id of the message of ``seq`` in the history ``ses``'s chain of files holds."""
@@ -233,9 +306,11 @@ class _Builder:
         ``anew``: written from the history whatever the file holds (an entry failed its checksum)."""
         f = None if anew else self.read(info.id)
         head = info.head
-        if f is not None and f.head_id == (head or bytes(32)) and self._base_ok(f):
+        if f is not None and f.head_id == (head or bytes(32)) and self._base_ok(f) and f.meta_id == info.meta_oid:
             self.loaded[info.id] = f
             return f
+        if not info.whole:
+            info = self._whole(info)
         # Join: the file's last entry an ancestor of the head (a run added messages): keep its entries.
         keep: list = []
         base = (f.base_ses, f.base_seq, f.base_id) if f is not None and self._base_ok(f) else None
@@ -273,11 +348,17 @@ class _Builder:
         dates = self.run_dates()
         entries = keep + [(m.oid, dates.get(m.run or "", 0), m.seq, m.role, _text_of(m)) for m in reversed(new)]
         data = encode_index(entries, base_ses=base[0] if base else None, base_seq=base[1] if base else -1,
-                            base_id=base[2] if base else None, head_id=head)
+                            base_id=base[2] if base else None, head_id=head, meta_id=info.meta_oid,
+                            created_ns=info.meta["createdNs"], parent=info.meta.get("parentId"))
         self._write(info.id, data)
         f = parse_index(info.id, data)
         self.loaded[info.id] = f
         return f
+
+    def _whole(self, info: Listed) -> Listed:
+        """``info`` with its metadata object read (a file to write needs its fork point)."""
+        whole = self.sessions.get(info.id)
+        return Listed(info.id, info.head, whole.meta_oid, whole.meta, True)
 
     def _base_ok(self, f: IndexFile) -> bool:
         if f.base_ses is None:
@@ -338,7 +419,7 @@ def _family_order(infos: list[Any]) -> list[Any]:
     return out
 
 
-def search(sessions: Any, match: Callable[[Any, int, int], int], *, only: set[str] | None = None,
+def search(store: Any, match: Callable[[Any, int, int], int], *, only: set[str] | None = None,
            roles: set[str] | None = None, since_ns: int | None = None, sessions_only: bool = False,
            on_damaged: Callable[[str, KxenError], None] | None = None) -> tuple[list[Hit], dict[str, int]]:
     """Every line of every session's messages that ``match`` finds, each message once with its sessions.
@@ -349,10 +430,12 @@ def search(sessions: Any, match: Callable[[Any, int, int], int], *, only: set[st
     reported with these only). ``sessions_only``: a file is left as soon as
     every session it serves has a hit (``-l``: the hits are then the first
     of each). Returns the hits, oldest session's first, and
-    figures (``files``, ``written``, ``bytes``).
+    figures (``files``, ``written``, ``bytes``). ``store``: the disk Store
+    (its caches); a warm search reads each session's refs and index file,
+    and no object.
     """
-    b = _Builder(sessions)
-    infos = _family_order(sessions.list(on_damaged=on_damaged or (lambda g, e: None)))
+    b = _Builder(store)
+    infos = _family_order(b.listing(on_damaged or (lambda g, e: None)))
     if only is not None:
         # A fork's file may lean on its ancestors': load the chain, search only what ``only`` holds.
         by_id = {i.id: i for i in infos}
@@ -479,6 +562,7 @@ def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
     session whose head moved on since is information (the next search
     brings it up to date), as is an entry naming a message gc pruned.
     """
+    from .schema import read
     from .sessions import SessionStore
 
     problems: list[tuple[str, str]] = []
@@ -498,11 +582,22 @@ def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
             problems.append((path, f"cannot read the search index: {e.strerror}"))
             continue
         try:
-            head = store.refs.read(f"{NS}/{ses}").refs.get("head")
+            refs = store.refs.read(f"{NS}/{ses}").refs
         except KxenError:
-            head = None
-        if head != (f.head_id if f.head_id != bytes(32) else None):
+            refs = {}
+        if refs.get("head") != (f.head_id if f.head_id != bytes(32) else None):
             notes.append(f"search index {path} is behind its session's head (the next search brings it up to date)")
+        if refs.get("meta") != f.meta_id:
+            notes.append(f"search index {path} was written with older metadata of its session (the next search "
+                         "writes it again)")
+        try:
+            meta = read(store, f.meta_id, "session")
+        except KxenError:
+            notes.append(f"search index {path} names metadata {f.meta_id.hex()[:16]}, which is not here (pruned?)")
+        else:
+            if meta.get("createdNs") != f.created_ns or meta.get("parentId") != f.parent:
+                problems.append((path, f"search index's parent or creation time is not its metadata "
+                                       f"{f.meta_id.hex()[:16]}'s; delete it: the next search writes it again"))
         prev_seq = f.base_seq
         try:
             for oid, _date, seq, role, text in f.entries():  # each entry's checksum checked first
