@@ -21,13 +21,13 @@ A file also holds what a search needs of its session's metadata object
 session's ``meta`` ref, a search reads the session's refs and its file,
 and no object (:class:`Listed`).
 
-Trust: the digest (BLAKE3 of the offsets and the table) is checked on
-every read, and an entry's checksum (CRC-32 of its text) before a line of
-it is reported or the entry kept: a search reads the whole text but hashes
-only the entries it reports (100 MB of text: about 45 ms of BLAKE3 saved
-a search). A file whose entry fails its checksum is written anew and
-searched again. Damage that hides a match is not seen by a search, only by
-fsck, which checks every entry. A file's last entry must be the session's
+Trust: the digest (BLAKE3 of the header, the offsets and the table) is
+checked on every read, and an entry's checksum (CRC-32 of its text) before
+a line of it is reported or the entry kept: a search reads the whole text
+but hashes only the entries it reports (hashing the whole text took about
+as long as searching it, bench/README.md). A file whose entry fails its
+checksum is written anew and searched again. Damage that hides a match is
+not seen by a search, only by fsck, which checks every entry. A file's last entry must be the session's
 head and its base point must be its base session's entry at that ``seq``,
 so a file that describes other objects is never used. That the texts are
 the objects' texts is the writer's care and fsck's check
