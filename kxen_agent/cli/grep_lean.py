@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from kxen_agent.errors import KxenError, UsageError
 
-from ._render import emit_json, err, term_text as t
+# ._render (json, its regular expressions) is imported where it is needed: not for printable lines.
 
 __all__ = ["ROLES", "grep", "main", "matcher", "parse"]
 
@@ -91,6 +91,8 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
             only = {sessions.resolve_id(s) for s in session}
 
         def damaged(group: str, e: Exception) -> None:
+            from ._render import err, term_text as t
+
             err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
                 "`kxen-agent fsck` checks the state dir")
 
@@ -98,6 +100,8 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
                                 sessions_only=sessions_only, on_damaged=damaged)
     matched = sorted({s for h in hits for s in h.sessions})
     if json_out:
+        from ._render import emit_json
+
         emit_json({"pattern": pattern, "sessions": matched, "matches": [] if sessions_only else [
             {"message": "msg_" + h.message.hex(), "sessions": list(h.sessions), "role": h.role,
              "dateNs": h.date_ns or None, "seq": h.seq, "lineNumber": h.line_no, "line": h.line} for h in hits]})
@@ -112,11 +116,17 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
             if when is None:
                 when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
             # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
-            line = h.line if h.line.isascii() and h.line.isprintable() else t(h.line, quote=False)
+            line = h.line if h.line.isascii() and h.line.isprintable() else _term(h.line)
             lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {line}\n")
         sys.stdout.write("".join(lines))
     sys.stdout.flush()
     return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+
+
+def _term(line: str) -> str:
+    from ._render import term_text
+
+    return term_text(line, quote=False)
 
 
 def parse(args: list[str]) -> dict[str, Any] | None:
@@ -180,7 +190,9 @@ def main(args: list[str]) -> int | None:
     try:
         return grep(**opts)
     except KxenError as e:
-        err(f"kxen-agent: error: {t(str(e), quote=False)}")
+        from ._render import err
+
+        err(f"kxen-agent: error: {_term(str(e))}")
         return e.exit_code
     except KeyboardInterrupt:
         return 130  # as typer returns it from inside a command: no line
@@ -193,6 +205,7 @@ def main(args: list[str]) -> int | None:
         return 141
     except OSError as e:
         from ._errors import os_error_line
+        from ._render import err
 
-        err(f"kxen-agent: error: {t(os_error_line(e), quote=False)}")
+        err(f"kxen-agent: error: {_term(os_error_line(e))}")
         return 1
