@@ -23,15 +23,13 @@ import os
 import re
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
 
 # ._render (json, its regular expressions) is imported where it is needed: not for printable lines.
 
-__all__ = ["ROLES", "grep", "main", "matcher", "parse"]
-
-ROLES = ("user", "assistant", "tool", "compaction")
+__all__ = ["grep", "main", "matcher", "parse"]
 
 #: The options of ``session grep`` (grep_cmds.grep_cmd declares them for typer): flag -> parameter.
 _FLAGS = {"--regex": "regex", "-E": "regex", "--ignore-case": "ignore_case", "-i": "ignore_case",
@@ -62,11 +60,11 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
     return first
 
 
-def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: list[str] = (),  # type: ignore[assignment]
-         session: list[str] = (), since: Optional[str] = None, sessions_only: bool = False,  # type: ignore[assignment]
+def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: Sequence[str] = (),
+         session: Sequence[str] = (), since: Optional[str] = None, sessions_only: bool = False,
          json_out: bool = False) -> int:
     """Search and print (see ``grep_cmds.grep_cmd``); 0 when something matched, 1 when nothing did."""
-    from kxen_agent.session.grep_index import NS, search
+    from kxen_agent.session.grep_index import NS, ROLES, search
     from kxen_agent.store import Store
 
     bad = [r for r in role if r not in ROLES]

@@ -12,10 +12,11 @@ history from ``seq`` *base* + 1 to its head — the content, then one line
 ``<tool name> <arguments>`` per tool call — each followed by a newline,
 with a table of entries (message id, role, date, ``seq``, a checksum of
 the text). A fork's file starts after its fork point when its parent's
-chain of files holds that point: the messages it shares with its parent are held, and searched,
-once, in the parent's file, and a hit there is reported with every session
-whose history holds it. The date of a message is the start of the run that
-wrote it (a message holds no time, §14.4); 0 (shown ``-``) without one.
+chain of files holds that point: the messages it shares with its parent
+are held, and searched, once, in the parent's file, and a hit there is
+reported with every session whose history holds it. The date of a message
+is the start of the run that wrote it (a message holds no time, §14.4); 0
+(shown ``-``) without one.
 A file also holds what a search needs of its session's metadata object
 (parent, creation time) and that object's id: while the id is the
 session's ``meta`` ref, a search reads the session's refs and its file,
@@ -27,11 +28,11 @@ a line of it is reported or the entry kept: a search reads the whole text
 but hashes only the entries it reports (hashing the whole text took about
 as long as searching it, bench/README.md). A file whose entry fails its
 checksum is written anew and searched again. Damage that hides a match is
-not seen by a search, only by fsck, which checks every entry. A file's last entry must be the session's
-head and its base point must be its base session's entry at that ``seq``,
-so a file that describes other objects is never used. That the texts are
-the objects' texts is the writer's care and fsck's check
-(:func:`verify_grep`).
+not seen by a search, only by fsck, which checks every entry. A file's
+last entry must be the session's head and its base point must be its base
+session's entry at that ``seq``, so a file that describes other objects
+is never used. That the texts are the objects' texts is the writer's care
+and fsck's check (:func:`verify_grep`).
 
 Every file call goes through the store's ``FileIO``.
 """
