@@ -34,6 +34,8 @@ below); every module, one line each:
 - :mod:`.faults` — crash points for tests (``KXEN_AGENT_FAULT``);
 - :mod:`.providers` — the :class:`Provider` seam to a language model (package);
 - :mod:`.tools` — the tools a run calls (:data:`TOOLS`) and their contract (package);
+- :mod:`.commit_trailer` — ``[policy] commit_trailer``: the hooks directory that puts ``Kxen-Session`` on the
+  shell's commits, and the shell's Git environment for it (§14.17);
 - :mod:`.mcp_tools` — MCP servers' tools in a run: lock listing, specs, outcomes, recovery (§14.15);
 - :mod:`.mcp_link` — the connections to MCP servers through the ``mcp`` SDK (imported only when used);
 - :mod:`.mcp_procs` — the stdio servers' process-group records, and reaping those a killed run left.

@@ -238,9 +238,14 @@ def _splice(text: str, spans: list[tuple[int, int]]) -> str:
     return "".join(out) + text[at:]
 
 
+#: ``GIT_CONFIG_KEY_<n>`` names a Git config key (``GIT_CONFIG_COUNT``'s entries, Git 2.31): a key's name,
+#: never a secret, and without it every git the shell runs fails ("missing config key").
+_GIT_CONFIG_KEY = re.compile(r"GIT_CONFIG_KEY_[0-9]+")
+
+
 def is_credential_name(name: str) -> bool:
-    """Whether an environment variable's name looks like it holds a credential."""
-    return CREDENTIAL_NAME.search(name) is not None
+    """Whether an environment variable's name looks like it holds a credential (not ``GIT_CONFIG_KEY_<n>``)."""
+    return CREDENTIAL_NAME.search(name) is not None and _GIT_CONFIG_KEY.fullmatch(name) is None
 
 
 def credential_env_values(environ: Mapping[str, str]) -> list[str]:

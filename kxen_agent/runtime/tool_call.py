@@ -30,6 +30,7 @@ from kxen_agent.session.status import OpSource, OpState, RunStatus
 
 from .answer_check import parse_arguments
 from .approvals import needs_approval, plan_approval
+from .commit_trailer import commit_trailer_for
 from .events import Activity, ToolFinished, ToolStarted
 from .mcp_procs import reap_orphans
 from .mcp_tools import McpTool, RunMcp, pid_dir
@@ -229,6 +230,8 @@ class ToolTurn:
             before = self.checkpoint(f"{self.run} before {op}", before=True)
             if before is not None:
                 base[ckpt.BEFORE_KEY] = before
+        # Its hooks directory written (or checked) before Started: a failure there runs nothing.
+        trailer = commit_trailer_for(self.store, policy, name, self.ses, assistant.oid) if runs_effect else None
         self.journal_write([dict(base, state=OpState.STARTED, source=OpSource.TOOL)],
                            reason=f"run {self.run}: {op} started")
         self.fault("tool:after-started")
@@ -245,6 +248,7 @@ class ToolTurn:
                 cancel=self.r.cancel,
                 secret_env_names=tuple(n for n in [self.agent.get("api_key_env")] if n),
                 env_keep=env_keep_of(self.agent),
+                commit_trailer=trailer,
             )
             # A holder paused past its expiry between Started and here must not
             # run the effect: the new holder may already have called it UNKNOWN

@@ -34,6 +34,7 @@ Format (paths relative to the definition file)::
     checkpoint_max_bytes = 268435456     # ... and past this many bytes of them in all, 0 .. 1 TiB (version 5)
     instructions = ["AGENTS.md"]         # project instruction file names read at run start (version 6 if not this)
     no_terminal = "pause"                # a call to approve with nobody to ask: "pause" the run, or "refuse" (6)
+    commit_trailer = false               # true: the shell's commits get "Kxen-Session: <ses>@<msg>" (6)
     [mcp.servers.git]                    # MCP servers (version 6, §14.15; parsed by :mod:`.mcp_def`)
     command = "mcp-server-git"           # or url = "https://..." (streamable HTTP)
     args = ["--repository", "."]
@@ -47,7 +48,7 @@ The lock is format version :data:`LOCK_VERSION` (6, ``objects_spec.md``
 ``max_file_bytes``, or a checkpoint key only version 5 has: ``checkpoints``,
 ``checkpoint_max_file_bytes``, ``checkpoint_max_files``,
 ``checkpoint_max_bytes``, or a key only version 6 has, each only when set
-to other than its default: ``instructions``, ``no_terminal``, ``max_tokens``, ``temperature``,
+to other than its default: ``instructions``, ``no_terminal``, ``commit_trailer``, ``max_tokens``, ``temperature``,
 ``mcp`` servers, or the ``search`` tool): it records ``version`` and ``policy.env_keep`` (from 2) and may name
 the ``anthropic`` provider (from 3). A lock without ``version`` is version
 1, written before the shell tool dropped credential-looking variables: it
@@ -153,7 +154,7 @@ _POLICY_V4_INTS = {"max_tool_calls": (1, 10_000), "max_argument_bytes": (1024, 1
 _POLICY_V5_INTS = {"checkpoint_max_file_bytes": (0, 1 << 40), "checkpoint_max_files": (0, 10_000_000),
                    "checkpoint_max_bytes": (0, 1 << 40)}
 _POLICY_KEYS = (*_POLICY_DEFAULTS, "env_keep", "approve", "context_tokens", "model_timeout_s", *_POLICY_V4_INTS,
-                "checkpoints", *_POLICY_V5_INTS, "instructions", "no_terminal")
+                "checkpoints", *_POLICY_V5_INTS, "instructions", "no_terminal", "commit_trailer")
 #: ``[policy] no_terminal`` (§14.2, version 6): a call needing approval that nobody can be asked about waits
 #: (``pause``, the default: not recorded) or is refused (``refuse``: recorded).
 NO_TERMINAL = ("pause", "refuse")
@@ -162,14 +163,14 @@ _CONTEXT_TOKENS_RANGE = (1_000, 100_000_000)
 #: The agent lock's format version (§14.2): 2 added ``version`` and ``policy.env_keep``,
 #: 3 the ``anthropic`` provider, ``policy.approve`` and ``policy.context_tokens``, 4 the answer limits,
 #: 5 the workspace checkpoint keys, 6 ``mcp`` (§14.15), ``policy.instructions``, ``policy.no_terminal``,
-#: ``max_tokens``/``temperature`` and the ``search`` tool.
+#: ``policy.commit_trailer`` (§14.17), ``max_tokens``/``temperature`` and the ``search`` tool.
 LOCK_VERSION = 6
 #: ``policy`` keys only a version-4 lock has (its limits; absent, the defaults).
 POLICY_V4_KEYS = ("model_timeout_ms", "max_tool_calls", "max_argument_bytes", "max_file_bytes")
 #: ``policy`` keys only a version-5 lock has (workspace checkpoints; absent, on with the default bounds).
 POLICY_V5_KEYS = ("checkpoints", *_POLICY_V5_INTS)
 #: ``policy`` keys only a version-6 lock has, each written only when the definition sets it (absent: the default).
-POLICY_V6_KEYS = ("instructions", "no_terminal")
+POLICY_V6_KEYS = ("instructions", "no_terminal", "commit_trailer")
 #: Top-level lock keys only a version-6 lock has, each written only when the definition sets it.
 LOCK_V6_KEYS: tuple[str, ...] = ("max_tokens", "temperature", "mcp")
 #: ``[model] max_tokens``: the most tokens one answer may hold (the server's own limit still applies).
@@ -459,6 +460,12 @@ def _policy(source: str, doc: dict[str, Any]) -> dict[str, int]:
                                        f"{table['no_terminal']!r}")
         if table["no_terminal"] != "pause":  # the default is not recorded: the lock stays what it was
             policy["no_terminal"] = table["no_terminal"]
+    if "commit_trailer" in table:
+        if not isinstance(table["commit_trailer"], bool):
+            raise AgentDefinitionError(source, "policy.commit_trailer",
+                                       f"expected true or false, got {_type_name(table['commit_trailer'])}")
+        if table["commit_trailer"]:  # false, the default, is not recorded: the lock stays what it was
+            policy["commit_trailer"] = True
     return policy
 
 

@@ -205,6 +205,8 @@ def _agent(v: Any) -> Links:
         f.text("temperature", optional=True, match=re.compile(r"(?:[0-1](?:\.[0-9]{1,3})?|2(?:\.0{1,3})?)"))
     if version >= 6 and "no_terminal" in p.d:  # §14.2: absent means "pause"
         p.text("no_terminal", one_of=("pause", "refuse"))
+    if version >= 6 and "commit_trailer" in p.d and type(p.d["commit_trailer"]) is not bool:  # §14.2, §14.17
+        raise SchemaViolation("key 'policy.commit_trailer' must be a bool")
     if version >= 3 and "approve" in p.d:
         approve = p.d["approve"]
         if type(approve) is not list or any(type(t) is not str or (t not in SIDE_EFFECT_TOOLS and t not in mcp_names)

@@ -477,7 +477,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
 
 #: What the top of a state dir holds (§1.3); ``FORMAT.tmp_…`` is a temp file (step 6).
 _TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", "steps", "cache", "git",
-                        "lost-found", "prompts", "mcp"})
+                        "lost-found", "prompts", "mcp", "hooks"})
 #: The Git mirror (§1.3, §16.7): Git's own repository, which ``git fsck`` checks; fsck does not look inside.
 _GIT_DIR = "git"
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).

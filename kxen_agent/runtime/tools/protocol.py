@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..commit_trailer import CommitTrailer
 from ..redaction import credential_env_values, redact, tool_environment
 
 __all__ = [
@@ -79,6 +80,9 @@ class ToolContext:
     env_keep: tuple[str, ...] | None = None
     #: ``[policy] max_file_bytes``: the most a file tool reads or writes of one file.
     max_file_bytes: int = 8 << 20
+    #: ``[policy] commit_trailer`` (:mod:`..commit_trailer`): what the shell's child gets so that its
+    #: commits name the session and message; None when off.
+    commit_trailer: CommitTrailer | None = None
 
     def secret_values(self) -> list[str]:
         """The values to redact: the secret variables', and the credential-looking ones' (§14.11)."""
@@ -87,7 +91,8 @@ class ToolContext:
 
     def environment(self) -> dict[str, str]:
         """The environment a tool's process gets (:func:`~kxen_agent.runtime.redaction.tool_environment`)."""
-        return tool_environment(os.environ, self.env_keep, self.secret_env_names)
+        env = tool_environment(os.environ, self.env_keep, self.secret_env_names)
+        return self.commit_trailer.apply(env) if self.commit_trailer is not None else env
 
 
 @runtime_checkable
