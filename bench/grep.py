@@ -1,6 +1,7 @@
 """``kxen-agent session grep`` against ``rg`` over the same messages exported as JSON Lines (issue #30).
 
     .venv/bin/python -m bench.grep [--messages 100000] [--sessions 10] [--repeats 7] [--dir DIR] [--keep]
+                                   [--before SRC]
 
 Builds a state dir of ``--sessions`` sessions holding ``--messages``
 messages in all (``bench/_content.py``: a coding agent's conversations,
@@ -13,6 +14,14 @@ expression, and ``-l``. CPU time (user + sys of the child) is the figure
 that holds on a loaded machine; wall time is shown beside it. Also: the
 first search of a state dir (it writes the index), the index's size, and
 the start-up floor (``python -c pass``, ``kxen-agent --version``).
+
+``--before SRC``: a source tree of an earlier kxen-agent (``git archive
+COMMIT | tar -x -C SRC``), timed in the same rounds as a third process
+(``PYTHONPATH=SRC``) on a copy of the state dir made of hard links (a
+search writes only its cache, which each copy keeps for itself: the two
+versions' index formats may differ). The commands run with bytecode
+caches (a warm-up run writes them), as an installed package has them:
+``PYTHONDONTWRITEBYTECODE`` is dropped from their environment.
 
 Needs ``rg`` on PATH (``apt-get install ripgrep``). The target: CPU time
 of the whole process <= 3x ``rg``'s.
@@ -45,7 +54,8 @@ def _child_cpu() -> float:
 def _time(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     """(cpu s, wall s, stdout lines) of one run of ``cmd``."""
     c0, w0 = _child_cpu(), time.perf_counter()
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Not run from the source tree: `python -m` puts the working directory first on sys.path, before PYTHONPATH.
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
     wall, cpu = time.perf_counter() - w0, _child_cpu() - c0
     if p.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} -> {p.returncode}: {p.stderr.decode()[-2000:]}")
@@ -94,16 +104,15 @@ def export_jsonl(state: Path, out: Path) -> int:
 
 def search_phase(state: Path, pattern: str, regex: bool, repeats: int, sessions_only: bool = False) -> float:
     """CPU seconds of the search alone, in this process (modules imported, the index up to date): median."""
-    from kxen_agent.cli.grep_cmds import matcher
+    from kxen_agent.cli.grep_lean import matcher
     from kxen_agent.session.grep_index import search
-    from kxen_agent.session.sessions import SessionStore
     from kxen_agent.store import Store
 
     match = matcher(pattern, regex=regex, ignore_case=False)
     out = []
     for _ in range(repeats):
         t0 = time.process_time()
-        search(SessionStore(Store(str(state))), match, sessions_only=sessions_only)
+        search(Store(str(state)), match, sessions_only=sessions_only)
         out.append(time.process_time() - t0)
     return statistics.median(out)
 
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--before", default=None, metavar="SRC", help="an earlier source tree, timed alongside")
     a = ap.parse_args(argv)
     rg = shutil.which("rg")
     if rg is None:
@@ -124,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     state, ws, jsonl = work / "state", work / "ws", work / "messages.jsonl"
     env = dict(os.environ, KXEN_AGENT_STATE_DIR=str(state), PYTHONPATH=str(ROOT))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    before_state = work / "state-before"
+    before_env = None
+    if a.before:
+        before_env = dict(env, KXEN_AGENT_STATE_DIR=str(before_state), PYTHONPATH=str(Path(a.before).resolve()))
     try:
         if not state.exists():
             ws.mkdir(exist_ok=True)
@@ -134,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         size = export_jsonl(state, jsonl)
         cache = state / "cache" / "grep"
         shutil.rmtree(cache, ignore_errors=True)
+        _time([*KXEN, "--version"], env)  # bytecode of the CLI, written once (as an installed package has it)
         first = _time([*KXEN, "session", "grep", "-l", "zzz-not-there"], env)
         index_bytes = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+        if before_env is not None:
+            # Hard links: a search writes only its own cache (left out); the objects, refs and logs are shared.
+            shutil.rmtree(before_state, ignore_errors=True)
+            shutil.copytree(state, before_state, copy_function=os.link,
+                            ignore=lambda d, names: ["cache"] if Path(d) == state else [])
+            _time([*KXEN, "session", "grep", "-l", "zzz-not-there"], before_env)  # its index, and bytecode
         cases = [
             ("rare literal", ["Traceback"], ["Traceback"]),
             ("common literal", ["assert"], ["assert"]),
@@ -144,36 +166,39 @@ def main(argv: list[str] | None = None) -> int:
         ]
         rows = []
         for title, kargs, rargs in cases:
-            k_runs, r_runs = [], []
-            for _ in range(a.repeats):  # alternating, so load hits both alike
+            k_runs, r_runs, b_runs = [], [], []
+            for _ in range(a.repeats):  # alternating, so load hits all alike
                 k_runs.append(_time([*KXEN, "session", "grep", *kargs], env))
                 r_runs.append(_time([rg, *rargs, str(jsonl)], env))
+                if before_env is not None:
+                    b_runs.append(_time([*KXEN, "session", "grep", *kargs], before_env))
             kc, kw = statistics.median(r[0] for r in k_runs), statistics.median(r[1] for r in k_runs)
             rc, rw = statistics.median(r[0] for r in r_runs), statistics.median(r[1] for r in r_runs)
+            bc = statistics.median(r[0] for r in b_runs) if b_runs else None
             phase = search_phase(state, kargs[-1], kargs[0] == "-E", a.repeats, sessions_only=kargs[0] == "-l")
-            rows.append((title, kc, kw, rc, rw, k_runs[0][2], r_runs[0][2], phase))
+            rows.append((title, kc, kw, rc, rw, k_runs[0][2], r_runs[0][2], phase, bc))
         floor = [_time([sys.executable, "-c", "pass"], env) for _ in range(a.repeats)]
         version = [_time([*KXEN, "--version"], env) for _ in range(a.repeats)]
         load = os.getloadavg()
         print(f"\n{a.messages:,} messages, {a.sessions} sessions; JSONL {size / 1e6:.1f} MB; index "
               f"{index_bytes / 1e6:.1f} MB; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
               f"median of {a.repeats}\n")
-        print("| search | kxen CPU | rg CPU | ratio (CPU) | kxen wall | rg wall | search alone (CPU, in-process) "
-              "| alone / rg | lines kxen / rg | target | met |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for title, kc, kw, rc, rw, kl, rl, phase in rows:
+        had = before_env is not None
+        print("| search | " + ("before CPU | before / rg | " if had else "") + "kxen CPU | rg CPU | ratio (CPU) | "
+              "kxen wall | rg wall | search alone (CPU, in-process) | alone / rg | lines kxen / rg | target | met |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if had else ""))
+        for title, kc, kw, rc, rw, kl, rl, phase, bc in rows:
             ratio = kc / rc if rc > 0 else float("inf")
             alone = phase / rc if rc > 0 else float("inf")
-            print(f"| {title} | {kc * 1000:.0f} ms | {rc * 1000:.0f} ms | {ratio:.1f}x | {kw * 1000:.0f} ms | "
+            was = f"{bc * 1000:.0f} ms | {bc / rc if rc > 0 else float('inf'):.1f}x | " if bc is not None else ""
+            print(f"| {title} | {was}{kc * 1000:.0f} ms | {rc * 1000:.0f} ms | {ratio:.1f}x | {kw * 1000:.0f} ms | "
                   f"{rw * 1000:.0f} ms | {phase * 1000:.0f} ms | {alone:.1f}x | {kl} / {rl} | <= {TARGET:.0f}x | "
                   f"{'met' if ratio <= TARGET else '**MISSED**'} |")
-        blank = "| | | | | | "
-        print(f"| first search (writes the index) | {first[0] * 1000:.0f} ms | | | {first[1] * 1000:.0f} ms "
-              f"{blank}(context) | |")
-        print(f"| start-up floor: `python -c pass` | {statistics.median(r[0] for r in floor) * 1000:.0f} ms | | | "
-              f"{statistics.median(r[1] for r in floor) * 1000:.0f} ms {blank}(context) | |")
-        print(f"| start-up: `kxen-agent --version` | {statistics.median(r[0] for r in version) * 1000:.0f} ms | | | "
-              f"{statistics.median(r[1] for r in version) * 1000:.0f} ms {blank}(context) | |")
+        pre, blank = (" | |" if had else ""), "| | | | | | "  # the figure in the kxen CPU and wall columns
+        for title, runs in (("first search (writes the index)", [first]), ("start-up floor: `python -c pass`", floor),
+                            ("start-up: `kxen-agent --version`", version)):
+            cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            print(f"| {title}{pre} | {cpu * 1000:.0f} ms | | | {wall * 1000:.0f} ms {blank}(context) | |")
     finally:
         if not a.keep and a.dir is None:
             shutil.rmtree(work, ignore_errors=True)

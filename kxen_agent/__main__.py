@@ -1,5 +1,5 @@
 """``python -m kxen_agent``: the same as the ``kxen-agent`` command."""
 
-from kxen_agent.cli.main import entry
+from kxen_agent.cli.start import entry
 
 entry()

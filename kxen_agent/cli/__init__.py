@@ -8,6 +8,7 @@ on stderr and its exit code. :func:`entry` is the console script.
 
 Modules, one line each:
 
+- :mod:`.start` — the console script: ``session grep`` without typer (:mod:`.grep_lean`), the rest to :mod:`.main`;
 - :mod:`.main` — the root command, the command groups (loaded on first
   use), each error mapped to one line and its exit code, :func:`entry`;
 - :mod:`.run_cmds` — ``kxen-agent run``, ``--resume`` and ``run show/resolve``;
@@ -19,6 +20,7 @@ Modules, one line each:
 - :mod:`.names_cmds` — ``session rename``: a session's name, taken wherever its id is;
 - :mod:`.tree_view` — ``session tree`` drawn as ``git log --graph`` draws branches;
 - :mod:`.grep_cmds` — ``session grep``: full-text search over every session's messages;
+- :mod:`.grep_lean` — ``session grep``'s work, and its command line read without typer;
 - :mod:`.which_cmds` — ``session which COMMIT``: the tool call that made a Git commit;
 - :mod:`.share_cmds` — ``session import --trust``: a bundle signed by an allowed signer, accepted in one step;
 - :mod:`.checkpoint_cmds` — ``session diff`` and the checkpoint lines of ``session show`` and ``run show``;
@@ -39,6 +41,6 @@ Modules, one line each:
 
 from __future__ import annotations
 
-from .main import entry
+from .start import entry  # imports neither typer nor the commands until a command line is read
 
 __all__ = ["entry"]

@@ -15,8 +15,6 @@ import re
 import sys
 from typing import Any, Iterator
 
-import typer
-
 # What a terminal acts on instead of showing: C0 controls, DEL and C1
 # controls (ESC starts escape sequences; U+009B is an 8-bit CSI), the line
 # and paragraph separators, and the bidirectional marks, embeddings,
@@ -97,10 +95,14 @@ def emit_json(value: Any) -> None:
 
 
 def out(line: str = "") -> None:
+    import typer  # here, not at the top: `session grep`'s lean start (grep_lean.py) renders without typer
+
     typer.echo(line)
 
 
 def err(line: str) -> None:
+    import typer
+
     Progress.clear()  # an error line never lands after a counter on the same line
     typer.echo(line, err=True)
 

@@ -390,4 +390,9 @@ def _stdout_swapped_for_devnull(before: tuple[int, int] | None) -> bool:
 
 
 def entry() -> None:  # pragma: no cover - console script shim
-    sys.exit(main())
+    # The console script is start.entry (no typer before a command line is read); a script installed before
+    # it still gives `session grep` its lean way, without the command groups.
+    from .grep_lean import main as lean
+
+    code = lean(sys.argv[1:])
+    sys.exit(main() if code is None else code)

@@ -116,8 +116,9 @@ def test_the_spec_example_is_the_encoding() -> None:
     block = spec.split("grep-index: two-messages\nbytes: ", 1)[1].split("\n", 1)[0]
     made = encode_index([(b"\x11" * 32, 1700000000000000000, 0, "user", b"fix the failing test\n"),
                          (b"\x22" * 32, 1700000000000000000, 1, "tool", b"pytest -q\n1 failed\n")],
-                        base_ses=None, base_seq=-1, base_id=None, head_id=b"\x22" * 32)
-    assert made.hex() == block and len(made) == 337
+                        base_ses=None, base_seq=-1, base_id=None, head_id=b"\x22" * 32, meta_id=b"\x33" * 32,
+                        created_ns=1690000000000000000)
+    assert made.hex() == block and len(made) == 433
     f = parse_index("ses_x", made)
     assert [e[3] for e in f.entries()] == ["user", "tool"] and f.id_at_seq(1) == b"\x22" * 32
 

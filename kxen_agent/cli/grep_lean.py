@@ -1,0 +1,209 @@
+"""``session grep``'s work, and its lean start: the command line read and the search run without typer.
+
+``kxen-agent session grep`` is measured as a whole process against ``rg``
+(issue #30, ``bench/grep.py``), and importing typer, the root command and
+the ``session`` group costs more than a search through the index does.
+So the console script (:mod:`.start`) hands a ``session grep`` command
+line to :func:`main` before anything else is imported: :func:`parse`
+reads the command lines that click would read into values (options before
+or after PATTERN, ``--opt=value`` and ``--opt value``, a cluster of short
+flags such as ``-il``, ``-sSES``) and :func:`grep` runs the search. Any
+other command line (``--help``, ``--``, an unknown option, a missing or
+an extra PATTERN, an option's value that begins with ``-``,
+``KXEN_AGENT_IO_FAULT`` set) gets None from :func:`parse` and goes
+through typer like every other command, so that its messages are click's
+own. The typer command (:mod:`.grep_cmds`) calls the same :func:`grep`:
+one search, one output, one set of errors, whichever way in
+(``tests/session/test_grep_lean.py`` holds the two ways equal).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from kxen_agent.errors import KxenError, UsageError
+
+# ._render (json, its regular expressions) is imported where it is needed: not for printable lines.
+
+__all__ = ["grep", "main", "matcher", "parse"]
+
+#: The options of ``session grep`` (grep_cmds.grep_cmd declares them for typer): flag -> parameter.
+_FLAGS = {"--regex": "regex", "-E": "regex", "--ignore-case": "ignore_case", "-i": "ignore_case",
+          "-l": "sessions_only", "--sessions-with-matches": "sessions_only", "--json": "json_out"}
+#: Options that take a value -> parameter (``--role`` and ``--session`` repeatable, ``--since`` the last given).
+_VALUES = {"--role": "role", "--session": "session", "-s": "session", "--since": "since"}
+
+
+def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
+    """``first(buf, pos, end)``: where the first match in ``buf[pos:end]`` begins, -1 if none. A plain
+    pattern is found as bytes (``bytes.find``); a search resumes after the line of the last match."""
+    raw = pattern.encode("utf-8")
+    if "\n" in pattern:
+        raise UsageError("a pattern matches within one line; give it without a newline")
+    if not regex and not ignore_case:
+        def find(buf: Any, pos: int, end: int) -> int:
+            return buf.find(raw, pos, end)
+        return find
+    try:
+        rx = re.compile(raw if regex else re.escape(raw), re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
+    except re.error as e:
+        raise UsageError(f"--regex {pattern!r} is not a regular expression: {e}") from None
+    search = rx.search
+
+    def first(buf: Any, pos: int, end: int) -> int:
+        m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+        return -1 if m is None else m.start()
+    return first
+
+
+def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: Sequence[str] = (),
+         session: Sequence[str] = (), since: Optional[str] = None, sessions_only: bool = False,
+         json_out: bool = False) -> int:
+    """Search and print (see ``grep_cmds.grep_cmd``); 0 when something matched, 1 when nothing did."""
+    from kxen_agent.session.grep_index import NS, ROLES, search
+    from kxen_agent.store import Store
+
+    bad = [r for r in role if r not in ROLES]
+    if bad:
+        raise UsageError(f"--role {bad[0]!r}: expected one of {', '.join(ROLES)}")
+    match = matcher(pattern, regex=regex, ignore_case=ignore_case)
+    if since is not None:
+        from ._args import since_ns
+
+        cutoff: int | None = since_ns(since)
+    else:
+        cutoff = None
+    store = Store.open(namespaces=(NS,))
+    if not store.exists:
+        hits: list = []
+    else:
+        only = None
+        if session:
+            from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+
+            sessions = SessionStore(store)
+            only = {sessions.resolve_id(s) for s in session}
+
+        def damaged(group: str, e: Exception) -> None:
+            from ._render import err, term_text as t
+
+            err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
+                "`kxen-agent fsck` checks the state dir")
+
+        hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
+                                sessions_only=sessions_only, on_damaged=damaged)
+    matched = sorted({s for h in hits for s in h.sessions})
+    if json_out:
+        from ._render import emit_json
+
+        emit_json({"pattern": pattern, "sessions": matched, "matches": [] if sessions_only else [
+            {"message": "msg_" + h.message.hex(), "sessions": list(h.sessions), "role": h.role,
+             "dateNs": h.date_ns or None, "seq": h.seq, "lineNumber": h.line_no, "line": h.line} for h in hits]})
+    elif sessions_only:
+        sys.stdout.write("".join(s + "\n" for s in matched))  # ids: ses_ and letters and digits, nothing to escape
+    else:
+        # One write, not an echo per line: a common word can match tens of thousands of lines.
+        dates: dict[int, str] = {0: "-"}
+        lines = []
+        for h in hits:
+            when = dates.get(h.date_ns)
+            if when is None:
+                when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
+            # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
+            line = h.line if h.line.isascii() and h.line.isprintable() else _term(h.line)
+            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {line}\n")
+        sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+    return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+
+
+def _term(line: str) -> str:
+    from ._render import term_text
+
+    return term_text(line, quote=False)
+
+
+def parse(args: list[str]) -> dict[str, Any] | None:
+    """:func:`grep`'s keyword arguments from ``session grep``'s arguments, as click reads them; None for a
+    command line that only typer and click can answer (help, a usage error)."""
+    got: dict[str, Any] = {"regex": False, "ignore_case": False, "sessions_only": False, "json_out": False,
+                           "role": [], "session": [], "since": None}
+    patterns: list[str] = []
+    rest = list(args)
+    rest.reverse()  # popped from the end: the next argument
+
+    def value(name: str, v: str) -> bool:
+        if v.startswith("-"):
+            return False  # click would take it as the value; what was meant is click's to say
+        if name == "since":
+            got["since"] = v
+        else:
+            got[name].append(v)
+        return True
+
+    while rest:
+        a = rest.pop()
+        if a.startswith("--"):
+            name, eq, v = a.partition("=")
+            if name in _FLAGS and not eq:
+                got[_FLAGS[name]] = True
+            elif name in _VALUES and (eq or rest):
+                if not value(_VALUES[name], v if eq else rest.pop()):
+                    return None
+            else:
+                return None  # "--" itself, --help, an unknown option, a flag given a value, a value missing
+        elif a.startswith("-") and len(a) > 1:
+            for i in range(1, len(a)):
+                opt = "-" + a[i]
+                if opt in _FLAGS:
+                    got[_FLAGS[opt]] = True
+                    continue
+                if opt in _VALUES and (i + 1 < len(a) or rest):
+                    if not value(_VALUES[opt], a[i + 1:] if i + 1 < len(a) else rest.pop()):
+                        return None
+                    break
+                return None  # -h, an unknown letter, a value missing
+        elif a == "-":
+            return None
+        else:
+            patterns.append(a)
+    if len(patterns) != 1:
+        return None  # PATTERN missing, or an extra argument: click's usage error
+    got["pattern"] = patterns[0]
+    return got
+
+
+def main(args: list[str]) -> int | None:
+    """The exit code of ``kxen-agent ARGS`` when ARGS is a ``session grep`` command line :func:`parse`
+    reads, errors printed as ``main.main`` prints them; None for any other (typer's to run)."""
+    if args[:2] != ["session", "grep"] or os.environ.get("KXEN_AGENT_IO_FAULT"):
+        return None  # a fault spec is checked (and a bad one refused) by main.main
+    opts = parse(args[2:])
+    if opts is None:
+        return None
+    try:
+        return grep(**opts)
+    except KxenError as e:
+        from ._render import err
+
+        err(f"kxen-agent: error: {_term(str(e))}")
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130  # as typer returns it from inside a command: no line
+    except BrokenPipeError:
+        # The reader (`| head`) went away: exit as git does, and leave nothing for the exit's flush to fail on.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    except OSError as e:
+        from ._errors import os_error_line
+        from ._render import err
+
+        err(f"kxen-agent: error: {_term(os_error_line(e))}")
+        return 1
