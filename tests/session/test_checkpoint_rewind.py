@@ -139,6 +139,16 @@ def test_a_kill_while_restoring_then_undo(scene: Scene) -> None:
 
 
 def test_fork_worktree_with_code(scene: Scene) -> None:
+    head = git(scene.ws, "rev-parse", "HEAD").strip()
+    try:
+        _fork_worktree_with_code(scene)
+    finally:  # the module's other tests expect the workspace's HEAD as the scene made it
+        subprocess.run(["git", "-C", str(scene.ws), "reset", "-q", "--soft", head], check=True)
+        subprocess.run(["git", "-C", str(scene.ws), "rm", "-q", "--cached", "later.txt"], check=False)
+        (scene.ws / "later.txt").unlink(missing_ok=True)
+
+
+def _fork_worktree_with_code(scene: Scene) -> None:
     (scene.ws / "later.txt").write_text("committed later\n")
     git(scene.ws, "add", "later.txt")
     git(scene.ws, "commit", "-q", "-m", "later")
