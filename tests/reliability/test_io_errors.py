@@ -139,10 +139,13 @@ def _known(name: str, key: tuple, nth: int) -> bool:
 
 
 def _fault_then_crash(name: str, key: tuple, nth: int, policies: tuple[str, ...] | None = None,
-                      prepared: Prepared | None = None, ios: list[TracingIO] | None = None):
+                      prepared: Prepared | None = None, ios: list[TracingIO] | None = None,
+                      from_the_fault: bool = False):
     """Explore fault + retry: the durable-only states (long mode: process-kill states too, and recovery).
 
     ``ios``: the traced FileIO is appended to it (to look at the trace afterwards).
+    ``from_the_fault`` (outside the long mode): only the crash points from the fault on; the earlier
+    ones are those of a clean run of the workload, which test_power_loss.py explores with every policy.
     """
     w = FaultThenRetry(prepared.workload if prepared else _workload(name), key, nth)
     if policies is None:
@@ -155,7 +158,8 @@ def _fault_then_crash(name: str, key: tuple, nth: int, policies: tuple[str, ...]
         return io
 
     rep = explore(w, policies=policies, subsets=False, recover_sample=5 if long_mode() else 0, recover_sync=False,
-                  prepared=prepared, io_factory=traced)
+                  prepared=prepared, io_factory=traced,
+                  skip_before=(lambda: w.fault_at) if from_the_fault and not long_mode() else None)
     return w, rep
 
 
@@ -168,7 +172,8 @@ def test_after_an_io_error_the_retry_is_crash_safe() -> None:
 
     Normal suite: the first occurrence of each distinct operation of the fork, import, gc and
     loose workloads (an operation failed in one workload is not failed again in the next),
-    durable-only crash states. Long mode: the first three occurrences of every operation in
+    durable-only crash states from the fault on (before it, the trace is a clean run's, which
+    test_power_loss.py explores). Long mode: the first three occurrences of every operation in
     every workload, with the process-kill states and sampled recovery too.
     """
     names = [w.name for w in all_workloads()] if long_mode() else ["import-fresh", "fork", "gc", "loose"]
@@ -184,7 +189,7 @@ def test_after_an_io_error_the_retry_is_crash_safe() -> None:
         states = 0
         with Prepared(_workload(name)) as prepared:
             for key, nth in points:
-                w, rep = _fault_then_crash(name, key, nth, prepared=prepared)
+                w, rep = _fault_then_crash(name, key, nth, prepared=prepared, from_the_fault=True)
                 states += rep.states
                 if not w.fired:
                     continue  # random ids: this run had no such operation
