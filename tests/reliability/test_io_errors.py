@@ -370,6 +370,10 @@ def test_the_plain_file_io_is_unchanged() -> None:
             parse_fault_spec(bad)
 
 
+#: The first operation N of the second run whose persistent failure leaves that run recorded (below).
+_FIRST_RECORDED: dict[str, int] = {}
+
+
 @pytest.mark.parametrize("errno_name", ["ENOSPC", "EIO"])
 def test_a_run_its_disk_stopped_is_listed_as_interrupted_and_resumes(errno_name: str, cli: Cli, tmp_path: Path) -> None:
     """The disk fails for good in the middle of a run: the process exits (1, one line); the run's
@@ -401,8 +405,18 @@ def test_a_run_its_disk_stopped_is_listed_as_interrupted_and_resumes(errno_name:
         return sum(1 for name in refs if name.startswith("runs/"))
 
     lo, hi = 1, 300
-    second_run_at(hi)
-    assert runs_recorded() == 2, "the second run writes fewer than 300 operations"
+    # The N found is the same for either errno (the operations before the fault are): found by the
+    # other variant in this process, it is checked at N and N - 1 (two probes, not nine) instead.
+    known = _FIRST_RECORDED.get("second run")
+    if known is not None and known > 1:
+        second_run_at(known)
+        if runs_recorded() == 2:
+            second_run_at(known - 1)
+            if runs_recorded() != 2:
+                lo = hi = known
+    if lo < hi:
+        second_run_at(hi)
+        assert runs_recorded() == 2, "the second run writes fewer than 300 operations"
     while lo < hi:
         mid = (lo + hi) // 2
         second_run_at(mid)
@@ -410,6 +424,7 @@ def test_a_run_its_disk_stopped_is_listed_as_interrupted_and_resumes(errno_name:
             hi = mid
         else:
             lo = mid + 1
+    _FIRST_RECORDED["second run"] = lo
     p = second_run_at(lo)
     runs = cli.session_show(ses)["runs"]
     assert len(runs) == 2 and not runs[-1]["settled"], f"no fault point left the second run unsettled: {runs}"
