@@ -69,9 +69,9 @@ class _Shared:
 
 @pytest.fixture(scope="module")
 def _shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Shared]:
-    """One remote over ``git://`` (as the ``served`` fixture makes it) and one pair (a ran, pushed; b pulled),
-    set up once for the module:
-    ~2 s of CPU per test (two clones, a run, a push, a pull) that each test then gets back as it was."""
+    """One remote over ``git://`` (as the ``served`` fixture makes it) and one pair (a ran, pushed; b
+    pulled), set up once for the module: ~2 s of CPU per test (two clones, a run, a push, a pull) that
+    each test then gets back as it was."""
     work = tmp_path_factory.mktemp("remote-lease")
     base = work / "served"
     base.mkdir()
