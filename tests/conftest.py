@@ -35,6 +35,26 @@ _WARM = ("kxen_agent.cli.main", "kxen_agent.cli.run_cmds", "kxen_agent.cli.sessi
          "anthropic", "openai")
 
 
+def _warm_already(cache: str) -> bool:
+    """Whether an earlier session filled ``cache``: the CLI's entry module and the heaviest SDK each have
+    bytecode there no older than their source (a source edited since is compiled by its first user)."""
+    import importlib.util
+
+    sources = [os.path.join(_ROOT, "kxen_agent", "cli", "main.py")]
+    spec = importlib.util.find_spec("anthropic")  # a top-level name: found, not imported
+    if spec is not None and spec.origin:
+        sources.append(spec.origin)
+    for src in sources:
+        head, name = os.path.split(os.path.abspath(src))
+        pyc = os.path.join(cache, head.lstrip(os.sep), f"{name[:-3]}.{sys.implementation.cache_tag}.pyc")
+        try:
+            if os.stat(pyc).st_mtime < os.stat(src).st_mtime:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _bytecode_cache(config: pytest.Config) -> None:
     """Under ``PYTHONDONTWRITEBYTECODE`` every CLI process the tests start would compile all of
     kxen_agent from source (a third of a ``session show``'s CPU). Set by the process that starts
@@ -43,7 +63,7 @@ def _bytecode_cache(config: pytest.Config) -> None:
     nothing written next to the sources, and each module compiled once. Python checks each cached
     file against its source, so the CLI runs the same code; only its start is cheaper. A process
     started in the background fills the cache while the workers start, so that the first tests'
-    processes do not all compile the same modules at once.
+    processes do not all compile the same modules at once (not when an earlier session filled it).
     """
     if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
         return
@@ -58,13 +78,16 @@ def _bytecode_cache(config: pytest.Config) -> None:
         config.add_cleanup(lambda: __import__("shutil").rmtree(cache, ignore_errors=True))
     os.environ["PYTHONPYCACHEPREFIX"] = cache
     del os.environ["PYTHONDONTWRITEBYTECODE"]
-    code = "import importlib\nfor m in %r:\n    try: importlib.import_module(m)\n    except ImportError: pass" % (_WARM,)
-    warm = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    warm = None
+    if not _warm_already(cache):  # importing them all again costs ~3 s of CPU for nothing
+        code = "import importlib\nfor m in %r:\n    try: importlib.import_module(m)\n    except ImportError: pass" % (_WARM,)
+        warm = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
 
     def restore() -> None:
-        warm.kill()
-        warm.wait()
+        if warm is not None:
+            warm.kill()
+            warm.wait()
         del os.environ["PYTHONPYCACHEPREFIX"]
         os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 

@@ -528,6 +528,7 @@ def explore(
     recover_sync: bool = True,
     prepared: "Prepared | None" = None,
     stop_when: Callable[[str], bool] | None = None,
+    skip_before: Callable[[], int] | None = None,
 ) -> CrashReport:
     """Trace ``workload`` once, then check the crash states of every prefix of its trace.
 
@@ -544,7 +545,8 @@ def explore(
     a crash point between two ``mkdir`` of one directory is skipped (:func:`_inside_sibling_mkdirs`).
     ``stop_when``: stop at the first failure it accepts (a self-test that only needs to see the
     simulator catch a broken store). ``io_factory`` makes the tracing
-    FileIO (the suite's self-tests pass deliberately broken ones).
+    FileIO (the suite's self-tests pass deliberately broken ones). ``skip_before``: asked once the
+    workload has run, the first crash point to explore (the earlier ones count as skipped).
     """
     long = long_mode() if long is None else long
     if random_per_point is None:
@@ -591,10 +593,14 @@ def explore(
         checker = Checker(workload, trace, rec, init_groups, states)
         rng = random.Random(seed)
         sampled_recoveries = 0
+        start = skip_before() if skip_before is not None else 0
         with quiet_lease():
             for k in range(len(ops) + 1):
                 if stop_when is not None and any(stop_when(f) for f in rep.failures):
                     break
+                if k < start:
+                    rep.skipped += 1
+                    continue
                 if not long and _inside_sibling_mkdirs(ops, k):
                     rep.skipped += 1
                     continue

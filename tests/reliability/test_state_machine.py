@@ -47,8 +47,8 @@ from kxen_agent.store.refs import ReflogEntry, format_reflog_line
 from kxen_agent.store.steps import StepTx, TxUpdate, encode_record
 from tests.helpers import depth
 
-#: 10 examples by default (each a fresh pair of state dirs); KXEN_TEST_LONG=1: 20, as before.
-EXAMPLES = int(os.environ.get("KXEN_STATE_MACHINE_EXAMPLES") or depth(fast=10, long=20))
+#: 6 examples by default (each a fresh pair of state dirs, ~1.5 s of CPU); KXEN_TEST_LONG=1: 20, as before.
+EXAMPLES = int(os.environ.get("KXEN_STATE_MACHINE_EXAMPLES") or depth(fast=6, long=20))
 STEPS_PER_EXAMPLE = int(os.environ.get("KXEN_STATE_MACHINE_STEPS", "25"))
 
 BIG = "x" * 1500  # a tool output past the 1 KiB blob threshold

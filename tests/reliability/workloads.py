@@ -583,6 +583,9 @@ class FaultThenRetry(Workload):
         self.name = f"{inner.name}+{errno.errorcode[err]}@{kind}:{path}#{nth}"
         self.allow_pruned_objects = inner.allow_pruned_objects
         self.fired = False
+        #: Operations of the trace completed when the fault fired: the crash points up to here are those
+        #: of a clean run of ``inner`` (what tests/reliability/test_power_loss.py explores).
+        self.fault_at = 0
 
     def setup(self, top: str, aux: str) -> None:
         self.inner.setup(top, aux)
@@ -601,6 +604,7 @@ class FaultThenRetry(Workload):
                 seen += 1
                 if seen == self.nth:
                     self.fired = True
+                    self.fault_at = len(getattr(io, "trace", ()))
                     raise OSError(self.err, os.strerror(self.err), path)
 
         io.hook = fail_once

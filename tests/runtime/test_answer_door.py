@@ -102,25 +102,31 @@ def test_the_loader_shows_a_pre_door_value_as_refused() -> None:
 
 # ==================================================================== end to end, OpenAI-compatible
 
-@pytest.mark.parametrize("arguments, why", [(DEEP, "nested more than 64 levels"),
-                                            (ESCAPED_SURROGATE, "lone surrogate"),
-                                            (RAW_SURROGATE, "lone surrogate")],
-                         ids=["1500-deep", "escaped-surrogate", "raw-surrogate"])
-def test_a_malformed_answer_becomes_a_tool_error_and_the_session_resumes(
-        okey: Cli, workspace: Path, tmp_path: Path, arguments: str, why: str) -> None:
+#: The malformed arguments of one answer, each with the word its tool error gives.
+MALFORMED = {"c_deep": (DEEP, "nested more than 64 levels"), "c_escaped": (ESCAPED_SURROGATE, "lone surrogate"),
+             "c_raw": (RAW_SURROGATE, "lone surrogate")}
+
+
+def test_malformed_answers_become_tool_errors_and_the_session_resumes(okey: Cli, workspace: Path,
+                                                                      tmp_path: Path) -> None:
+    # The three malformed kinds in one answer beside a good call (each was its own run and resume:
+    # three times the CPU, each process importing the SDK): each bad call is refused on its own.
     with FakeOpenAI() as server:
-        server.reply_tool_calls([("c_bad", "read_file", arguments), ("c_ok", "list_files", "{}")])
+        server.reply_tool_calls([(cid, "read_file", arguments) for cid, (arguments, _) in MALFORMED.items()]
+                                + [("c_ok", "list_files", "{}")])
         server.reply_content("went on")
         first = okey.run_json(workspace, "read it", agent(tmp_path, server.base_url), expect=0)
         res = first.json()
         assert (res["status"], res["result"]) == ("completed", "went on")
         results = tool_results(okey, res["session"])
-        assert results["c_bad"].startswith("invalid arguments for read_file: ") and why in results["c_bad"]
+        for cid, (_, why) in MALFORMED.items():
+            assert results[cid].startswith("invalid arguments for read_file: ") and why in results[cid], results
         assert "README" in results["c_ok"] or results["c_ok"], "the good call of the same answer ran"
         # The model was told on the next request, with arguments no SDK chokes on.
         sent = server.chat_requests()[1]["messages"]
-        call = next(m for m in sent if m["role"] == "assistant")["tool_calls"][0]
-        assert why in json.loads(call["function"]["arguments"])
+        calls = {c["id"]: c for c in next(m for m in sent if m["role"] == "assistant")["tool_calls"]}
+        for cid, (_, why) in MALFORMED.items():
+            assert why in json.loads(calls[cid]["function"]["arguments"]), calls[cid]
         server.clear()
         server.reply_content("again")
         later = okey.resume(res["session"], "--task", "once more", expect=0)

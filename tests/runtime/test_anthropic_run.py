@@ -92,56 +92,47 @@ def test_max_tokens_fails_the_run_and_records_nothing_of_the_answer(akey: Cli, s
     assert [m["role"] for m in akey.log(res["session"])] == ["user"]
 
 
-def test_overloaded_with_retry_after_is_retried(akey: Cli, server: FakeAnthropic, workspace: Path,
-                                                 tmp_path: Path) -> None:
+# Every run or resume of the anthropic provider imports its SDK (~2 s CPU): one run checks both
+# retried failures (an overload, then a dropped stream), one session both crashes (after a tool-use
+# turn, then after the final response).
+
+
+def test_overloaded_with_retry_after_and_a_stream_dropped_mid_answer_are_retried_and_recorded_once(
+        akey: Cli, server: FakeAnthropic, workspace: Path, tmp_path: Path) -> None:
     server.reply_error(529, "overloaded_error", "Overloaded", headers={"retry-after": "0.3"})
-    server.reply_content("answer after the overload")
+    server.reply(Reply(content="a long answer cut in the middle", drop_after=5))
+    server.reply(Reply(content="the whole answer"))
     res = akey("run", "--workspace", str(workspace), "--task", "hello", "--agent",
                str(anthropic_agent(tmp_path, server)), "--events", expect=0)
     events = res.jsonl()
-    [retry] = [e for e in events if e["event"] == "provider_retry"]
-    assert retry["waitS"] == 0.3 and "overloaded_error" in retry["error"], retry
-    first, second = server.requests
+    overload, dropped = [e for e in events if e["event"] == "provider_retry"]
+    assert overload["waitS"] == 0.3 and "overloaded_error" in overload["error"], overload
+    assert "middle of the streamed answer" in dropped["error"], dropped
+    first, second, third = server.requests
     assert second.at - first.at >= 0.3, "the server's retry-after is honoured"
+    assert all(r.streamed for r in server.requests)
     [s] = akey.sessions()
-    assert [m["content"] for m in akey.log(s["id"])] == ["hello", "answer after the overload"]
+    assert [m["content"] for m in akey.log(s["id"])] == ["hello", "the whole answer"]
 
 
-def test_stream_dropped_mid_answer_is_retried_and_recorded_once(akey: Cli, server: FakeAnthropic, workspace: Path,
-                                                                 tmp_path: Path) -> None:
-    server.reply(Reply(content="a long answer cut in the middle", drop_after=5))
-    server.reply(Reply(content="the whole answer"))
-    res = akey("run", "--workspace", str(workspace), "--task", "stream it", "--agent",
-               str(anthropic_agent(tmp_path, server)), "--events", expect=0)
-    assert all(r.streamed for r in server.requests) and len(server.requests) == 2
-    assert any(e["event"] == "provider_retry" and "middle of the streamed answer" in e["error"] for e in res.jsonl())
-    [s] = akey.sessions()
-    assert [m["content"] for m in akey.log(s["id"])] == ["stream it", "the whole answer"]
-
-
-def test_crash_after_response_calls_the_model_again_once(akey: Cli, server: FakeAnthropic, workspace: Path,
-                                                          tmp_path: Path) -> None:
-    server.reply_content("final words")
-    crashed = akey.run_json(workspace, "say it", anthropic_agent(tmp_path, server),
-                            env={"KXEN_AGENT_FAULT": "provider:after-response"})
-    assert crashed.killed, str(crashed)
-    [s] = akey.sessions()
-    res = akey.resume(s["id"], expect=0).json()
-    assert res["result"] == "final words" and len(server.message_requests()) == 2
-    assert [m["role"] for m in akey.log(s["id"])] == ["user", "assistant"]
-
-
-def test_crash_after_a_tool_use_turn_never_asks_the_model_for_it_again(akey: Cli, server: FakeAnthropic,
-                                                                        workspace: Path, tmp_path: Path) -> None:
+def test_a_crash_after_a_tool_use_turn_or_after_the_response_asks_the_model_once_more_only_for_the_answer(
+        akey: Cli, server: FakeAnthropic, workspace: Path, tmp_path: Path) -> None:
     server.reply_tool_uses([("toolu_r", "read_file", {"path": "README.md"})])
     server.reply_content("read it")
     crashed = akey.run_json(workspace, "read", anthropic_agent(tmp_path, server),
                             env={"KXEN_AGENT_FAULT": "tool:after-started"})
     assert crashed.killed, str(crashed)
     [s] = akey.sessions()
+    # The resume runs the tool and asks for the answer, then dies after the response, before its message.
+    crashed = akey.resume(s["id"], env={"KXEN_AGENT_FAULT": "provider:after-response"})
+    assert crashed.killed, str(crashed)
+    assert len(server.message_requests()) == 2, "the turn that asked for the tool was durable: asked once"
+    assert [m["role"] for m in akey.log(s["id"])] == ["user", "assistant", "tool"]
     res = akey.resume(s["id"], expect=0).json()
     assert res["result"] == "read it"
-    assert len(server.message_requests()) == 2, "the turn that asked for the tool was durable: asked once"
+    asked = server.message_requests()
+    assert len(asked) == 3 and asked[2]["messages"] == asked[1]["messages"], "the lost answer is asked for again, once"
+    assert [m["role"] for m in akey.log(s["id"])] == ["user", "assistant", "tool", "assistant"]
 
 
 def test_missing_key_fails_clearly(cli: Cli, server: FakeAnthropic, workspace: Path, tmp_path: Path) -> None:

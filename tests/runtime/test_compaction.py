@@ -95,14 +95,6 @@ def test_reported_usage_counts_even_when_the_text_is_short(cli: Cli, server: Fak
     assert show["usage"]["turns"] == 3, "the summary's tokens are counted with the run's"
 
 
-def test_no_budget_no_compaction(cli: Cli, server: FakeOpenAI, workspace: Path, tmp_path: Path) -> None:
-    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": BIG}))])
-    server.reply_content("done")
-    res = run(cli, workspace, agent(tmp_path, server, context_tokens=None), expect=0)
-    assert [m["role"] for m in cli.log(res["session"])] == ["user", "assistant", "tool", "assistant"]
-    assert len(server.chat_requests()) == 2
-
-
 @pytest.mark.parametrize("point", ["compaction:after-response", "compaction:after-message"])
 def test_a_crash_in_the_middle_of_a_compaction(cli: Cli, server: FakeOpenAI, workspace: Path, tmp_path: Path,
                                                point: str) -> None:
@@ -127,12 +119,15 @@ def test_a_crash_in_the_middle_of_a_compaction(cli: Cli, server: FakeOpenAI, wor
     cli.fsck_clean()
 
 
-def test_session_compact_on_demand_and_at_a_message(cli: Cli, server: FakeOpenAI, workspace: Path,
-                                                    tmp_path: Path) -> None:
-    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": "echo one"}))])
+def test_no_budget_no_compaction_then_session_compact_on_demand_and_at_a_message(
+        cli: Cli, server: FakeOpenAI, workspace: Path, tmp_path: Path) -> None:
+    # Without a budget a view far over any budget is sent whole, never summarized.
+    server.reply_tool_calls([("call_1", "shell", json.dumps({"command": BIG}))])
     server.reply_content("first answer")
     res = run(cli, workspace, agent(tmp_path, server, context_tokens=None), expect=0)
     log = cli.log(res["session"])
+    assert [m["role"] for m in log] == ["user", "assistant", "tool", "assistant"]
+    assert len(server.chat_requests()) == 2 and "x" * 6000 in server.chat_requests()[1]["messages"][3]["content"]
     # Through the assistant message that asked for the call: its result would lose its call.
     p = cli("session", "compact", res["session"], "--at", log[1]["id"])
     assert p.rc == 2 and "part them from their calls" in p.err and len(p.err.strip().splitlines()) == 1, str(p)

@@ -111,13 +111,11 @@ def commit(repo: Path, env: dict, name: str = "change.txt") -> str:
 
 
 def reflog_reasons(state: Path, ses: str) -> list[str]:
-    code = (
-        "import sys, json; from kxen_agent.store import Store; "
-        "print(json.dumps([e.reason for e in Store(sys.argv[1]).refs.reflog('sessions/' + sys.argv[2])]))"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(state), ses], capture_output=True, text=True,
-                         check=True, timeout=TIMEOUT_S).stdout
-    return json.loads(out)
+    # Read by the library in this process (a reader: it takes no lock and writes nothing); a
+    # Python process per read cost more CPU than the CLI calls it checks.
+    from kxen_agent.store import Store
+
+    return [e.reason for e in Store(str(state)).refs.reflog("sessions/" + ses)]
 
 
 @pytest.fixture
@@ -273,16 +271,11 @@ def test_fork_points_and_refusals(kx: Kx, repo: Path) -> None:
 def test_ambiguous_fork_prefix(kx: Kx, repo: Path) -> None:
     ses = kx.start(repo)["session"]
     # Two root messages whose ids share 8 hex digits, written by the library.
-    code = textwrap.dedent("""\
-        import sys
-        from kxen_agent.store import Store
-        from kxen_agent.session.sessions import SessionStore
-        s = SessionStore(Store(sys.argv[1]))
-        for c in ("c60843", "c116812"):
-            print(s.append_messages(None, [{"role": "user", "content": c}]).hex())
-    """)
-    out = subprocess.run([sys.executable, "-c", code, str(kx.state)], capture_output=True, text=True,
-                         check=True, timeout=TIMEOUT_S).stdout.split()
+    from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.store import Store
+
+    s = SessionStore(Store(str(kx.state)))
+    out = [s.append_messages(None, [{"role": "user", "content": c}]).hex() for c in ("c60843", "c116812")]
     assert out[0][:8] == out[1][:8] != out[0][:9]
     count = len(kx.ids())
     err = kx.fail("session", "fork", ses, "--at", "msg_" + out[0][:8], code=2)
@@ -511,11 +504,14 @@ def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
     n = 20_000
     plain = tmp_path / "plain"
     plain.mkdir()
+    # The messages are one step's objects, in the group's step log (as a run writes them): 20,000
+    # loose files cost ten times the CPU of the rest of the test, and the log reads either alike.
     build = textwrap.dedent("""\
         import sys
-        from kxen_agent.store import FileIO, RefUpdate, Store
+        from kxen_agent.store import FileIO, Store
         from kxen_agent.session.agent_def import default_agent_definition
-        from kxen_agent.session.sessions import SessionStore
+        from kxen_agent.session.schema import put
+        from kxen_agent.session.sessions import NS, SessionStore
         from kxen_agent.session.workspace import inspect_workspace
 
         class NoSync(FileIO):  # test setup only: durability is not under test
@@ -524,12 +520,17 @@ def test_log_of_a_20000_message_session_streams(kx: Kx, tmp_path: Path) -> None:
             def fsync_dir(self, d):
                 pass
 
-        s = SessionStore(Store(sys.argv[1], io=NoSync()))
+        s = SessionStore(Store(sys.argv[1], io=NoSync(), namespaces=(NS,)))
         info = s.create(default_agent_definition([{"content": "hi"}]), inspect_workspace(sys.argv[2]))
-        msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "w" * 40}
-                for i in range(int(sys.argv[3]))]
-        head = s.append_messages(None, msgs)
-        s.store.refs.transaction(info.group, [RefUpdate("head", None, head)], reason="test: history")
+        with s.store.step(info.group) as step:
+            head = None
+            for i in range(int(sys.argv[3])):
+                v = {"seq": i, "role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "w" * 40}
+                if head is not None:
+                    v["parent"] = head
+                head = put(step, "message", v)
+            step.update("head", None, head)
+            step.commit("test: history")
         print(info.id)
     """)
     ses = subprocess.run([sys.executable, "-c", build, str(kx.state), str(plain), str(n)], capture_output=True,

@@ -71,9 +71,11 @@ def fast_store(root: Path) -> Store:
     return Store(str(root), io=FaultyIO(None, sync=False), namespaces=(NS,))
 
 
-def run_calls(tmp_path: Path, calls: int, threshold: int, **kw) -> tuple[Store, Runner, str, list[int]]:
+def run_calls(tmp_path: Path, calls: int, threshold: int, *, count: bool = True,
+              **kw) -> tuple[Store, Runner, str, list[int]]:
     """A real run of ``calls`` read_file calls with a packer of ``threshold``; objects outside packs at each
-    model call."""
+    model call (``count=False``: not counted, ``[]``; each count lists every loose object and scans every
+    step log: over a 2,000-call run, a third of the test's CPU)."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.txt").write_text("notes\n" * 40)
@@ -95,7 +97,7 @@ def run_calls(tmp_path: Path, calls: int, threshold: int, **kw) -> tuple[Store, 
         p.complete = complete
         return p
 
-    runner = Runner(store, providers=counting)
+    runner = Runner(store, providers=counting if count else factory)
     runner.autopack = AutoPacker(store, threshold, **kw)
     result = runner.resume(ses, task="read the notes many times")
     assert result.status == "completed", result
@@ -289,9 +291,14 @@ def test_a_bad_threshold_is_a_one_line_error_in_the_cli(cli, workspace: Path, tm
 
 
 @pytest.mark.slow
-def test_a_2000_call_session_leaves_at_most_7000_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("calls", [
+    # ~9 objects a turn: 900 calls put ~8,100 outside packs, past the default threshold once, so a
+    # background pass runs (asserted) under the same checks; 2,000 (two passes) costs twice the CPU.
+    900, pytest.param(2000, marks=pytest.mark.long("the same bound over two passes; 900 calls cross one")),
+])
+def test_a_2000_call_session_leaves_at_most_7000_files(tmp_path: Path, calls: int) -> None:
     # As the CLI runs it: the default threshold, passes in the background.
-    store, runner, ses, counts = run_calls(tmp_path, 2000, DEFAULT_THRESHOLD)
+    store, runner, ses, _ = run_calls(tmp_path, calls, DEFAULT_THRESHOLD, count=False)
     n = files_in(store.root)
     assert n <= 7000, (n, loose(store), len(store.packs))
     assert any(r.packed for r in runner.autopack.reports)

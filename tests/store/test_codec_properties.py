@@ -17,9 +17,13 @@ from kxen_agent.store.objects import (
     parse_object,
 )
 
+from tests.helpers import depth
+
 from .helpers import linked_values, mutations, same, values
 
-SETTINGS = settings(max_examples=200, deadline=None)
+#: Examples per property: 100 by default, KXEN_TEST_LONG=1 200 (as test_codec_fast.py; the
+#: explicit vectors and rejections in test_spec_vectors.py and test_codec_rejections.py pin the edges).
+SETTINGS = settings(max_examples=depth(fast=100, long=200), deadline=None)
 
 
 @SETTINGS

@@ -180,9 +180,14 @@ def test_a_flipped_bit_in_a_step_log_repaired_from_a_bundle_loses_nothing(templa
         ids = [m["id"] for m in k.log(s)] if s in got else \
             [m["id"] for m in k.log(next(x for x in got.values() if x["parentId"] == s)["id"])]
         assert ids == want[s] or set(ids) <= set(want[s]), (s, ids)
-    for msgs in want.values():
+    # The repaired session's messages through the CLI, the others' through the library the CLI reads
+    # with (a cat-object process per message cost more CPU than the rest of the test).
+    for m in want[sessions[1]]:
+        k("cat-object", m, expect=0)
+    store = Store(str(state), namespaces=CLI_NAMESPACES)
+    for s, msgs in want.items():
         for m in msgs:
-            k("cat-object", m, expect=0)
+            assert store.read_raw(bytes.fromhex(m.removeprefix("msg_"))).kind == "message", (s, m)
 
 
 def test_damage_stays_local_gc_export_salvage_delete_force(templates, tmp_path):
