@@ -102,6 +102,8 @@ MAX_ITEMS = 1 << 24
 MAX_BODY_ITEMS = 1 << 19
 
 _UINT64_MAX = (1 << 64) - 1
+#: Whether :func:`encode` may take its fast path (set once cbor2 passed the check at import).
+_fast_encode_ok = False
 
 
 class EncodeError(KxenError, ValueError):
@@ -207,13 +209,93 @@ def _enc(value: Any, out: bytearray, depth: int, links_only: bool) -> None:
         raise EncodeError(f"cannot encode a value of type {type(value).__name__}")
 
 
+class _NotFast(Exception):
+    """The fast encoder cannot vouch for this value: :func:`encode` takes the exact path."""
+
+
+#: Each map's key tuple seen, in canonical order (bounded: cleared when full).
+_KEY_ORDER: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def _key_order(keys: tuple[Any, ...]) -> tuple[str, ...]:
+    for k in keys:
+        if type(k) is not str:
+            raise _NotFast
+    # The order of :func:`_enc`: encoded length first (the head grows with
+    # it), then the UTF-8 bytes.
+    order = tuple(sorted(keys, key=lambda k: (len(k.encode("utf-8")), k.encode("utf-8"))))
+    if len(_KEY_ORDER) >= 4096:
+        _KEY_ORDER.clear()
+    _KEY_ORDER[keys] = order
+    return order
+
+
+def _canonical_copy(v: Any, links_only: bool, depth: int) -> Any:
+    """``v`` with every map's keys in canonical order, if :func:`_enc` would encode it; else :class:`_NotFast`.
+
+    The same rules as :func:`_enc`, checked on the exact types (``bool`` told
+    from ``int``, no subclass): integers in range, byte strings of 32 bytes
+    under ``links_only``, text keys, nesting below :data:`MAX_DEPTH`, at most
+    :data:`MAX_ITEMS` elements a container. A tuple becomes a list (both are
+    arrays). Anything it refuses goes to :func:`_enc`, which says what is wrong.
+    """
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return v
+    if t is int:
+        if _INT_MIN <= v <= _UINT64_MAX:
+            return v
+        raise _NotFast
+    if t is dict:
+        if depth >= MAX_DEPTH or len(v) > MAX_ITEMS:
+            raise _NotFast
+        keys = tuple(v)
+        order = _KEY_ORDER.get(keys) or _key_order(keys)
+        d = depth + 1
+        out = {}
+        for k in order:
+            x = v[k]
+            out[k] = x if type(x) is str else _canonical_copy(x, links_only, d)
+        return out
+    if t is list or t is tuple:
+        if depth >= MAX_DEPTH or len(v) > MAX_ITEMS:
+            raise _NotFast
+        d = depth + 1
+        return [x if type(x) is str else _canonical_copy(x, links_only, d) for x in v]
+    if t is bytes:
+        if links_only and len(v) != 32:
+            raise _NotFast
+        return v
+    raise _NotFast
+
+
 def encode(value: Any, *, links_only: bool = False) -> bytes:
     """Return the one canonical encoding of ``value``.
 
     ``links_only`` enforces the structured-object rule that every byte string
     is a 32-byte object id (``objects_spec.md`` §3). A value of more than
     :data:`MAX_BODY_ITEMS` data items is refused, as a decoder would refuse it.
+
+    Fast path: a copy of the value with its maps' keys put in canonical
+    order, made only if every node is one :func:`_enc` encodes, is written
+    by cbor2's C encoder, whose plain encoding of a canonically ordered
+    value is byte for byte :func:`_enc`'s (checked at import, see
+    :func:`_fast_codec`; the module docstring's point 3). Anything else, and
+    an encoding longer than :data:`MAX_BODY_ITEMS` (whose items must be
+    counted), takes the exact path below.
     """
+    if _fast_encode_ok:
+        try:
+            out = _fast_dumps(_canonical_copy(value, links_only, 0))  # type: ignore[misc]
+        except Exception:  # _NotFast, cbor2 refusing (text that is not UTF-8), deep recursion
+            out = None
+        if out is not None and len(out) <= MAX_BODY_ITEMS:
+            return out
+    return _encode_exact(value, links_only)
+
+
+def _encode_exact(value: Any, links_only: bool) -> bytes:
+    """:func:`encode` in Python, item by item: the definition the fast path is checked against."""
     out = bytearray()
     try:
         _enc(value, out, 0, links_only)
@@ -582,7 +664,7 @@ def _fast_codec() -> tuple[_LoadsFn, _DumpsFn] | tuple[None, None]:
             "bb": bytes(32),
             "\u00e9": ["x" * 23, "y" * 24, "z" * 300, {}, []],
         }
-        data = encode(sample)
+        data = _encode_exact(sample, False)
         if dumps(sample) != data:
             return None, None
         back = loads(data, semantic_decoders=_REFUSE_TAGS, tag_hook=_refuse_tag, max_depth=MAX_DEPTH + 1)
@@ -603,6 +685,23 @@ def _fast_codec() -> tuple[_LoadsFn, _DumpsFn] | tuple[None, None]:
 
 
 _fast_loads, _fast_dumps = _fast_codec()
+
+
+def _check_fast_encode() -> bool:
+    """Whether :func:`encode`'s fast path writes :func:`_encode_exact`'s bytes on a sample of every kind of node."""
+    if _fast_dumps is None:
+        return False
+    sample = {"zz": [1, -1, 24, -25, 2**32, _UINT64_MAX, _INT_MIN, True, False, None, ("t", b"\x01" * 32)],
+              "a": {"\u00e9": "x" * 300, "b": {}, "aa": [], "ab": "\u00e9" * 30, "\u00e0": 0},
+              "bb": bytes(32), "\u00e9": [{"y": 1, "x": 2}] * 3}
+    try:
+        return all(_fast_dumps(_canonical_copy(v, False, 0)) == _encode_exact(v, False)
+                   for v in (sample, [sample, sample], "é", 7, None))
+    except Exception:  # pragma: no cover - any surprise disables the fast path
+        return False
+
+
+_fast_encode_ok = _check_fast_encode()
 
 
 def decode_admitted(data: bytes | memoryview) -> Any:

@@ -811,8 +811,28 @@ class StepLogs:
             if size != log.end + len(rec):
                 raise CorruptSteps(f"step log {path} changed under its lock (size {size}, expected "
                                    f"{log.end + len(rec)}); run fsck")
-            self._extend(log, rec, size)
+            self._written(log, rec, tx, frames, size)
             return log
+
+    def _written(self, log: _Log, rec: bytes, tx: StepTx, frames: list[tuple[ObjectId, bytes]], size: int) -> None:
+        """Index the record ``rec`` just appended at ``log.end`` from what was written, not by reading it back.
+
+        What :meth:`_extend` would find: the record's transaction is ``tx``
+        (its body encodes ``tx`` canonically, and decoding gives ``tx`` back)
+        and its frames lie where :func:`encode_body` put them.
+        """
+        base = log.end
+        at = base + _HEAD + 4 + int.from_bytes(rec[_HEAD:_HEAD + 4], "big")
+        objs = []
+        for oid, frame in frames:
+            objs.append((oid, at + 36, len(frame)))
+            at += 36 + len(frame)
+        log.starts.append(base)
+        log.chunks.append(rec)
+        self._add(log, [StepRecord(base, base + len(rec), tx, tuple(objs))])
+        log.end = base + len(rec)
+        log.size = size
+        log.tail = b""
 
     def start_generation(self, group: str, gen: int) -> None:
         """Replace ``group``'s log by an empty one of generation ``gen`` (a checkpoint's last step)."""
