@@ -37,14 +37,9 @@ def check_provider(lock: Mapping[str, Any], key_env: str | None = None, *, impor
     module = _SDK_MODULE.get(provider)
     if module is None:
         return  # the script provider: no SDK, no key
-    if import_sdk:
-        from kxen_agent.runtime.providers.sdk import ProviderUnavailable, require_sdk
-
-        try:
-            require_sdk(lock)
-        except ProviderUnavailable as e:
-            raise UsageError(str(e)) from None
-    elif importlib.util.find_spec(module) is None:
+    # The cheap checks first, so a refusal never pays for the SDK's import (anthropic: ~2 s of CPU):
+    # is the SDK there (no import), is the key set; only then the import itself.
+    if importlib.util.find_spec(module) is None:
         from kxen_agent.runtime.providers.sdk import missing_sdk_error
 
         raise UsageError(str(missing_sdk_error(provider)))
@@ -53,6 +48,13 @@ def check_provider(lock: Mapping[str, Any], key_env: str | None = None, *, impor
         raise UsageError(f"environment variable {var} is not set or empty: agent {lock.get('name')!r} ({provider} "
                          f"provider) sends it as the API key; export the key in it, or name the variable that "
                          "holds it with --api-key-env NAME")
+    if import_sdk:
+        from kxen_agent.runtime.providers.sdk import ProviderUnavailable, require_sdk
+
+        try:
+            require_sdk(lock)
+        except ProviderUnavailable as e:
+            raise UsageError(str(e)) from None
 
 
 def default_agent() -> str:

@@ -165,7 +165,7 @@ def test_a_missing_sdk_is_reported_before_a_session_exists(cli: Cli, state_dir: 
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'anthropic'\", name='anthropic')\n")
     p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(anthropic_agent(tmp_path, server)),
-            env={"PYTHONPATH": str(shadow.parent)}, expect=2)
+            env={"PYTHONPATH": str(shadow.parent), KEY_ENV: KEY}, expect=2)  # the key is there: the SDK is what fails
     lines = p.err.strip().splitlines()
     assert len(lines) == 1 and "the anthropic provider needs the anthropic package, which is not installed" in lines[0]
     assert "[anthropic]" in lines[0].split("install it with: ", 1)[1], lines[0]
