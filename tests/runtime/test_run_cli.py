@@ -89,7 +89,7 @@ def test_a_missing_provider_sdk_is_reported_before_a_session_exists(cli: Cli, st
     shadow = tmp_path / "no-openai" / "openai"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'openai'\", name='openai')\n")
-    env = {"PYTHONPATH": str(shadow.parent)}
+    env = {"PYTHONPATH": str(shadow.parent), KEY_ENV: KEY}  # the key is there: the SDK is what fails
     agent = openai_agent(tmp_path, server)
     p = cli("run", "--workspace", str(workspace), "--task", "t", "--agent", str(agent), env=env, expect=2)
     line = one_error_line(p)
