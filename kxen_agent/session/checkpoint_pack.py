@@ -23,9 +23,10 @@ import time
 import zlib
 from typing import Iterable, Sequence
 
+from kxen_agent.store.gitmap import GIT_TYPE_CODES, encode_pack_index, git_object, pack_entry_header
+
 __all__ = ["commit_object", "write_pack"]
 
-_TYPES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 _CHUNK = 1 << 20
 
 
@@ -39,19 +40,7 @@ def commit_object(tree: str, parents: Sequence[str], ident: str, message: bytes,
     lines = [f"tree {tree}"] + [f"parent {p}" for p in parents]
     lines += [f"author {ident} {secs} {zone}", f"committer {ident} {secs} {zone}"]
     body = ("\n".join(lines) + "\n\n").encode() + message
-    return hashlib.sha1(b"commit %d\0" % len(body) + body).hexdigest(), body
-
-
-def _entry_header(kind: int, size: int) -> bytes:
-    out = bytearray()
-    c = (kind << 4) | (size & 15)
-    size >>= 4
-    while size:
-        out.append(c | 0x80)
-        c = size & 0x7F
-        size >>= 7
-    out.append(c)
-    return bytes(out)
+    return git_object("commit", body).hex, body
 
 
 class _PackFile:
@@ -71,7 +60,7 @@ class _PackFile:
 
     def add(self, oid: bytes, kind: int, size: int, chunks: Iterable[bytes]) -> None:
         start = self.offset
-        head = _entry_header(kind, size)
+        head = pack_entry_header(kind, size)
         crc = zlib.crc32(head)
         self._put(head)
         z = zlib.compressobj(1)
@@ -107,7 +96,7 @@ def _loose(path: str, oid: str) -> tuple[int, int, Iterable[bytes]]:
         buf += d.decompress(raw)
     head, _, rest = buf.partition(b"\0")
     kind_name, _, size_text = head.partition(b" ")
-    kind, size = _TYPES[kind_name], int(size_text)
+    kind, size = GIT_TYPE_CODES[kind_name.decode("ascii", "replace")], int(size_text)
     sha = hashlib.sha1(head + b"\0")
 
     def chunks() -> Iterable[bytes]:
@@ -149,28 +138,9 @@ def write_pack(loose_dir: str, ids: Sequence[str], extra: Sequence[tuple[str, st
             kind, size, chunks = _loose(os.path.join(loose_dir, oid[:2], oid[2:]), oid)
             pack.add(bytes.fromhex(oid), kind, size, chunks)
         for oid, kind_name, body in extra:
-            pack.add(bytes.fromhex(oid), _TYPES[kind_name.encode()], len(body), [body])
+            pack.add(bytes.fromhex(oid), GIT_TYPE_CODES[kind_name], len(body), [body])
         digest = pack.finish()
-        entries = sorted(pack.entries)
-        fanout = [0] * 256
-        for oid_b, _crc, _off in entries:
-            fanout[oid_b[0]] += 1
-        total = 0
-        for i in range(256):
-            total += fanout[i]
-            fanout[i] = total
-        small: list[int] = []
-        large: list[int] = []
-        for _oid, _crc, off in entries:
-            if off < 0x80000000:
-                small.append(off)
-            else:
-                small.append(0x80000000 | len(large))
-                large.append(off)
-        idx = b"".join([b"\377tOc", struct.pack(">I", 2), struct.pack(">256I", *fanout),
-                        *(o for o, _c, _f in entries), struct.pack(f">{len(entries)}I", *(c for _o, c, _f in entries)),
-                        struct.pack(f">{len(small)}I", *small), struct.pack(f">{len(large)}Q", *large), digest])
-        idx += hashlib.sha1(idx).digest()
+        idx = encode_pack_index(pack.entries, digest)
         fd, tmp_idx = tempfile.mkstemp(prefix="tmp_idx_", dir=pack_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(idx)

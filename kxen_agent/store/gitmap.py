@@ -42,6 +42,7 @@ from .refs import BadRefName, validate_group, validate_ref_name
 __all__ = [
     "BadGitImage",
     "Commit",
+    "GIT_TYPE_CODES",
     "GitObject",
     "GroupImage",
     "IDENT",
@@ -52,6 +53,7 @@ __all__ = [
     "encode_group_blob",
     "encode_indexed_pack",
     "encode_pack",
+    "encode_pack_index",
     "encode_tree",
     "git_object",
     "group_commit",
@@ -62,6 +64,7 @@ __all__ = [
     "lease_tree_blob",
     "object_blob",
     "objects_commit",
+    "pack_entry_header",
     "parse_commit",
     "parse_group_blob",
     "parse_group_commit",
@@ -84,7 +87,8 @@ _HEX40 = re.compile(rb"[0-9a-f]{40}")
 _HEX = re.compile(rb"[0-9a-f]+")
 _DECIMAL = rb"(0|[1-9][0-9]*)"
 _SUMMARY_KEY = re.compile(rb"[a-z][a-z0-9-]{0,31}")
-_GIT_TYPES = {"commit": 1, "tree": 2, "blob": 3}
+#: Git's object type codes in a pack entry's header (gitformat-pack).
+GIT_TYPE_CODES = {"commit": 1, "tree": 2, "blob": 3, "tag": 4}
 
 
 class BadGitImage(KxenError):
@@ -111,7 +115,7 @@ class GitObject:
 
 def git_object(type_: str, body: bytes) -> GitObject:
     """The Git object of ``type_`` with ``body``: id = SHA-1 of ``"<type> <len>\\0" + body``."""
-    if type_ not in _GIT_TYPES:
+    if type_ not in GIT_TYPE_CODES:
         raise ValueError(f"unknown Git object type {type_!r}")
     h = hashlib.sha1(b"%s %d\x00" % (type_.encode("ascii"), len(body)))
     h.update(body)
@@ -508,44 +512,53 @@ def encode_indexed_pack(objects: Iterable[GitObject], level: int = 1) -> tuple[b
     entries: dict[bytes, tuple[int, int]] = {}  # id -> (offset, crc32)
     for o in objs:
         at = len(out)
-        size = len(o.body)
-        byte = (_GIT_TYPES[o.type] << 4) | (size & 0x0F)
-        size >>= 4
-        head = bytearray()
-        while size:
-            head.append(byte | 0x80)
-            byte = size & 0x7F
-            size >>= 7
-        head.append(byte)
-        out += head
+        out += pack_entry_header(GIT_TYPE_CODES[o.type], len(o.body))
         out += zlib.compress(o.body, level)
         entries[o.oid] = (at, zlib.crc32(memoryview(out)[at:]))
     pack_sum = hashlib.sha1(out).digest()
     out += pack_sum
-    ids = sorted(entries)
+    return bytes(out), encode_pack_index([(oid, crc, at) for oid, (at, crc) in entries.items()], pack_sum)
+
+
+def pack_entry_header(type_code: int, size: int) -> bytes:
+    """A pack entry's header: the type in bits 4-6 of the first byte, the size in 4 + 7n bits, low first."""
+    out = bytearray()
+    byte = (type_code << 4) | (size & 0x0F)
+    size >>= 4
+    while size:
+        out.append(byte | 0x80)
+        byte = size & 0x7F
+        size >>= 7
+    out.append(byte)
+    return bytes(out)
+
+
+def encode_pack_index(entries: Iterable[tuple[bytes, int, int]], pack_sum: bytes) -> bytes:
+    """The version-2 ``.idx`` of a pack whose entries are ``(20-byte id, CRC-32, offset)`` and whose
+    checksum is ``pack_sum``: what ``git index-pack`` writes (see :func:`encode_indexed_pack`)."""
+    rows = sorted(entries)
     fanout = [0] * 256
-    for oid in ids:
+    for oid, _crc, _off in rows:
         fanout[oid[0]] += 1
     total = 0
     for i in range(256):
         total += fanout[i]
         fanout[i] = total
     small, large = [], []
-    for oid in ids:
-        off = entries[oid][0]
+    for _oid, _crc, off in rows:
         if off < 1 << 31:
             small.append(off)
         else:
             small.append((1 << 31) | len(large))
             large.append(off)
     idx = bytearray(b"\377tOc" + struct.pack(">I", 2) + struct.pack(">256I", *fanout))
-    idx += b"".join(ids)
-    idx += struct.pack(f">{len(ids)}I", *(entries[oid][1] for oid in ids))
+    idx += b"".join(oid for oid, _crc, _off in rows)
+    idx += struct.pack(f">{len(rows)}I", *(crc for _oid, crc, _off in rows))
     idx += struct.pack(f">{len(small)}I", *small)
     idx += struct.pack(f">{len(large)}Q", *large)
     idx += pack_sum
     idx += hashlib.sha1(idx).digest()
-    return bytes(out), bytes(idx)
+    return bytes(idx)
 
 
 def hex40(text: str) -> bytes | None:
