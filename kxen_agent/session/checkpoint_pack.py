@@ -96,7 +96,11 @@ def _loose(path: str, oid: str) -> tuple[int, int, Iterable[bytes]]:
         buf += d.decompress(raw)
     head, _, rest = buf.partition(b"\0")
     kind_name, _, size_text = head.partition(b" ")
-    kind, size = GIT_TYPE_CODES[kind_name.decode("ascii", "replace")], int(size_text)
+    kind = GIT_TYPE_CODES.get(kind_name.decode("ascii", "replace"))
+    if kind is None or not size_text.isdigit():
+        f.close()
+        raise ValueError(f"loose object {oid} has no valid header")
+    size = int(size_text)
     sha = hashlib.sha1(head + b"\0")
 
     def chunks() -> Iterable[bytes]:

@@ -458,7 +458,12 @@ class _Quarantine:
         os.makedirs(pack_dir, exist_ok=True)
         # What `git pack-objects --window=0` made of them (no deltas), without its process; fsynced as
         # `core.fsync=pack,pack-metadata` has Git do it (:mod:`.checkpoint_pack`).
-        checkpoint_pack.write_pack(self.dir, sorted(ids), extra, pack_dir)
+        try:
+            checkpoint_pack.write_pack(self.dir, sorted(ids), extra, pack_dir)
+        except ValueError as e:  # an object Git just wrote reads back damaged: the disk, not this session
+            raise CheckpointError(f"cannot pack this checkpoint's new objects in {self.dir}: {e}; no checkpoint "
+                                  f"was recorded (the run goes on); `git fsck` in {self.repo.root} checks the "
+                                  "repository") from None
         Checkpointer._fsync_dir(pack_dir)
         if sum(name.endswith(".pack") for name in os.listdir(pack_dir)) > _PACKS_BEFORE_MERGE:
             # One small pack per checkpoint, and every Git process looks an object up in every pack: a run's
