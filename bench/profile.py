@@ -4,6 +4,12 @@
 
     .venv/bin/pip install pyinstrument
     .venv/bin/python -m bench.profile {fork,durable,export,import,load,fsck} [--n N] [--html FILE]
+    .venv/bin/python -m bench.profile durable --cprofile [--nosync]   # cProfile, own and cumulative times
+
+``--cprofile``: the standard library's deterministic profiler instead of
+pyinstrument's sampling (every call counted: the shares of a step's many
+small costs); ``--nosync``: the store skips its fsyncs (durable, fork), so
+what is left is the CPU.
 
 Builds the same content as :mod:`bench.run` (at ``--n`` messages, default
 10,000; ``durable``: ``--n`` tool calls, default 20), then profiles only
@@ -30,17 +36,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("op", choices=OPS)
     ap.add_argument("--n", type=int, default=None, help="messages (durable: tool calls)")
     ap.add_argument("--html", default=None, help="write an HTML profile here too")
+    ap.add_argument("--cprofile", action="store_true", help="cProfile (deterministic) instead of pyinstrument")
+    ap.add_argument("--nosync", action="store_true", help="durable, fork: a store that skips its fsyncs")
     args = ap.parse_args(argv)
-    try:
-        from pyinstrument import Profiler
-    except ImportError:
-        print("pyinstrument is not installed: .venv/bin/pip install pyinstrument", file=sys.stderr)
-        return 2
+    if args.cprofile:
+        Profiler = _CProfiler
+    else:
+        try:
+            from pyinstrument import Profiler
+        except ImportError:
+            print("pyinstrument is not installed: .venv/bin/pip install pyinstrument (or --cprofile)",
+                  file=sys.stderr)
+            return 2
+    if args.nosync:
+        from . import _kxen
+        from kxen_agent.session.sessions import NS
+        from kxen_agent.store import Store
+        from kxen_agent.store.fsio import FaultyIO
+
+        def nosync_store(root: str) -> Store:
+            return Store(root, io=FaultyIO(None, sync=False), namespaces=(NS,))
+
+        _kxen.measuring_store = nosync_store
     from kxen_agent.session.sessions import SessionStore
     from kxen_agent.session.schema import SESSION_SCHEMA
     from kxen_agent.store import export_bundle, fsck, import_bundle
 
-    from ._kxen import measuring_store
+    from . import _kxen
+
+    measuring_store = _kxen.measuring_store
 
     work = tempfile.mkdtemp(prefix="kxen-profile-")
     try:
@@ -91,6 +115,34 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+class _CProfiler:
+    """pyinstrument's Profiler calls, made on cProfile (``--cprofile``)."""
+
+    def __init__(self, interval: float = 0.0) -> None:
+        import cProfile
+
+        self._p = cProfile.Profile()
+
+    def start(self) -> None:
+        self._p.enable()
+
+    def stop(self) -> None:
+        self._p.disable()
+
+    def output_text(self, **_kw: object) -> str:
+        import io
+        import pstats
+
+        out = io.StringIO()
+        st = pstats.Stats(self._p, stream=out)
+        st.sort_stats("cumulative").print_stats(45)
+        st.sort_stats("tottime").print_stats(30)
+        return out.getvalue()
+
+    def output_html(self) -> str:
+        return "<pre>" + self.output_text() + "</pre>"
 
 
 if __name__ == "__main__":

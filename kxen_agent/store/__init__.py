@@ -19,6 +19,7 @@ operations):
 - :mod:`.pack` — packs and their indexes (package: format, compress, stream, writer, reader);
 - :mod:`.refs` — mutable refs, grouped, with a reflog each group;
 - :mod:`.steps` — step logs: a group's durable steps, objects and ref change in one record;
+- :mod:`.steps_tail` — the one-pass search for record-shaped fields in a step log's tail (steps, salvage);
 - :mod:`.step` — the durable step as a value (Store.step);
 - :mod:`.fold` — folding step logs into a pack and the ref files;
 - :mod:`.caches` — derived caches the store knows (path, removal, verify);

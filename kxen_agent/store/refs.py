@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import Iterable, Iterator
 
 from kxen_agent.errors import UsageError
@@ -141,6 +140,14 @@ def prepare_transaction(
     return refs, olds, out_fence, out_deleted  # type: ignore[return-value]
 
 
+def _with_own_refs(state: RefGroupState) -> RefGroupState:
+    """``dataclasses.replace(state, refs=dict(state.refs))``, without its per-call field introspection."""
+    out = object.__new__(type(state))  # a shallow copy of the frozen dataclass (it has no slots)
+    out.__dict__.update(state.__dict__)
+    out.__dict__["refs"] = dict(state.refs)  # set on the fresh copy only
+    return out
+
+
 class RefStore:
     """Ref groups: ref files under ``<state>/refs``, step logs under ``<state>/steps``, reflogs under ``<state>/logs``.
 
@@ -170,19 +177,33 @@ class RefStore:
         self._removed = removed
         # group -> (base, log, records applied, state): see _apply.
         self._applied: dict[str, tuple] = {}
+        # group -> its four paths (validated once): see _paths.
+        self._path_cache: dict[str, tuple[str, str, str, str]] = {}
+
+    def _paths(self, group: str) -> tuple[str, str, str, str]:
+        """The group's ref file, reflog, step log and lock file (a pure function of the name: kept)."""
+        paths = self._path_cache.get(group)
+        if paths is None:
+            ns, gid = validate_group(group).split("/")
+            root = self.root
+            paths = (os.path.join(root, "refs", ns, gid), os.path.join(root, "logs", ns, gid),
+                     os.path.join(root, "steps", ns, gid), os.path.join(root, "locks", ns, gid + ".lock"))
+            if len(self._path_cache) >= 4096:
+                self._path_cache.clear()
+            self._path_cache[group] = paths
+        return paths
 
     def ref_path(self, group: str) -> str:
-        return os.path.join(self.root, "refs", *validate_group(group).split("/"))
+        return self._paths(group)[0]
 
     def log_path(self, group: str) -> str:
-        return os.path.join(self.root, "logs", *validate_group(group).split("/"))
+        return self._paths(group)[1]
 
     def steps_path(self, group: str) -> str:
-        return os.path.join(self.root, "steps", *validate_group(group).split("/"))
+        return self._paths(group)[2]
 
     def lock_path(self, group: str) -> str:
-        ns, gid = validate_group(group).split("/")
-        return os.path.join(self.root, "locks", ns, gid + ".lock")
+        return self._paths(group)[3]
 
     def groups(self, namespace: str | None = None) -> Iterator[str]:
         """Every name under ``refs/<ns>/`` except temp files, and every group whose step log is its state.
@@ -271,7 +292,7 @@ class RefStore:
         else:
             cur, start = base, 0
         if start == n:
-            return replace(cur, refs=dict(cur.refs))  # a state handed out is the caller's to change
+            return _with_own_refs(cur)  # a state handed out is the caller's to change
         refs = dict(cur.refs)
         fence, deleted, size = cur.fence, cur.deleted_ns, cur.log_size
         where = log.path
@@ -303,7 +324,7 @@ class RefStore:
                 deleted = t.deleted  # type: ignore[assignment]
         out = RefGroupState(base.group, refs, fence, size, deleted, True, base.steps_gen, log, n)
         self._applied[base.group] = (base, log, n, out)
-        return replace(out, refs=dict(refs))
+        return _with_own_refs(out)
 
     def get(self, group: str, name: str) -> bytes | None:
         return self.read(group).refs.get(validate_ref_name(name))
@@ -338,7 +359,7 @@ class RefStore:
         path = self.lock_path(group)
         if self._before_write:
             self._before_write()
-        self.io.makedirs(os.path.dirname(path))
+        # A missing lock file, and its directory, are made (durably) when the lock is taken (locks._find).
         return file_lock(path, self.lock_timeout if timeout is None else timeout, self.io)
 
     def transaction(

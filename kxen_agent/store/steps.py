@@ -44,23 +44,12 @@ from . import codec
 from .fsio import FileIO
 from .objects import ObjectId, RawObject, compress_loose, decompress_loose, parse_object
 from .refformat import clean_reason
+from .steps_tail import _candidates  # noqa: F401  (salvage imports it from here)
 
 __all__ = [
-    "RECORD_MAGIC",
-    "StepLogs",
-    "StepRecord",
-    "StepTx",
-    "TxUpdate",
-    "TRAILER_MAGIC",
-    "VERSION",
-    "encode_body",
-    "encode_header",
-    "encode_record",
-    "encode_record_v1",
-    "frame_body",
-    "parse_header",
-    "read_header",
-    "scan",
+    "RECORD_MAGIC", "StepLogs", "StepRecord", "StepTx", "TxUpdate", "TRAILER_MAGIC", "VERSION",
+    "encode_body", "encode_header", "encode_record", "encode_record_v1", "frame_body", "parse_header",
+    "read_header", "scan",
 ]
 
 #: Marks each record's start (§6.8).
@@ -80,6 +69,8 @@ _PREFIX = 8  # version 1: magic + body length
 _SUM = 32
 _HEAD = 32  # version 2: magic, B, P, HC
 _FRAME = 96  # version 2: head, checksum, trailer
+#: Step logs a process keeps open after appending to them (a run appends to a few groups, again and again).
+PINS = 8
 
 
 class CorruptSteps(KxenError):
@@ -374,43 +365,6 @@ def _tail_damage(buf: bytes, p: int, line: bytes, base: int) -> tuple[int, str] 
     return None
 
 
-def _range_re(lo: int, hi: int, width: int) -> bytes:
-    """A regular expression matching exactly the ``width``-byte big-endian integers in [lo, hi]."""
-    if width == 0:
-        return b""
-    shift = 8 * (width - 1)
-    full = (1 << shift) - 1
-    a, b = lo >> shift, hi >> shift
-    rest_lo, rest_hi = lo & full, hi & full
-
-    def byte(x: int) -> bytes:
-        return b"\\x%02x" % x
-
-    def anything(w: int) -> bytes:
-        return b"[\\s\\S]{%d}" % w if w else b""
-
-    def sub(x: int, y: int) -> bytes:
-        return anything(width - 1) if (x, y) == (0, full) else _range_re(x, y, width - 1)
-
-    if a == b:
-        return byte(a) + sub(rest_lo, rest_hi)
-    alts = [byte(a) + sub(rest_lo, full)]
-    if b - a > 1:
-        alts.append(b"[" + byte(a + 1) + b"-" + byte(b - 1) + b"]" + anything(width - 1))
-    alts.append(byte(b) + sub(0, rest_hi))
-    return b"(?:" + b"|".join(alts) + b")"
-
-
-def _candidates(buf: bytes, magic: bytes, start: int, lo: int, hi: int) -> Iterator[int]:
-    """Positions >= ``start`` where ``magic`` begins fields whose offset (bytes 8-16) lies in [lo, hi]."""
-    if lo > hi:
-        return iter(())
-    # The magics have no border (no proper prefix is also a suffix): matches
-    # never overlap, and the magic itself can be consumed.
-    pat = re.compile(re.escape(magic) + b"(?=[\\s\\S]{4}" + _range_re(lo, hi, 8) + b")")
-    return (m.start() for m in pat.finditer(buf, start))
-
-
 def _scan_v1(data: bytes | memoryview, start: int, where: str, base: int,
              last: tuple[int, int] | None) -> tuple[list[StepRecord], int]:
     """Version 1's rule (§6.8.1): records end at the first that fails; a valid one after that is damage."""
@@ -485,6 +439,9 @@ class _Log:
     # re-reads a group 40 times a turn, and judging a long tail again each
     # time would cost that many passes over it.
     tail: bytes = b""
+    # The file kept open by this process (StepLogs._pin), or None: while it
+    # is open the inode cannot be reused, so a stat naming it is this file.
+    pin: Any = None
 
     @property
     def line(self) -> bytes:
@@ -532,10 +489,18 @@ class StepLogs:
         #: Reads a damaged log's records that check (store.salvage.salvage_log, which imports this
         #: module: the store hands it in); None: a damaged log serves nothing.
         self.salvager: Any = None
+        self._pins: list[_Log] = []  # logs whose file is kept open, oldest first (see _pin)
+        self._paths: dict[str, str] = {}  # group -> its log's path (a pure function of the name)
 
     def path(self, group: str) -> str:
-        ns, gid = group.split("/")
-        return os.path.join(self.root, "steps", ns, gid)
+        path = self._paths.get(group)
+        if path is None:
+            ns, gid = group.split("/")
+            path = os.path.join(self.root, "steps", ns, gid)
+            if len(self._paths) >= 4096:
+                self._paths.clear()
+            self._paths[group] = path
+        return path
 
     # ---------------------------------------------------------------- reading
 
@@ -552,6 +517,15 @@ class StepLogs:
             if fresh and old is not None:
                 self._forget(old)
                 old = None
+            if old is not None and old.pin is not None:
+                # Pinned: the same inode is the same file (what the header
+                # check below proves of an unpinned one), so a stat suffices.
+                try:
+                    st = io.stat(path)
+                except OSError:
+                    st = None  # the slow path says what
+                if st is not None and (st.st_dev, st.st_ino) == old.ident and st.st_size == old.size == old.end:
+                    return old
             try:
                 f = io.open_read(path)
             except FileNotFoundError:
@@ -614,7 +588,31 @@ class StepLogs:
                 self._index[oid] = (log, at, n)
                 log.ids.add(oid)
 
+    def _pin(self, log: _Log) -> None:
+        """Keep ``log``'s file open (the last :data:`PINS` logs this process appended to), under ``_mu``."""
+        if log.pin is not None:
+            return
+        try:
+            f = self.io.open_read(log.path)
+            st = self.io.fstat(f)
+        except OSError:
+            return  # a pin only saves time
+        if (st.st_dev, st.st_ino) != log.ident:
+            f.close()
+            return
+        log.pin = f
+        self._pins.append(log)
+        if len(self._pins) > PINS:
+            self._unpin(self._pins[0])
+
+    def _unpin(self, log: _Log) -> None:
+        if log.pin is not None:
+            log.pin.close()
+            log.pin = None
+            self._pins.remove(log)
+
     def _forget(self, log: _Log) -> None:
+        self._unpin(log)
         self._logs.pop(log.path, None)
         for r in log.records:
             for oid, _, _ in r.objects:
@@ -696,15 +694,10 @@ class StepLogs:
         outlive it (§9.3, as rule 4 for loose objects). Once per log and
         length per process: the log's file, and its directory once.
         """
-        hit = self._index.get(oid)
-        if hit is None or hit[0] is but:
+        log = self.unsynced(oid, but)
+        if log is None:
             return
-        log, at, _ = hit
-        if log.ident == (0, 0):
-            return  # a record of a damaged log (served read-only, §18.1): committed long before the damage
         key = (log.path, log.ident, log.gen)
-        if self._synced.get(key, -1) > at:
-            return
         try:
             st = self.io.stat(log.path)
         except FileNotFoundError:
@@ -716,6 +709,17 @@ class StepLogs:
         if key not in self._durable:
             self.io.fsync_dir(os.path.dirname(log.path))
             self._durable.add(key)
+
+    def unsynced(self, oid: ObjectId, but: _Log | None = None) -> _Log | None:
+        """The log other than ``but`` holding ``oid`` in a record no fsync of this instance covers, if one does.
+
+        What :meth:`make_durable` would fsync, or a writer carry instead (§9.3 rule 12).
+        """
+        hit = self._index.get(oid)
+        if hit is None or hit[0] is but or hit[0].ident == (0, 0):
+            return None  # (0, 0): a damaged log's record (served read-only, §18.1), committed long before the damage
+        log, at, _ = hit
+        return None if self._synced.get((log.path, log.ident, log.gen), -1) > at else log
 
     def record_counts(self) -> dict[str, int]:
         """The committed records of each log this instance has read, by group: what automatic packing's
@@ -786,6 +790,7 @@ class StepLogs:
                            [0], [header], [])
                 self._logs[path] = log
                 self._extend(log, data[len(header):], len(data))
+                self._pin(log)
                 return log
             if log.size > log.end:
                 io.truncate(path, log.end)  # an uncommitted tail: cut it (fsynced)
@@ -833,6 +838,7 @@ class StepLogs:
         log.end = base + len(rec)
         log.size = size
         log.tail = b""
+        self._pin(log)
 
     def start_generation(self, group: str, gen: int) -> None:
         """Replace ``group``'s log by an empty one of generation ``gen`` (a checkpoint's last step)."""
