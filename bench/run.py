@@ -224,6 +224,7 @@ def w_fork(plan: Plan, res: Results, hist: History, work: str) -> None:
     jl: dict[int, list[float]] = {n: [] for n in sizes}
     jd: dict[int, list[float]] = {n: [] for n in sizes}
     cpu: list[float] = []  # the largest fork with every fsync skipped: the CPU part
+    ap: list[float] = []  # one write+fsync append on this disk, the unit a fork is published against
     out = os.path.join(work, "jsonl-forks")
     os.makedirs(out, exist_ok=True)
     for r in range(plan.fork_repeats):
@@ -247,9 +248,11 @@ def w_fork(plan: Plan, res: Results, hist: History, work: str) -> None:
                 os.unlink(dst)
         nosync = Store(hist.root, io=FaultyIO(None, sync=False))
         cpu.append(timed(SessionStore(nosync).fork, hist.sessions[sizes[-1]])[0])
+        os.sync()
+        ap.append(median(floor_run(os.path.join(out, f"append-{r}.log"), 5, [b"x" * 200 + b"\n"])))
     lo, hi = sizes[0], sizes[-1]
     res.raw["fork"] = {"sizes": {n: hist.lengths[n] for n in sizes}, "kxen_s": kx, "fsyncs": fs, "jsonl_s": jl,
-                       "kxen_nosync_s": cpu,
+                       "kxen_nosync_s": cpu, "append_s": ap,
                        "jsonl_durable_s": jd, "jsonl_bytes": {n: hist.jsonl[n][1] for n in sizes}}
     for n in sizes:
         res.add("1 fork", f"fork at {n:,} msgs: kxen vs JSONL prefix copy ({mib(hist.jsonl[n][1])})",
@@ -259,11 +262,17 @@ def w_fork(plan: Plan, res: Results, hist: History, work: str) -> None:
     res.add("1 fork", f"kxen fork({hi:,}) / fork({lo:,})", ms(median(kx[hi])), ms(median(kx[lo])), g, "<= 1.2",
             g <= 1.2)
     s = median(jl[hi]) / median(kx[hi])
-    res.add("1 fork", f"JSONL copy / kxen fork at {hi:,} msgs", ms(median(kx[hi])), ms(median(jl[hi])), s,
-            ">= 100x", s >= 100)
+    res.add("1 fork", f"JSONL copy (never fsynced) / kxen fork at {hi:,} msgs", ms(median(kx[hi])),
+            ms(median(jl[hi])), s, "(context: the 100x target is retired)", None)
+    n_fs = median(fs[hi])
+    res.add("1 fork", f"fsyncs of a fork at {hi:,} (a fresh store, FileIO counter) vs the durable JSONL copy's",
+            f"{n_fs:.0f}", "2", n_fs / 2, "<= 2 fsyncs", n_fs <= 2, "{:.2f}x")
+    s = median(kx[hi]) / median(ap)
+    res.add("1 fork", f"kxen fork at {hi:,} / one fsync'd append on this disk", ms(median(kx[hi])),
+            ms(median(ap)), s, "(context)", None)
     s = median(jd[hi]) / median(kx[hi])
-    res.add("1 fork", f"durable JSONL copy (+fsync) / kxen fork at {hi:,}", ms(median(kx[hi])), ms(median(jd[hi])),
-            s, "(context)", None)
+    res.add("1 fork", f"durable JSONL copy (+fsync of file and directory) / kxen fork at {hi:,}", ms(median(kx[hi])),
+            ms(median(jd[hi])), s, "(context)", None)
     s = median(jl[hi]) / median(cpu)
     res.add("1 fork", f"JSONL copy / kxen fork with its fsyncs skipped, at {hi:,} (context)", ms(median(cpu)),
             ms(median(jl[hi])), s, "(context)", None)

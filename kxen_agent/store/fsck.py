@@ -482,6 +482,8 @@ _TOP_NAMES = frozenset({"FORMAT", "objects", "refs", "logs", "locks", "leases", 
 _GIT_DIR = "git"
 #: The store's own lock files at the top of ``locks/`` (§8.2, §8.4).
 _TOP_LOCKS = frozenset({"gc.lock", "gc-gate.lock", "gc-run.lock"})
+#: The settled markers of the state dir (§10.3): empty files beside them.
+_SETTLED = re.compile(r"settled-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]{16}")
 
 
 def _held_only_by_dead_logs(store: Store, present: set[ObjectId], rep: FsckReport) -> dict[ObjectId, tuple[str, int]]:
@@ -709,7 +711,7 @@ def _stray_entries(root: str, io: FileIO, groups: set[str]) -> list[str]:
                 out.append(path)
     for name in ls(locks):
         d = os.path.join(locks, name)
-        if name in _TOP_LOCKS or name.startswith(TEMP_PREFIX):
+        if name in _TOP_LOCKS or name.startswith(TEMP_PREFIX) or _SETTLED.fullmatch(name):
             continue
         if not io.isdir(d):
             out.append(d)

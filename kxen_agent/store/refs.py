@@ -90,6 +90,13 @@ __all__ = [
     "validate_update",
 ]
 
+#: A record carries at most this many objects, and bytes of them, copied from other groups' logs
+#: rather than fsync those logs (§9.3 rule 12): a fork carries its parent's agent and the
+#: messages since the parent's last checkpoint, which the checkpoint policy keeps few (§6.8.2).
+CARRY_MAX_OBJECTS = 64
+CARRY_MAX_BYTES = 1 << 20
+
+
 def is_temp_file(path: str, io: FileIO) -> bool:
     """Whether ``path`` is a temp file as :meth:`.fsio.FileIO.write_tmp` makes them.
 
@@ -415,14 +422,54 @@ class RefStore:
         for o in objs:
             if o.kind != "blob":
                 named += links_of(o.kind, decode_body(o))
-        for oid in named:
-            if oid not in carried:
-                self._steps.make_durable(oid, but=log)
+        copies = self._copies(named, carried, log)
+        if copies is None:  # too much to carry: make the other logs durable instead (§9.3 rule 12)
+            for oid in named:
+                if oid not in carried:
+                    self._steps.make_durable(oid, but=log)
+        else:
+            objs += copies
         log = self._steps.append(group, cur.steps_gen, log, tx, objs)  # the commit point
         size = cur.log_size
         for u, old in zip(updates, olds):
             size += len(format_reflog_line(ReflogEntry(old, u.new, now, used_fence, u.name, tx.reason)))
         return RefGroupState(group, refs, out_fence, size, out_deleted, True, cur.steps_gen, log, len(log.records))
+
+    def _copies(self, named: list, carried: set, own) -> list | None:
+        """The objects to carry in a record so that nothing it names rests on another log's unsynced record.
+
+        §9.3 rule 12: an object (or one it links to, transitively) found in a
+        record of *another* group's step log that no fsync of this instance
+        covers may vanish in a power loss if that log's writer died before
+        its fsync. Rather than fsync that log (and its directory), the
+        record carries copies of those objects — a fork of a session names
+        its parent's agent and messages; a copy costs their compressed
+        bytes, two fsyncs cost far more. None when they pass
+        :data:`CARRY_MAX_OBJECTS` or :data:`CARRY_MAX_BYTES` (the caller
+        fsyncs instead): a record stays small. ``own``: the group's log.
+        """
+        steps = self._steps
+        out: list = []
+        size = 0
+        seen = set(carried)
+        todo = [o for o in named if o not in seen]
+        while todo:
+            oid = todo.pop()
+            if oid in seen:
+                continue
+            seen.add(oid)
+            if (own is not None and oid in own.ids) or steps.unsynced(oid, own) is None:
+                continue
+            obj = steps.read_raw(oid)
+            if obj is None:
+                continue
+            out.append(obj)
+            size += len(obj.raw)
+            if len(out) > CARRY_MAX_OBJECTS or size > CARRY_MAX_BYTES:
+                return None
+            if obj.kind != "blob":
+                todo += links_of(obj.kind, decode_body(obj))
+        return out
 
     def checkpoint(self, group: str, *, locked: bool = False) -> bool:
         """Fold ``group``'s step log into its ref file and reflog, and start the log's next generation.

@@ -13,6 +13,7 @@ file itself.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from contextlib import AbstractContextManager, contextmanager
@@ -62,6 +63,10 @@ _FORMAT_RE = re.compile(rb"kxen-agent-state (0|[1-9][0-9]*)\n")
 #: ``locks/<ns>`` and ``leases/<ns>`` made with the skeleton (§10.3); any
 #: other namespace's directories are made on first use.
 NAMESPACE_TOPS = ("refs", "logs", "locks", "leases", "steps")
+#: The settled marker's name in ``locks/`` (§10.3): this prefix, then the state dir's
+#: device, inode and status-change time in nanoseconds, in decimal, and the first 16 hex
+#: digits of the SHA-256 of its absolute path, joined by ``-``.
+SETTLED_PREFIX = "settled-"
 
 _BASE_SKELETON = (
     "objects",
@@ -207,7 +212,10 @@ class _DiskSteps:
 
     def commit(self, group: str, updates: list[RefUpdate], reason: str, fence: int | None, new_fence: int | None,
                deleted: Any, objects: list[RawObject]) -> RefGroupState:
-        return self._store.refs.commit_locked(group, updates, reason, fence, new_fence, deleted, objects)
+        state = self._store.refs.commit_locked(group, updates, reason, fence, new_fence, deleted, objects)
+        if self._store._unmarked is not None:
+            self._store.mark_settled()
+        return state
 
     def keep(self, objects: list[RawObject]) -> None:
         store = self._store
@@ -286,6 +294,8 @@ class Store:
         # Set once this instance may write with no more setup: it made the
         # state dir, or it found one and synced the names it relies on.
         self._writable = False
+        # The settled marker (§10.3) this instance's fsyncs earned, left by mark_settled.
+        self._unmarked: str | None = None
         self.format_version = 0
         self.loose = LooseObjects(os.path.join(self.root, "objects"), io, before_write=self.ensure_initialized)
         self.lock_timeout = lock_timeout
@@ -389,10 +399,14 @@ class Store:
             # skeleton's top names), and the state dir's own name, may be
             # those of a creator whose last fsyncs failed or never ran; a
             # write must not build on them (§9.3 rules 3 and 8). Once per
-            # store instance.
-            self.io.fsync_dir(self.root)
-            self.io.fsync_dir(os.path.dirname(self.root) or ".")
+            # store instance, unless the settled marker of the state dir as
+            # it is now says an earlier instance's fsyncs returned.
             self._settle_root(creating=False)
+            marker = self._settled_marker()
+            if marker is None or not self.io.lexists(marker):
+                self.io.fsync_dir(self.root)
+                self.io.fsync_dir(os.path.dirname(self.root) or ".")
+                self._unmarked = marker
             self._writable = True
             return
         self._settle_root(creating=True)
@@ -410,6 +424,43 @@ class Store:
         self._initialized = True
         self._writable = True
         self._trust_skeleton()
+        self._unmarked = self._settled_marker()
+
+    def _settled_marker(self) -> str | None:
+        """The settled marker's path for the state dir as it is now (§10.3).
+
+        ``locks/settled-<dev>-<ino>-<ctime>-<path>``: named by the state
+        dir's device, inode and status-change time and its path's digest,
+        so a rename, move or copy of the state dir, or any change of its
+        top directory (a new ``FORMAT``), names another marker. None if
+        the state dir cannot be stat-ed (the fsyncs then run, and say why).
+        """
+        try:
+            st = self.io.stat(self.root)
+        except OSError:
+            return None
+        where = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:16]
+        return os.path.join(self.root, "locks", f"{SETTLED_PREFIX}{st.st_dev}-{st.st_ino}-{st.st_ctime_ns}-{where}")
+
+    def mark_settled(self) -> None:
+        """Leave the settled marker this instance's fsyncs of rules 3 and 8 earned (§9.3), if not done yet.
+
+        Called after the instance's first committed step (``_DiskSteps``):
+        a command that writes nothing (a refused import, a dry run) leaves
+        the state dir as it found it. The marker is named by the ``stat``
+        taken before those fsyncs (``_unmarked``): an empty file, never
+        fsynced, since it only says that they returned, which stays true
+        whether or not a crash keeps it; a lost marker costs the next
+        instance the two fsyncs and nothing else. Best effort: a failure to
+        leave it changes nothing else.
+        """
+        marker, self._unmarked = self._unmarked, None
+        if marker is None:
+            return
+        try:
+            self.io.ensure_file(marker)
+        except OSError:
+            pass
 
     def _settle_root(self, *, creating: bool) -> None:
         """Give the root its §10.4 mode (a dir made by hand, or 0755 by an older kxen-agent)."""

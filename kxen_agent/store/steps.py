@@ -614,10 +614,15 @@ class StepLogs:
     def _forget(self, log: _Log) -> None:
         self._unpin(log)
         self._logs.pop(log.path, None)
-        for r in log.records:
-            for oid, _, _ in r.objects:
-                if self._index.get(oid, (None,))[0] is log:
-                    del self._index[oid]
+        lost = {oid for r in log.records for oid, _, _ in r.objects if self._index.get(oid, (None,))[0] is log}
+        for oid in lost:
+            del self._index[oid]
+        # An object another log holds too (a fork's carried copy, §6.8 writing step 2) stays found there.
+        for other in [o for o in self._logs.values() if lost and not lost.isdisjoint(o.ids)]:
+            for r in other.records:
+                for oid, at, n in r.objects:
+                    if oid in lost:
+                        self._index.setdefault(oid, (other, at, n))
 
     def scan_all(self) -> None:
         """Read every step log of the state dir (new ones, and what the known ones have grown by)."""
@@ -790,6 +795,7 @@ class StepLogs:
                            [0], [header], [])
                 self._logs[path] = log
                 self._extend(log, data[len(header):], len(data))
+                self._synced[(path, log.ident, gen)] = len(data)  # fsynced before its rename
                 self._pin(log)
                 return log
             if log.size > log.end:
@@ -838,6 +844,7 @@ class StepLogs:
         log.end = base + len(rec)
         log.size = size
         log.tail = b""
+        self._synced[(log.path, log.ident, log.gen)] = size  # the append fsynced the whole file
         self._pin(log)
 
     def start_generation(self, group: str, gen: int) -> None:
