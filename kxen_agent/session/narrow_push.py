@@ -7,7 +7,8 @@ and the client reads and looks up each. ``receive.hideRefs`` on the
 remote's side cuts that list: a push of sessions runs the remote's
 receive-pack as ::
 
-    git -c receive.hideRefs=refs/kxen -c 'receive.hideRefs=!refs/kxen/sessions/<ses>' ... receive-pack
+    git -c receive.hideRefs=refs/kxen -c 'receive.hideRefs=!refs/kxen/sessions/<ses>' ... \
+        -c 'core.alternateRefsPrefixes=refs/kxen/sessions/<ses> ...' receive-pack
 
 hiding every ``refs/kxen/`` ref except the ones it updates and the ones
 whose history it builds on (a fork's nearest pushed ancestor,
@@ -17,7 +18,11 @@ pushed ref's old value and the fork base), so no more bytes travel. Git
 refuses a push to a hidden ref; the negated entries (the later entry
 wins) un-hide the refs pushed, so the compare-and-swap of
 ``--force-with-lease`` and ``--atomic`` work as before, against the
-values the remote advertises for them. Refs outside ``refs/kxen/`` (the
+values the remote advertises for them. The remote's connectivity check
+then starts from the visible refs alone (Git 2.39 and later exclude
+hidden refs from it) and, through ``core.alternateRefsPrefixes``, no
+longer lists and reads every ref as an "alternate ref" of its quarantine
+(:func:`receive_pack_command`). Refs outside ``refs/kxen/`` (the
 code branches a ``--with-branch`` push builds on) stay advertised, and a
 push of anything under ``refs/kxen/`` other than session and lease refs
 (``--with-checkpoints``) is not narrowed.
@@ -116,11 +121,22 @@ def refs_to_show(updated: Sequence[str], shared: Iterable[str]) -> list[str] | N
 
 
 def receive_pack_command(shown: Sequence[str]) -> str:
-    """The ``--receive-pack`` command (one shell line) that hides :data:`HIDDEN` but ``shown``."""
+    """The ``--receive-pack`` command (one shell line) that hides :data:`HIDDEN` but ``shown``.
+
+    ``core.alternateRefsPrefixes``: the remote's connectivity check
+    (``rev-list --not --exclude-hidden=receive --all --alternate-refs``,
+    run inside the push's quarantine, whose alternate is the repository
+    itself) lists the repository's refs once more as "alternate refs", by
+    a ``for-each-ref`` of every ref, hidden or not, and reads each one's
+    commit: at 10,000 sessions most of what a push cost the remote. Limited
+    to ``shown``, the check's starting points are the refs it had anyway;
+    fewer starting points only make it walk further, never pass what it
+    should refuse.
+    """
     words = ["git", "-c", f"receive.hideRefs={HIDDEN}"]
     for ref in shown:
         words += ["-c", f"receive.hideRefs=!{ref}"]
-    words.append("receive-pack")
+    words += ["-c", "core.alternateRefsPrefixes=" + " ".join(shown), "receive-pack"]
     return " ".join(shlex.quote(w) for w in words)
 
 

@@ -11,6 +11,7 @@ programs (the way a hosting service refuses any other command).
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -82,9 +83,17 @@ def test_a_push_is_advertised_its_own_refs_alone_and_lands(remote: Path, tmp_pat
     assert rep.sessions == {ses: "created"}
     assert _advertised(trace) == set()  # its ref is not there yet; the other 20 sessions are hidden
     _append(store, ses, 3, start=6)
+    events = tmp_path / "events"
+    monkeypatch.setenv("GIT_TRACE2_EVENT", str(events))
     (rep,) = push_sessions(store, [ses])
+    monkeypatch.delenv("GIT_TRACE2_EVENT")
     assert rep.sessions == {ses: "updated"} and rep.new_objects[ses] == 3
     assert _advertised(trace) == {session_ref(ses)}
+    # The remote's connectivity check listed, as its quarantine's "alternate refs", the shown ref alone.
+    listed = [e["argv"] for e in map(json.loads, events.read_text().splitlines())
+              if e.get("event") == "start" and "--format=%(objectname)" in e.get("argv", [])
+              and f"--git-dir={remote}" in e["argv"]]
+    assert listed and all(argv[argv.index("--") + 1:] == [session_ref(ses)] for argv in listed), listed
     assert git(remote, "rev-parse", session_ref(ses)).strip() == rep.commits[ses]
     # Without the narrowing, the same remote advertises every session (what the test would see if it broke).
     monkeypatch.setenv(ENV, "0")
@@ -233,4 +242,6 @@ def test_the_transport_and_the_command() -> None:
     assert shlex.split(cmd) == ["git", "-c", "receive.hideRefs=refs/kxen",
                                 "-c", "receive.hideRefs=!refs/kxen/leases/ses_a",
                                 "-c", "receive.hideRefs=!refs/kxen/sessions/ses_a",
-                                "-c", "receive.hideRefs=!refs/kxen/sessions/ses_p", "receive-pack"]
+                                "-c", "receive.hideRefs=!refs/kxen/sessions/ses_p",
+                                "-c", "core.alternateRefsPrefixes=refs/kxen/leases/ses_a refs/kxen/sessions/ses_a "
+                                      "refs/kxen/sessions/ses_p", "receive-pack"]
