@@ -54,9 +54,10 @@ import blake3
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import OS_IO
 from kxen_agent.store.locks import file_lock
-from kxen_agent.store.gitmap import GitObject, encode_indexed_pack, hex40, kxen_id_of_path
+from kxen_agent.store.gitmap import GitObject, hex40, kxen_id_of_path
 
 from . import gitproc, narrow_push
+from .push_pack import indexed_pack
 from .workspace import normalize_remote_url, strip_credentials
 
 __all__ = [
@@ -549,7 +550,7 @@ class Workbench:
         """
         if not objects:
             return
-        data, idx = encode_indexed_pack(objects)
+        data, idx = indexed_pack(objects)
         base = os.path.join(self.path, "objects", "pack", f"pack-{data[-20:].hex()}")
         for ext, body in ((".pack", data), (".idx", idx)):
             tmp = base + ext + ".tmp"
