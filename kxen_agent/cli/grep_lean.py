@@ -15,12 +15,18 @@ through typer like every other command, so that its messages are click's
 own. The typer command (:mod:`.grep_cmds`) calls the same :func:`grep`:
 one search, one output, one set of errors, whichever way in
 (``tests/session/test_grep_lean.py`` holds the two ways equal).
+
+The search itself starts lean too: while the search index's stamp says
+no session's ref file or step log changed since a search read them
+(:mod:`kxen_agent.session.grep_stamp`, ``objects_spec.md`` §11a.2), the
+index files are searched without importing the store or reading a ref;
+anything else (and ``--session``) goes the long way, which opens the
+store, brings the index up to date and writes the stamp again.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -48,6 +54,8 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
         def find(buf: Any, pos: int, end: int) -> int:
             return buf.find(raw, pos, end)
         return find
+    import re  # here: a plain pattern needs no regular expression (the lean start's cost)
+
     try:
         rx = re.compile(raw if regex else re.escape(raw), re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
     except re.error as e:
@@ -64,8 +72,7 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
          session: Sequence[str] = (), since: Optional[str] = None, sessions_only: bool = False,
          json_out: bool = False) -> int:
     """Search and print (see ``grep_cmds.grep_cmd``); 0 when something matched, 1 when nothing did."""
-    from kxen_agent.session.grep_index import NS, ROLES, search
-    from kxen_agent.store import Store
+    from kxen_agent.session.grep_format import ROLES
 
     bad = [r for r in role if r not in ROLES]
     if bad:
@@ -77,25 +84,14 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
         cutoff: int | None = since_ns(since)
     else:
         cutoff = None
-    store = Store.open(namespaces=(NS,))
-    if not store.exists:
-        hits: list = []
-    else:
-        only = None
-        if session:
-            from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+    hits = None
+    if not session:
+        # Nothing changed since a search read the refs (the index's stamp says so): no store, no ref read.
+        from kxen_agent.session.grep_stamp import lean_search, state_dir
 
-            sessions = SessionStore(store)
-            only = {sessions.resolve_id(s) for s in session}
-
-        def damaged(group: str, e: Exception) -> None:
-            from ._render import err, term_text as t
-
-            err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
-                "`kxen-agent fsck` checks the state dir")
-
-        hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
-                                sessions_only=sessions_only, on_damaged=damaged)
+        hits = lean_search(state_dir(), match, roles=set(role) or None, since_ns=cutoff, sessions_only=sessions_only)
+    if hits is None:
+        hits = _search(match, role=role, session=session, cutoff=cutoff, sessions_only=sessions_only)
     matched = sorted({s for h in hits for s in h.sessions})
     if json_out:
         from ._render import emit_json
@@ -108,17 +104,49 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
     else:
         # One write, not an echo per line: a common word can match tens of thousands of lines.
         dates: dict[int, str] = {0: "-"}
-        lines = []
+        lines: list[str] = []
+        add = lines.append
+        message = sessions = prefix = None
         for h in hits:
-            when = dates.get(h.date_ns)
-            if when is None:
-                when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
+            if h.message is not message or h.sessions is not sessions:  # the lines of one message share it
+                message, sessions = h.message, h.sessions
+                when = dates.get(h.date_ns)
+                if when is None:
+                    when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
+                prefix = f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: "
             # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
-            line = h.line if h.line.isascii() and h.line.isprintable() else _term(h.line)
-            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {line}\n")
+            line = h.line
+            add(prefix + (line if line.isascii() and line.isprintable() else _term(line)) + "\n")
         sys.stdout.write("".join(lines))
     sys.stdout.flush()
     return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+
+
+def _search(match: Any, *, role: Sequence[str], session: Sequence[str], cutoff: int | None,
+            sessions_only: bool) -> list:
+    """The hits the long way: the store opened, the refs read, the index brought up to date (and stamped)."""
+    from kxen_agent.session.grep_index import NS, search
+    from kxen_agent.store import Store
+
+    store = Store.open(namespaces=(NS,))
+    if not store.exists:
+        return []
+    only = None
+    if session:
+        from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+
+        sessions = SessionStore(store)
+        only = {sessions.resolve_id(s) for s in session}
+
+    def damaged(group: str, e: Exception) -> None:
+        from ._render import err, term_text as t
+
+        err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
+            "`kxen-agent fsck` checks the state dir")
+
+    hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
+                            sessions_only=sessions_only, on_damaged=damaged)
+    return hits
 
 
 def _term(line: str) -> str:
