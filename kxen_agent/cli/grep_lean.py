@@ -29,7 +29,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Optional, Sequence
+TYPE_CHECKING = False  # typing's own value at run time: not imported on the lean start (session/grep_format.py)
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
 
@@ -53,6 +55,7 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
     if not regex and not ignore_case:
         def find(buf: Any, pos: int, end: int) -> int:
             return buf.find(raw, pos, end)
+        find.literal = raw  # type: ignore[attr-defined]  # the scan calls buf.find itself: no call per line
         return find
     import re  # here: a plain pattern needs no regular expression (the lean start's cost)
 
@@ -102,24 +105,30 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
     elif sessions_only:
         sys.stdout.write("".join(s + "\n" for s in matched))  # ids: ses_ and letters and digits, nothing to escape
     else:
-        # One write, not an echo per line: a common word can match tens of thousands of lines.
-        dates: dict[int, str] = {0: "-"}
-        lines: list[str] = []
-        add = lines.append
-        message = sessions = prefix = None
-        for h in hits:
-            if h.message is not message or h.sessions is not sessions:  # the lines of one message share it
-                message, sessions = h.message, h.sessions
-                when = dates.get(h.date_ns)
-                if when is None:
-                    when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
-                prefix = f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: "
-            # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
-            line = h.line
-            add(prefix + (line if line.isascii() and line.isprintable() else _term(line)) + "\n")
-        sys.stdout.write("".join(lines))
+        sys.stdout.write(_text(hits))  # one write, not an echo per line: a common word matches thousands
     sys.stdout.flush()
     return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+
+
+def _text(hits: list) -> str:
+    """The printed lines of ``hits``: ``SESSIONS MESSAGE ROLE DATE: LINE``, each message's prefix made once."""
+    dates: dict[int, str] = {0: "-"}
+    lines: list[str] = []
+    add = lines.append
+    message = sessions = names = prefix = None
+    for h in hits:
+        if h.message is not message or h.sessions is not sessions:  # the lines of one message share it
+            if h.sessions is not sessions:
+                names = ",".join(h.sessions)
+            message, sessions = h.message, h.sessions
+            when = dates.get(h.date_ns)
+            if when is None:
+                when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
+            prefix = f"{names} msg_{h.message.hex()[:16]} {h.role} {when}: "
+        # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
+        line = h.line
+        add(prefix + (line if line.isascii() and line.isprintable() else _term(line)) + "\n")  # type: ignore[operator]
+    return "".join(lines)
 
 
 def _search(match: Any, *, role: Sequence[str], session: Sequence[str], cutoff: int | None,

@@ -50,7 +50,7 @@ reached through its module, and a name beginning with ``_`` is nobody's
 business outside this package.
 """
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing's own value at run time, without importing typing (session grep's lean start)
 
 import kxen_agent.lazy
 

@@ -16,7 +16,13 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_right
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
+from collections import namedtuple
+
+#: typing's own value at run time: this module is on ``session grep``'s lean start, where importing typing (and
+#: the ``re`` it imports) costs more than the modules themselves. Annotations are strings (``__future__``).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Iterator, Mapping
 
 __all__ = ["MAGIC", "NS", "ROLES", "BadIndex", "Damaged", "Hit", "IndexFile", "base_ok", "chain_id", "encode_index",
            "family_order", "merged", "parse_index", "scan"]
@@ -202,16 +208,10 @@ def family_order(items: list[Any], *, ident: Callable[[Any], str], parent: Calla
     return out
 
 
-class Hit(NamedTuple):
-    """One matching line: the message, the sessions whose history holds it, its role, date and line."""
-
-    message: bytes
-    sessions: tuple[str, ...]
-    role: str
-    date_ns: int
-    seq: int
-    line_no: int  # 1-based, within the message's text
-    line: str
+# (collections.namedtuple, not typing.NamedTuple: see TYPE_CHECKING above)
+Hit = namedtuple("Hit", "message sessions role date_ns seq line_no line")
+Hit.__doc__ = """One matching line: the message (its id, bytes), the sessions whose history holds it (a tuple), its
+role, date (ns, 0: none), ``seq``, line number (1-based, within the message's text) and the line (str)."""
 
 
 class Damaged(Exception):
@@ -224,9 +224,10 @@ class Damaged(Exception):
 
 def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, only: set[str] | None,
          roles: set[str] | None, since_ns: int | None, sessions_only: bool) -> tuple[list[Hit], int]:
-    """The hits in ``files`` (in order: parents before forks; a message held by two files once from each) and the
-    bytes of text searched; :class:`Damaged` for a file whose entry fails its checksum before a line of it is
-    reported."""
+    """The hits in ``files`` (in order: parents before forks; a message held by two files once, with the sessions
+    of both: :func:`merged`) and the bytes of text searched; :class:`Damaged` for a file whose entry fails its
+    checksum before a line of it is reported. ``match.literal`` (bytes), when ``match`` has it: the pattern is
+    that literal, found with ``find`` itself (no call of ``match`` per line)."""
     # Which sessions each file serves, and up to which seq: its own (all), then each fork leaning on it.
     cover: dict[str, list[tuple[str, int]]] = {s: [] for s in files}
     for ses, f in files.items():
@@ -240,9 +241,14 @@ def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, 
             limit, depth = min(limit, cur.base_seq), depth + 1
     hits: list[Hit] = []
     add = hits.append
+    new = tuple.__new__  # a Hit without its Python-level __new__: tens of thousands for a common word
     total = 0
     unpack, size = _REC.unpack_from, _REC.size
     nroles = len(ROLES)
+    crc32 = zlib.crc32
+    lit = getattr(match, "literal", None)
+    held: dict[bytes, str] = {}  # message -> the file that reported it first: two files hold it only rarely
+    twice = False
     for ses, f in files.items():
         served = cover[ses]
         if not served:
@@ -250,6 +256,7 @@ def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, 
         every, below = tuple(s for s, _lim in served), min(lim for _s, lim in served)
         unseen = set(every)
         buf, t0, offsets, table = f.buf, f.t0, f.offsets, f.table
+        view = memoryview(buf)  # slices of it are not copies (an entry's checksum)
         find, rfind = buf.find, buf.rfind
         t1 = t0 + offsets[-1]
         total += t1 - t0
@@ -257,12 +264,14 @@ def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, 
         # role, date and sessions pass the filters), its fields, whether its checksum was checked, and the line
         # counted last (matches come in file order: a line number counts only the text since that line).
         cur, cur_end, report, checked = -1, t0, False, False
-        oid, date, seq, role, owners = b"", 0, 0, "", every
+        oid, date, seq, crc, role, owners = b"", 0, 0, 0, "", every
         counted_at, counted_no = t0, 1
         pos = t0
-        # One match per line: after a matching line, the search resumes at the next line. (An empty match at
-        # the text's very end, after its last LF, is on no line of a message.)
-        while pos < t1 and 0 <= (start := match(buf, pos, t1)) < t1:
+        # One match per line: after a matching line, the search resumes at the next line.
+        while pos < t1:
+            start = find(lit, pos, t1) if lit is not None else match(buf, pos, t1)
+            if not 0 <= start < t1:
+                break  # none (an empty match at the text's very end, after its last LF, is on no line)
             ls = rfind(b"\n", pos, start) + 1 or pos
             le = find(b"\n", start, t1)  # every text ends with an LF (unless damaged: its check says so)
             if le < 0:
@@ -272,7 +281,7 @@ def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, 
                 cur = bisect_right(offsets, ls - t0, cur + 1) - 1
                 counted_at, cur_end = t0 + offsets[cur], t0 + offsets[cur + 1]
                 counted_no, checked = 1, False
-                oid, date, seq, _crc, role_no = unpack(table, cur * size)
+                oid, date, seq, crc, role_no = unpack(table, cur * size)
                 role = ROLES[role_no] if role_no < nroles else "?"
                 owners = every if seq <= below else tuple(s for s, lim in served if seq <= lim)
                 report = bool(owners) and (roles is None or role in roles) and (since_ns is None or date >= since_ns)
@@ -282,20 +291,20 @@ def scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, 
             if not checked:
                 # Before a line of it is reported: a line that damage made is never shown (one that damage
                 # hid is fsck's to find). The entry holds the whole line: its last byte is an LF, checked too.
-                try:
-                    f.check(cur)
-                except BadIndex:
-                    raise Damaged(ses) from None
+                if crc32(view[t0 + offsets[cur]:cur_end]) != crc:
+                    raise Damaged(ses)
                 checked = True
+                if held.setdefault(oid, ses) != ses:
+                    twice = True
             if ls != counted_at:
                 counted_no += buf[counted_at:ls].count(b"\n")
                 counted_at = ls
-            add(Hit(oid, owners, role, date, seq, counted_no, buf[ls:le].decode("utf-8", "replace")))
+            add(new(Hit, (oid, owners, role, date, seq, counted_no, buf[ls:le].decode("utf-8", "replace"))))
             if sessions_only:
                 unseen.difference_update(owners)
                 if not unseen:
                     break
-    return hits, total
+    return (merged(hits) if twice else hits), total
 
 
 def merged(hits: list[Hit]) -> list[Hit]:

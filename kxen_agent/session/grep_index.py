@@ -53,7 +53,7 @@ from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind, replace_cache_file
 
 from .grep_format import (MAGIC, NS, ROLES, BadIndex, Damaged, Hit, IndexFile, base_ok, chain_id, encode_index,
-                          family_order, merged, parse_index, scan)
+                          family_order, parse_index, scan)
 from .grep_stamp import (ABSENT, BadStamp, FileStat, GroupStamp, Stamp, encode_stamp, file_stat, group_paths,
                          parse_stamp, stamp_path, top_paths)
 from .ids import UnknownSession
@@ -313,7 +313,7 @@ def search(store: Any, match: Callable[[Any, int, int], int], *, only: set[str] 
     finally:
         if taker is not None:
             taker.discard()
-    return merged(hits), {"files": len(files), "written": b.written, "bytes": total, "stamped": int(b.stamped)}
+    return hits, {"files": len(files), "written": b.written, "bytes": total, "stamped": int(b.stamped)}
 
 
 def _ident(i: Listed) -> str:

@@ -34,9 +34,13 @@ import mmap
 import os
 import stat as _stat
 import struct
-from typing import Any, Callable, NamedTuple
+from collections import namedtuple
 
-from .grep_format import NS, Damaged, Hit, IndexFile, base_ok, blake3_digest, family_order, merged, \
+TYPE_CHECKING = False  # typing's own value at run time: not imported on the lean start (see grep_format.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+from .grep_format import NS, Damaged, Hit, IndexFile, base_ok, blake3_digest, family_order, \
     parse_index, scan
 
 __all__ = ["ABSENT", "STAMP_MAGIC", "BadStamp", "FileStat", "GroupStamp", "Stamp", "encode_stamp", "file_stat",
@@ -61,14 +65,9 @@ class BadStamp(ValueError):
     """A stamp that does not parse (a search goes the long way and writes it again)."""
 
 
-class FileStat(NamedTuple):
-    """What the stamp keeps of a file's stats."""
-
-    kind: int  # 0 absent, 1 a regular file, 2 a directory, 3 anything else
-    ino: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
+FileStat = namedtuple("FileStat", "kind ino size mtime_ns ctime_ns")
+FileStat.__doc__ = """What the stamp keeps of a file's stats: kind (0 absent, 1 a regular file, 2 a directory, 3
+anything else), inode, size, modification and change times (ns)."""
 
 
 ABSENT = FileStat(0, 0, 0, 0, 0)
@@ -88,25 +87,17 @@ def _stat_of(path: str, stat: Callable[[str], os.stat_result] = os.stat) -> File
         return ABSENT
 
 
-class GroupStamp(NamedTuple):
-    """One name of ``refs/sessions/`` or ``steps/sessions/``: its files' stats, and whether a search served it
-    (then its ``head`` (None: none) and ``meta`` refs then)."""
-
-    name: str
-    ref: FileStat
-    log: FileStat
-    searched: bool
-    head: bytes | None
-    meta: bytes | None
+GroupStamp = namedtuple("GroupStamp", "name ref log searched head meta")
+GroupStamp.__doc__ = """One name of ``refs/sessions/`` or ``steps/sessions/``: its ref file's and step log's
+:class:`FileStat`, and whether a search served it (``searched``; then its ``head`` (None: none) and ``meta`` refs,
+bytes, then)."""
 
 
-class Stamp(NamedTuple):
+class Stamp(namedtuple("Stamp", "m0 top groups")):
     """``m0``: the file system's clock (ns) before the first stat was taken; ``top``: the stats of
-    :func:`top_paths`; ``groups``: sorted by name."""
+    :func:`top_paths`; ``groups``: a tuple of :class:`GroupStamp`, sorted by name."""
 
-    m0: int
-    top: tuple[FileStat, ...]
-    groups: tuple[GroupStamp, ...]
+    __slots__ = ()
 
     def racy(self) -> bool:
         """Whether a file recorded changed at or after ``m0``: a change in that clock tick may have kept its
@@ -256,5 +247,5 @@ def lean_search(root: str, match: Callable[[Any, int, int], int], *, roles: set[
         hits, _total = scan(files, match, only=None, roles=roles, since_ns=since_ns, sessions_only=sessions_only)
     except Damaged:
         return None  # the long way writes the file anew and searches again
-    return merged(hits)
+    return hits
 
