@@ -125,10 +125,19 @@ def _text(hits: list) -> str:
             if when is None:
                 when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
             prefix = f"{names} msg_{h.message.hex()[:16]} {h.role} {when}: "
-        # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
-        line = h.line
-        add(prefix + (line if line.isascii() and line.isprintable() else _term(line)) + "\n")  # type: ignore[operator]
+        add(prefix + _safe(h.line) + "\n")  # type: ignore[operator]
     return "".join(lines)
+
+
+def _safe(line: str) -> str:
+    """``term_text(line, quote=False)``, without importing it for the lines that need no escape or only their
+    tabs escaped (a file shown with line numbers: most matching lines of tool output). Every character term_text
+    escapes is one str.isprintable refuses (tests/session/test_grep_output.py holds it so), so a printable line
+    is its own escape, and a line printable once its tabs are ``\\t`` is term_text's too."""
+    if line.isprintable():
+        return line
+    tabbed = line.replace("\t", "\\t")
+    return tabbed if tabbed.isprintable() else _term(line)
 
 
 def _search(match: Any, *, role: Sequence[str], session: Sequence[str], cutoff: int | None,
