@@ -64,11 +64,52 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
     except re.error as e:
         raise UsageError(f"--regex {pattern!r} is not a regular expression: {e}") from None
     search = rx.search
+    prefix = _literal_prefix(raw, re.MULTILINE) if regex and not ignore_case else b""
+    if len(prefix) < 3:
+        def first(buf: Any, pos: int, end: int) -> int:
+            m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+            return -1 if m is None else m.start()
+        return first
+    # Every match begins with ``prefix``: the leftmost match is at the first of its places (bytes.find, faster
+    # than the regex engine's own scan) where the pattern matches. Should the prefix be common and rarely
+    # begin a match, the regex engine scans alone again after a bounded number of misses.
+    at = rx.match
+    misses = 0
 
-    def first(buf: Any, pos: int, end: int) -> int:
-        m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+    def first_of(buf: Any, pos: int, end: int) -> int:
+        nonlocal misses
+        while misses < _MAX_MISSES:
+            p = buf.find(prefix, pos, end)
+            if p < 0 or at(buf, p, end) is not None:
+                return p
+            misses += 1
+            pos = p + 1
+        m = search(buf, pos, end)
         return -1 if m is None else m.start()
-    return first
+    return first_of
+
+
+#: Places of a regular expression's literal prefix where it did not match, after which its engine scans alone.
+_MAX_MISSES = 2000
+
+
+def _literal_prefix(raw: bytes, flags: int) -> bytes:
+    """The literal bytes every match of the pattern ``raw`` begins with (b"" when none is known: a pattern that
+    begins otherwise, or whose case is ignored, inline flags included)."""
+    try:
+        from re import IGNORECASE, _constants, _parser  # the parser re.compile has just used
+
+        parsed = _parser.parse(raw, flags)
+        if parsed.state.flags & IGNORECASE:
+            return b""
+        out = bytearray()
+        for op, arg in parsed.data:
+            if op is not _constants.LITERAL:
+                break
+            out.append(arg)
+        return bytes(out)
+    except Exception:  # another Python's private parser: no prefix, the engine scans alone
+        return b""
 
 
 def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: Sequence[str] = (),
