@@ -105,8 +105,10 @@ def test_a_search_where_nothing_changed_reads_no_ref_and_answers_as_the_long_way
         assert want[0] == "long+store" and lean[tuple(c)] == (way, *want[1:]), c
     assert g("-l", "common")[2].split() == sorted([a, b])
     assert json.loads(g("common", "--json")[2])["sessions"] == sorted([a, b])
-    # --session (a name, a prefix) goes the long way.
+    # --session (a name, a prefix) goes the long way, as does a search under a fault spec (the seam counts).
     assert g("common", "-s", a)[0] == "long+store"
+    g.env["KXEN_AGENT_IO_FAULT"] = "EIO@100000"
+    assert g("common")[0] == "long+store"
 
 
 def test_a_session_changed_between_two_searches_is_always_seen(g: Grep, tmp_path: Path) -> None:
