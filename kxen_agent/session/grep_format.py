@@ -56,7 +56,7 @@ class IndexFile:
                  "offsets", "table", "_view")
 
     def __init__(self, ses: str, base_ses: str | None, base_seq: int, base_id: bytes, head_id: bytes, meta_id: bytes,
-                 created_ns: int, parent: str | None, buf: Any, t0: int, offsets: array, table: bytes) -> None:
+                 created_ns: int, parent: str | None, buf: Any, t0: int, offsets: Any, table: Any) -> None:
         self.ses = ses
         self.base_ses = base_ses
         self.base_seq = base_seq  # -1: the file starts at seq 0
@@ -67,8 +67,8 @@ class IndexFile:
         self.parent = parent
         self.buf = buf  # the file's bytes (a read-only mapping): the text is buf[t0:t0 + offsets[-1]]
         self.t0 = t0
-        self.offsets = offsets  # n + 1 offsets into the text
-        self.table = table  # n records of _REC
+        self.offsets = offsets  # n + 1 offsets into the text (a view of the file's, or an array)
+        self.table = table  # n records of _REC (a view of the file's bytes)
         self._view: Any = None  # memoryview of buf, made by the first check
 
     @property
@@ -95,7 +95,7 @@ class IndexFile:
     def id_at_seq(self, seq: int) -> bytes | None:
         i = seq - self.first_seq
         if 0 <= i < self.count:
-            return self.table[i * _REC.size:i * _REC.size + 32]
+            return bytes(self.table[i * _REC.size:i * _REC.size + 32])
         return None
 
     def entries(self) -> Iterator[tuple[bytes, int, int, str, bytes]]:
@@ -151,17 +151,18 @@ def parse_index(ses: str, data: Any) -> IndexFile:
     offs, table = view[start + tlen:start + tlen + 8 * (n + 1)], view[start + tlen + 8 * (n + 1):]
     if blake3_digest((view[_H0:start], offs, table)) != digest:
         raise BadIndex("digest does not match")
-    offsets = array("Q")
-    offsets.frombytes(offs)
-    if sys.byteorder != "little":  # pragma: no cover
+    if sys.byteorder == "little":
+        offsets: Any = offs.cast("Q")  # in place in the mapping: no copy of 8 bytes an entry (nor of the table)
+    else:  # pragma: no cover - the format is little-endian
+        offsets = array("Q")
+        offsets.frombytes(offs)
         offsets.byteswap()
     if offsets[0] != 0 or offsets[-1] != tlen:
         raise BadIndex("offsets do not span the text")
     name = bses.rstrip(b"\0").decode("ascii", "replace") or None
     up = parent.rstrip(b"\0").decode("ascii", "replace") or None
     # The text stays in ``data`` (a mapping of the file: no copy); find/rfind/regex work on it in place.
-    return IndexFile(ses, name, base_seq, base_id, head_id, meta_id, created_ns, up, data, start, offsets,
-                     bytes(table))
+    return IndexFile(ses, name, base_seq, base_id, head_id, meta_id, created_ns, up, data, start, offsets, table)
 
 
 def chain_id(loaded: Mapping[str, IndexFile], ses: str | None, seq: int) -> bytes | None:
