@@ -795,7 +795,8 @@ class Workbench:
 
     def _narrow_command(self, refs: Sequence[str]) -> str | None:
         """The ``--receive-pack`` command of a narrowed push of ``refs``, or None to push plainly."""
-        if not narrow_push.enabled():
+        allowed = narrow_push.transports()
+        if not allowed:
             return None
         shown = narrow_push.refs_to_show(refs, self._shared)
         if shown is None or narrow_push.remembered_plain(self.mirror.path if self.mirror else None, self.remote.key):
@@ -810,7 +811,7 @@ class Workbench:
             p = self.git(["remote", "get-url", "--push", "--all", "kxen-push-url"], check=False)
             self._push_urls = p.stdout.decode("utf-8", "surrogateescape").splitlines() if p.returncode == 0 else []
         kinds = {narrow_push.transport_of(u) for u in self._push_urls}
-        if not kinds or not kinds <= {"local", "ssh"}:
+        if not kinds or not kinds <= allowed:
             return None
         return narrow_push.receive_pack_command(shown)
 

@@ -44,7 +44,8 @@ it costs one refused attempt) and later pushes there go plain directly.
 Nothing else is remembered, and nothing read from a workspace's
 configuration ever becomes part of the command. A remote whose URL
 cannot be classified pushes plainly; ``KXEN_AGENT_NARROW_PUSH=0`` makes
-every push plain.
+every push plain, ``KXEN_AGENT_NARROW_PUSH=local`` narrows only pushes to
+a path or ``file://``.
 
 It decides the command and when to fall back; :mod:`.gitio` runs ``git``.
 """
@@ -60,7 +61,7 @@ __all__ = [
     "ENV",
     "HIDDEN",
     "PLAIN_DIR",
-    "enabled",
+    "transports",
     "never_spoke",
     "receive_pack_command",
     "refs_to_show",
@@ -69,7 +70,8 @@ __all__ = [
     "transport_of",
 ]
 
-#: ``0`` (or ``off``, ``no``, ``false``): every push asks for the remote's full advertisement.
+#: ``0`` (or ``off``, ``no``, ``false``): every push asks for the remote's full advertisement; ``local``: only
+#: pushes to a path or ``file://`` are narrowed (an ssh server then never sees the command).
 ENV = "KXEN_AGENT_NARROW_PUSH"
 #: What a narrowed push hides on the remote (the negated entries un-hide the refs it needs).
 HIDDEN = "refs/kxen"
@@ -80,13 +82,19 @@ MAX_SHOWN = 256
 #: In the mirror: one empty file per remote key whose server refused the narrowed command.
 PLAIN_DIR = "kxen-plain-push"
 # Git's words when the connection ended before the remote sent its first line (connect.c, die_initial_contact).
-_NEVER_SPOKE = ("Could not read from remote repository", "the remote end hung up upon initial contact")
+# A server that prints its refusal on the channel Git reads (not on stderr) makes Git see a bad first line.
+_NEVER_SPOKE = ("Could not read from remote repository", "the remote end hung up upon initial contact",
+                "protocol error: bad line length character")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _HELPER = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.-]*::")
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+def transports() -> frozenset[str]:
+    """The transports a push is narrowed over (:data:`ENV`: ``0`` none, ``local`` paths alone, else local and ssh)."""
+    value = os.environ.get(ENV, "1").strip().lower()
+    if value in ("0", "off", "no", "false"):
+        return frozenset()
+    return frozenset({"local"}) if value == "local" else frozenset({"local", "ssh"})
 
 
 def transport_of(url: str) -> str:

@@ -152,6 +152,8 @@ def _fake_ssh(tmp_path: Path, how: str) -> tuple[Path, Path]:
     log = tmp_path / f"ssh-{how}.log"
     script = tmp_path / f"ssh-{how}"
     run = {"sh": 'exec sh -c "$cmd"', "git-shell": 'exec git shell -c "$cmd"',
+           # Refuses any other command by a line on its output (what Git reads the refs from), not on stderr.
+           "stdout": 'case "$cmd" in git-*) exec sh -c "$cmd";; esac\necho "Invalid command: $cmd"; exit 1',
            # Fetches, but no push at all: Permission denied for any receive-pack, as a read-only key gets.
            "read-only": 'case "$cmd" in *receive-pack*) echo "ERROR: Permission to r.git denied to reader." >&2; '
                         'exit 1;; esac\nexec git shell -c "$cmd"'}[how]
@@ -184,11 +186,17 @@ def test_over_ssh_a_shell_server_is_asked_for_the_narrowed_list(remote: Path, tm
     assert _receive_packs(log) == ["narrow", "narrow"]
     assert _advertised(trace) == {session_ref(ses)}
     assert git(remote, "rev-parse", session_ref(ses)).strip() == rep.commits[ses]
+    # Narrowed to local remotes only, an ssh server never sees the command.
+    monkeypatch.setenv(ENV, "local")
+    _append(store, ses, 1, start=6)
+    push_sessions(store, [ses])
+    assert _receive_packs(log) == ["narrow", "narrow", "plain"]
 
 
+@pytest.mark.parametrize("server", ["git-shell", "stdout"])
 def test_a_server_that_runs_only_git_receive_pack_gets_it_in_the_same_push_and_is_remembered(
-        remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script, log = _fake_ssh(tmp_path, "git-shell")
+        remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str) -> None:
+    script, log = _fake_ssh(tmp_path, server)
     monkeypatch.setenv("GIT_SSH_COMMAND", str(script))
     monkeypatch.setenv("GIT_SSH_VARIANT", "ssh")
     url = f"fakehost:{remote}"
