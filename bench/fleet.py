@@ -409,10 +409,10 @@ def _conversation(n: int, tag: str) -> list[dict]:
     return out
 
 
-#: How each remote is kept (:func:`build_remote`): as built (one pack, packed refs), and maintained (a commit-graph too).
+#: How each remote is kept (:func:`build_remote`): as built (one pack, packed refs), maintained (a commit-graph too).
 KEEPS = ("built", "maintained")
-#: How a session push asks for the remote's refs: narrowed (``receive.hideRefs``, :mod:`kxen_agent.session.narrow_push`)
-#: or plain (every ref advertised, ``KXEN_AGENT_NARROW_PUSH=0``).
+#: How a session push asks for the remote's refs: narrowed (``receive.hideRefs``,
+#: :mod:`kxen_agent.session.narrow_push`) or plain (every ref advertised, ``KXEN_AGENT_NARROW_PUSH=0``).
 MODES = ("narrow", "plain")
 
 

@@ -60,14 +60,15 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "ENV",
     "HIDDEN",
+    "MAX_SHOWN",
     "PLAIN_DIR",
-    "transports",
     "never_spoke",
     "receive_pack_command",
     "refs_to_show",
     "remember_plain",
     "remembered_plain",
     "transport_of",
+    "transports",
 ]
 
 #: ``0`` (or ``off``, ``no``, ``false``): every push asks for the remote's full advertisement; ``local``: only
@@ -121,7 +122,7 @@ def refs_to_show(updated: Sequence[str], shared: Iterable[str]) -> list[str] | N
     """The refs under :data:`HIDDEN` the remote must still advertise; None when this push is not narrowed."""
     prefix = HIDDEN + "/"
     if any(r.startswith(prefix) and not r.startswith(_NARROWED) for r in updated):
-        return None  # a checkpoint ref builds on other sessions' checkpoints: Git's full list finds them
+        return None  # a checkpoint ref may build on what only other sessions' checkpoint refs reach
     shown = sorted({r for r in (*updated, *shared) if r.startswith(prefix)})
     if len(shown) > MAX_SHOWN or any(not r.isprintable() or " " in r for r in shown):
         return None

@@ -10,7 +10,8 @@ from kxen_agent.store.objects import encode_object
 
 
 def test_the_threaded_pack_is_the_plain_one() -> None:
-    objs = [encode_object("blob", os.urandom(30) + b"words of a message " * (i % 50)) for i in range(THREADED_FROM + 77)]
+    objs = [encode_object("blob", os.urandom(30) + b"words of a message " * (i % 50))
+            for i in range(THREADED_FROM + 77)]
     made = objects_commit(objs, 1_700_000_000)
     gc = group_commit("sessions/ses_0123456789", 0, {"meta": objs[0].id}, [made[-1].oid], 1_700_000_000)
     given = made + gc + made[:9]  # an object given twice is packed once
