@@ -37,6 +37,7 @@ Modules, one line each:
 - :mod:`.remote_pull` — ``session pull``;
 - :mod:`.remote_listing` — ``session ls-remote``, incremental (its cache of what each remote's refs said);
 - :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
+- :mod:`.narrow_push` — a push's remote advertises only the refs it needs (``receive.hideRefs``), where it may;
 - :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 
 It works over any :class:`~kxen_agent.store.protocols.Repository` (the disk
