@@ -20,8 +20,9 @@ The search itself starts lean too: while the search index's stamp says
 no session's ref file or step log changed since a search read them
 (:mod:`kxen_agent.session.grep_stamp`, ``objects_spec.md`` §11a.2), the
 index files are searched without importing the store or reading a ref;
-anything else (and ``--session``) goes the long way, which opens the
-store, brings the index up to date and writes the stamp again.
+anything else (and ``--session`` given a prefix or a name) goes the long
+way, which opens the store, brings the index up to date and writes the
+stamp again.
 """
 
 from __future__ import annotations
@@ -129,12 +130,13 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
     else:
         cutoff = None
     hits = None
-    if not session and not os.environ.get("KXEN_AGENT_IO_FAULT"):
+    if not os.environ.get("KXEN_AGENT_IO_FAULT"):
         # Nothing changed since a search read the refs (the index's stamp says so): no store, no ref read. (A
         # fault spec's file operations are the store's seam's to count: the long way, whichever way in.)
         from kxen_agent.session.grep_stamp import lean_search, state_dir
 
-        hits = lean_search(state_dir(), match, roles=set(role) or None, since_ns=cutoff, sessions_only=sessions_only)
+        hits = lean_search(state_dir(), match, roles=set(role) or None, since_ns=cutoff, sessions_only=sessions_only,
+                           sessions=tuple(session))
     if hits is None:
         hits = _search(match, role=role, session=session, cutoff=cutoff, sessions_only=sessions_only)
     matched = sorted({s for h in hits for s in h.sessions})

@@ -211,9 +211,12 @@ def _map(path: str) -> Any:
 
 
 def lean_search(root: str, match: Callable[[Any, int, int], int], *, roles: set[str] | None = None,
-                since_ns: int | None = None, sessions_only: bool = False) -> list[Hit] | None:
-    """What :func:`.grep_index.search` would find (without ``only``), when the stamp says nothing changed since
-    a search read the refs and every index file is up to date; None otherwise (the long way's to answer)."""
+                since_ns: int | None = None, sessions_only: bool = False,
+                sessions: tuple[str, ...] = ()) -> list[Hit] | None:
+    """What :func:`.grep_index.search` would find, when the stamp says nothing changed since a search read the
+    refs and every index file is up to date; None otherwise (the long way's to answer). ``sessions``: ``--session``
+    values, answered here only when each is the full id of a session the stamp lists as searched (what
+    ``SessionStore.resolve_id`` returns as it is); a prefix or a name goes the long way."""
     if not _usable(root):
         return None
     try:
@@ -221,6 +224,12 @@ def lean_search(root: str, match: Callable[[Any, int, int], int], *, roles: set[
             stamp = parse_stamp(fh.read())
         if stamp.racy():
             return None
+        only = None
+        if sessions:
+            only = {s.strip() for s in sessions}
+            searched = {g.name for g in stamp.groups if g.searched}
+            if not all(_full_id(s) and s in searched for s in only):
+                return None
         for path, want in zip(top_paths(root), stamp.top):
             if _stat_of(path) != want:
                 return None
@@ -244,8 +253,16 @@ def lean_search(root: str, match: Callable[[Any, int, int], int], *, roles: set[
             return None
         files[f.ses] = f
     try:
-        hits, _total = scan(files, match, only=None, roles=roles, since_ns=since_ns, sessions_only=sessions_only)
+        hits, _total = scan(files, match, only=only, roles=roles, since_ns=since_ns, sessions_only=sessions_only)
     except Damaged:
         return None  # the long way writes the file anew and searches again
     return hits
 
+
+
+_ID_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def _full_id(text: str) -> bool:
+    """Whether ``text`` is a whole session id (``session.schema.SES_RE``: ``ses_`` and 8 to 40 of [0-9a-z])."""
+    return text.startswith("ses_") and 8 <= len(text) - 4 <= 40 and _ID_CHARS.issuperset(text[4:])

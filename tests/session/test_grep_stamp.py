@@ -105,8 +105,16 @@ def test_a_search_where_nothing_changed_reads_no_ref_and_answers_as_the_long_way
         assert want[0] == "long+store" and lean[tuple(c)] == (way, *want[1:]), c
     assert g("-l", "common")[2].split() == sorted([a, b])
     assert json.loads(g("common", "--json")[2])["sessions"] == sorted([a, b])
-    # --session (a name, a prefix) goes the long way, as does a search under a fault spec (the seam counts).
-    assert g("common", "-s", a)[0] == "long+store"
+    # --session: a full id the stamp lists is answered here, as the long way answers it; a prefix goes the long
+    # way (so would a name), as does a search under a fault spec (the seam counts its file operations).
+    for args, way in ((["common", "-s", a], "lean"), (["-l", "common", "-s", b, "--session", a], "lean"),
+                      (["common", "-s", a[:10], "--json"], "long+store")):
+        got = g(*args)
+        Path(stamp_path(str(g.state))).unlink()
+        want = g(*args)
+        assert want[0] == "long+store" and got == (way, *want[1:]), args
+    out = g("common", "-s", a)
+    assert out[0] == "lean" and a in out[2] and b not in out[2]
     g.env["KXEN_AGENT_IO_FAULT"] = "EIO@100000"
     assert g("common")[0] == "long+store"
 
