@@ -26,8 +26,15 @@ in-process where the issue asks for ratios of one operation):
   processes each started (a counting wrapper on ``PATH``);
 - push and pull of one session against the remote of N vs of 1 (first
   push, a 10-message incremental push, a pull into a fresh state dir): the
-  ratio of the medians; and the bytes of the ref advertisement a push
-  receives (``git push`` speaks protocol v0: every ref of the remote);
+  ratio of the medians and the bytes each push added to the remote, for
+  a remote as built and one **maintained** as a hosting service keeps it
+  (packed refs and a commit-graph, :func:`build_remote`), each with the
+  push narrowed (the remote advertises only the refs it needs,
+  ``receive.hideRefs``) and plain (``KXEN_AGENT_NARROW_PUSH=0``: every
+  ref, as ``git push`` speaks protocol v0); then Git's own floor, a plain
+  ``git push`` of one commit into the same remotes, both ways, with the
+  advertisement it received and the remote's connectivity check (its
+  ``rev-list --not --all``) from a trace;
 - P runner processes pushing P different sessions to one bare remote at
   once, R rounds: every push must land (no compare-and-swap failure
   between unrelated sessions).
@@ -198,11 +205,16 @@ def fast_import_stream(sessions: Iterable[FleetSession], when: int = _T) -> Iter
 
 
 def build_remote(path: str, n: int, *, salt: str = "f1eet", leases_every: int = 100, pack_refs: bool = True,
-                 extra: Sequence[FleetSession] = ()) -> list[str]:
+                 maintained: bool = False, extra: Sequence[FleetSession] = ()) -> list[str]:
     """A bare remote at ``path`` holding ``n`` fleet sessions (and ``extra``); their ids, in order.
 
     One ``git fast-import`` (one pack); ``pack_refs``: the refs then packed,
-    as the remote's own gc leaves them (the pushes that follow add loose ones).
+    as the remote's own gc leaves them (the pushes that follow add loose ones);
+    ``maintained``: kept as a hosting service keeps a repository, its refs
+    packed and a commit-graph of everything reachable (``git pack-refs
+    --all``, ``git commit-graph write --reachable``: what scheduled
+    maintenance writes), so Git reads a commit from the graph instead of
+    inflating it.
     """
     if os.path.exists(path):
         shutil.rmtree(path)
@@ -219,8 +231,10 @@ def build_remote(path: str, n: int, *, salt: str = "f1eet", leases_every: int = 
     err = proc.stderr.read() if proc.stderr else b""
     if proc.wait() != 0:
         raise RuntimeError(f"git fast-import failed: {err.decode(errors='replace')[-2000:]}")
-    if pack_refs:
+    if pack_refs or maintained:
         _git("pack-refs", "--all", cwd=path)
+    if maintained:
+        _git("commit-graph", "write", "--reachable", cwd=path)
     return [s.ses for s in sessions]
 
 
@@ -395,40 +409,89 @@ def _conversation(n: int, tag: str) -> list[dict]:
     return out
 
 
-def push_pull_figures(work: str, sizes: Sequence[int], repeats: int, messages: int = 200, log=print) -> dict:
-    """Push (first, then 10 more messages) and pull of one session against remotes of each size."""
+#: How each remote is kept (:func:`build_remote`): as built (one pack, packed refs), maintained (a commit-graph too).
+KEEPS = ("built", "maintained")
+#: How a session push asks for the remote's refs: narrowed (``receive.hideRefs``,
+#: :mod:`kxen_agent.session.narrow_push`) or plain (every ref advertised, ``KXEN_AGENT_NARROW_PUSH=0``).
+MODES = ("narrow", "plain")
+
+
+def _stored_bytes(repo: str) -> int:
+    """The bytes of every file under the repository's ``objects/`` (what a push added, by difference)."""
+    total = 0
+    for d, _, files in os.walk(os.path.join(repo, "objects")):
+        total += sum(os.path.getsize(os.path.join(d, f)) for f in files)
+    return total
+
+
+def push_pull_figures(work: str, sizes: Sequence[int], repeats: int, messages: int = 200, log=print,
+                      keeps: Sequence[str] = KEEPS, modes: Sequence[str] = MODES) -> dict:
+    """Push (first, then 10 more messages) and pull of one session against remotes of each size.
+
+    For each way the remote is kept (``keeps``) and each way of pushing
+    (``modes``): the medians at each size, the ratio of the largest size's
+    to the smallest's, the bytes the remote stored for each push; then
+    Git's own floor: a plain ``git push`` of one commit, with every ref
+    advertised and with the narrowed ``receive-pack``, its ref
+    advertisement and the remote's connectivity check (a ``GIT_TRACE2_EVENT``
+    trace).
+    """
+    from kxen_agent.session import narrow_push
+
+    res: dict[str, Any] = {}
+    saved = os.environ.get(narrow_push.ENV)
+    try:
+        for keep in keeps:
+            for mode in modes:
+                os.environ[narrow_push.ENV] = "1" if mode == "narrow" else "0"
+                res[f"{keep}/{mode}"] = _push_pull(work, sizes, repeats, messages, keep, mode, log)
+    finally:
+        if saved is None:
+            os.environ.pop(narrow_push.ENV, None)
+        else:
+            os.environ[narrow_push.ENV] = saved
+    for keep in keeps:
+        res[f"{keep}/git"] = _git_push_floor(work, sizes, keep, max(repeats, 3), log)
+    return res
+
+
+def _push_pull(work: str, sizes: Sequence[int], repeats: int, messages: int, keep: str, mode: str, log) -> dict:
     from kxen_agent.session.remote import push_sessions
     from kxen_agent.session.remote_pull import pull_sessions
     from kxen_agent.store import RefUpdate
 
     from ._kxen import Builder, measuring_store
 
-    res: dict[int, dict] = {}
+    res: dict[Any, Any] = {}
     for n in sizes:
-        src = os.path.join(work, f"fleet-{n}.git")
+        src = os.path.join(work, f"fleet-{n}-{keep}.git")
         if not os.path.exists(src):
-            build_remote(src, n)
-        remote = os.path.join(work, f"pp-{n}.git")
+            build_remote(src, n, maintained=keep == "maintained")
+        remote = os.path.join(work, f"pp-{n}-{keep}-{mode}.git")
         shutil.rmtree(remote, ignore_errors=True)
         shutil.copytree(src, remote)
         refs = _git("for-each-ref", "--format=%(objectname) %(refname)", cwd=remote)
         rounds = []
         for r in range(repeats):
-            ws = _workspace(os.path.join(work, f"pp-ws-{n}-{r}"), remote)
-            state = os.path.join(work, f"pp-state-{n}-{r}")
+            tag = f"{n}-{keep}-{mode}-{r}"
+            ws = _workspace(os.path.join(work, f"pp-ws-{tag}"), remote)
+            state = os.path.join(work, f"pp-state-{tag}")
             shutil.rmtree(state, ignore_errors=True)
             b = Builder(state, ws)
-            msgs = _conversation(messages + 10, f"pp{n}-{r}")
+            msgs = _conversation(messages + 10, f"pp{tag}")
             head = b.chain(msgs[:messages], [messages])[messages]
             ses = b.session(head)
             row: dict[str, float] = {}
+            stored = _stored_bytes(remote)
             row["push"], row["push_cpu"], _ = _timed(push_sessions, measuring_store(state), [ses])
+            row["push_bytes"], stored = _stored_bytes(remote) - stored, _stored_bytes(remote)
             more = b.chain(msgs[messages:], [10], parent=head)[10]
             b.store.refs.transaction(f"sessions/{ses}", [RefUpdate("head", head, more)], reason="bench: 10 more")
             row["inc"], row["inc_cpu"], _ = _timed(push_sessions, measuring_store(state), [ses])
-            dest = os.path.join(work, f"pp-pulled-{n}-{r}")
+            row["inc_bytes"] = _stored_bytes(remote) - stored
+            dest = os.path.join(work, f"pp-pulled-{tag}")
             shutil.rmtree(dest, ignore_errors=True)
-            clone = os.path.join(work, f"pp-clone-{n}-{r}")
+            clone = os.path.join(work, f"pp-clone-{tag}")
             shutil.rmtree(clone, ignore_errors=True)
             _git("clone", "-q", ws, clone)  # the same code commit, another checkout
             _git("remote", "set-url", "origin", remote, cwd=clone)
@@ -436,31 +499,91 @@ def push_pull_figures(work: str, sizes: Sequence[int], repeats: int, messages: i
             rounds.append(row)
         med = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
         med["refs"] = len(refs.splitlines())
-        med["advert_bytes"] = len(refs) + 4 * med["refs"]  # a v0 advertisement: a pkt-line per ref
         res[n] = med
-        log(f"push/pull against {n:,} sessions: {json.dumps(med)}")
-    # Git's own cost of a remote's size: a plain `git push` of one new commit into each remote.
+        log(f"{keep} remote, {mode} push: push/pull against {n:,} sessions: {json.dumps(med)}")
+    lo, hi = min(sizes), max(sizes)
+    res["ratios"] = {}
+    for k in ("push", "inc", "pull"):
+        res["ratios"][k] = res[hi][k] / res[lo][k]
+        res["ratios"][k + "_cpu"] = res[hi][k + "_cpu"] / res[lo][k + "_cpu"]
+    log(f"{keep} remote, {mode} push: ratios {hi:,} / {lo:,}: {json.dumps(res['ratios'])}")
+    return res
+
+
+def _git_push_floor(work: str, sizes: Sequence[int], keep: str, repeats: int, log) -> dict:
+    """Git's own cost of a remote's size: ``git push`` of one new commit, every ref advertised or narrowed."""
+    from kxen_agent.session.narrow_push import receive_pack_command
+
     probe = os.path.join(work, "probe.git")
-    shutil.rmtree(probe, ignore_errors=True)
-    _git("init", "-q", "--bare", probe)
+    if not os.path.exists(probe):
+        _git("init", "-q", "--bare", probe)
     blob = _git("hash-object", "-w", "--stdin", cwd=probe, input=b"probe\n").decode().strip()
     tree = _git("mktree", cwd=probe, input=f"100644 blob {blob}\tprobe\n".encode()).decode().strip()
+    res: dict[Any, Any] = {}
     for n in sizes:
-        times, cpus = [], []
-        for r in range(max(repeats, 3)):
-            commit = _probe_commit(probe, tree, f"{n}-{r}")
-            c0, t0 = _children_cpu(), time.perf_counter()
-            _git("push", "-q", os.path.join(work, f"pp-{n}.git"), f"{commit}:refs/kxen/probe/p{r}", cwd=probe)
-            times.append(time.perf_counter() - t0)
-            cpus.append(_children_cpu() - c0)
-        res[n]["git_push"] = statistics.median(times)
-        res[n]["git_push_cpu"] = statistics.median(cpus)
+        remote = os.path.join(work, f"pp-{n}-{keep}-plain.git")
+        if not os.path.exists(remote):
+            shutil.copytree(os.path.join(work, f"fleet-{n}-{keep}.git"), remote)
+        row: dict[str, Any] = {}
+        for how in ("plain", "narrow"):
+            times, cpus = [], []
+            for r in range(repeats + 1):
+                ref = f"refs/kxen/probe/{how}-{r}"
+                extra = [f"--receive-pack={receive_pack_command([ref])}"] if how == "narrow" else []
+                commit = _probe_commit(probe, tree, f"{n}-{keep}-{how}-{r}")
+                if r == repeats:  # one more, traced (not timed): the advertisement and the connectivity check
+                    row[how] = _traced_push(work, probe, remote, extra, f"{commit}:{ref}")
+                    continue
+                c0, t0 = _children_cpu(), time.perf_counter()
+                _git("push", "-q", *extra, remote, f"{commit}:{ref}", cwd=probe)
+                times.append(time.perf_counter() - t0)
+                cpus.append(_children_cpu() - c0)
+            row[how].update(s=statistics.median(times), cpu=statistics.median(cpus))
+        res[n] = row
+        log(f"{keep} remote: git push of one commit into {n:,} sessions: {json.dumps(row)}")
     lo, hi = min(sizes), max(sizes)
-    for k in ("push", "inc", "pull", "git_push"):
-        res.setdefault("ratios", {})[k] = res[hi][k] / res[lo][k]
-        res["ratios"][k + "_cpu"] = res[hi][k + "_cpu"] / res[lo][k + "_cpu"]
-    log(f"ratios {hi:,} / {lo:,}: {json.dumps(res['ratios'])}")
+    res["ratios"] = {how: res[hi][how]["cpu"] / res[lo][how]["cpu"] for how in ("plain", "narrow")}
     return res
+
+
+def _traced_push(work: str, repo: str, remote: str, extra: Sequence[str], spec: str) -> dict:
+    """One ``git push`` traced: bytes of ref advertisement received, the remote's receive-pack and rev-list seconds.
+
+    ``GIT_TRACE_PACKET`` gives the advertisement (every ``push<`` line
+    before the first flush); ``GIT_TRACE2_EVENT`` each process's run time
+    and the connectivity check's (the ``rev-list ... --not --all`` that
+    receive-pack starts): wall times, of a single push.
+    """
+    packets, events = os.path.join(work, "trace-packets"), os.path.join(work, "trace-events")
+    for f in (packets, events):
+        if os.path.exists(f):
+            os.unlink(f)
+    env = dict(os.environ, **_GIT_ENV, GIT_TRACE_PACKET=packets, GIT_TRACE2_EVENT=events)
+    p = subprocess.run(["git", "push", "-q", *extra, remote, spec], cwd=repo, env=env, capture_output=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"traced git push failed: {p.stderr.decode(errors='replace')[-2000:]}")
+    advert, refs = 0, 0
+    for line in open(packets, encoding="utf-8", errors="replace"):
+        if "push< " not in line:
+            continue
+        payload = line.split("push< ", 1)[1].rstrip("\n")
+        if payload == "0000":
+            break
+        advert += len(payload) + 4  # the pkt-line length prefix
+        refs += 1
+    starts, out = {}, {"advert_bytes": advert, "advert_refs": refs}
+    for line in open(events, encoding="utf-8", errors="replace"):
+        ev = json.loads(line)
+        if ev.get("event") == "start" and any(a == "receive-pack" or a.endswith("git-receive-pack")
+                                              for a in ev.get("argv", [])):
+            starts[ev["sid"]] = "receive_pack_s"
+        elif ev.get("event") == "child_start" and "--alternate-refs" in ev.get("argv", []):
+            starts[(ev["sid"], ev["child_id"])] = "connectivity_s"
+        elif ev.get("event") == "child_exit" and (ev["sid"], ev["child_id"]) in starts:
+            out[starts[(ev["sid"], ev["child_id"])]] = ev["t_rel"]
+        elif ev.get("event") == "atexit" and ev["sid"] in starts:
+            out[starts[ev["sid"]]] = ev["t_abs"]
+    return out
 
 
 def _probe_commit(repo: str, tree: str, tag: str) -> str:
@@ -557,9 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     if "pushpull" in only:
         figures["push_pull"] = push_pull_figures(work, [min(sizes), max(sizes)], a.repeats)
     if "pushers" in only:
-        src = os.path.join(work, f"fleet-{max(sizes)}.git")
+        src = os.path.join(work, f"fleet-{max(sizes)}-maintained.git")
         if not os.path.exists(src):
-            build_remote(src, max(sizes))
+            build_remote(src, max(sizes), maintained=True)
         remote = os.path.join(work, "pushers.git")
         shutil.rmtree(remote, ignore_errors=True)
         shutil.copytree(src, remote)

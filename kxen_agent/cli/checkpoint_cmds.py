@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from kxen_agent.errors import UsageError
-from kxen_agent.session import checkpoints as ckpt
+
+if TYPE_CHECKING:  # at run time each function imports it: `session list` registers `diff` without it (~18 ms)
+    from kxen_agent.session import checkpoints as ckpt
 
 from ._render import emit_json, err, out, term_text as t
 
@@ -35,6 +37,8 @@ class CheckpointMissing(UsageError):
 
 
 def _open(sessions: Any, info: Any) -> ckpt.Repo:
+    from kxen_agent.session import checkpoints as ckpt
+
     return ckpt.open_repo(info.workspace, sessions.agent(info).get("policy", {}))
 
 
@@ -60,6 +64,8 @@ def _after_of(ops: list[ckpt.OpCheckpoints], i: int, repo: ckpt.Repo, ses: str) 
 def _range(sessions: Any, info: Any, repo: ckpt.Repo, *, run: str | None, at: str | None,
            op: str | None) -> tuple[str, str, str, list[str]]:
     """(from, to, what, notes) for the options given."""
+    from kxen_agent.session import checkpoints as ckpt
+
     from kxen_agent.session.sessions import msg_id
 
     ops = ckpt.session_checkpoints(sessions, info)
@@ -126,9 +132,9 @@ def diff_cmd(
       kxen-agent session diff ses_6508 --op op_3f2a
       kxen-agent session diff ses_6508 --run run_91c2 --json
     """
-    from kxen_agent.session.sessions import SessionStore
+    from kxen_agent.session import checkpoints as ckpt
+    from kxen_agent.session.sessions import NS, SessionStore
     from kxen_agent.store import Store
-    from kxen_agent.session.sessions import NS
 
     if sum(x is not None for x in (run, at, op)) > 1:
         raise UsageError("give at most one of --run, --at and --op")
@@ -189,6 +195,8 @@ def _page(text: str) -> None:
 def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) -> list[str]:
     """Lines for ``run show`` of an UNKNOWN op: its before checkpoint against the workspace now (--stat, or the
     whole diff). Never raises for a missing checkpoint: it says so instead."""
+    from kxen_agent.session import checkpoints as ckpt
+
     before = entry.get(ckpt.BEFORE_KEY)
     if before is None:
         return ["no before checkpoint: the workspace's changes since it started cannot be shown"]
@@ -207,6 +215,8 @@ def unknown_op_evidence(sessions: Any, info: Any, entry: dict, *, full: bool) ->
 
 def session_checkpoint_summary(sessions: Any, info: Any) -> dict:
     """``session show``'s checkpoint fields: count and bytes of its own checkpoints, or why there are none."""
+    from kxen_agent.session import checkpoints as ckpt
+
     try:
         repo = _open(sessions, info)
         count, size = ckpt.chain_size(repo, info.id)

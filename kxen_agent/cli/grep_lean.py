@@ -15,15 +15,24 @@ through typer like every other command, so that its messages are click's
 own. The typer command (:mod:`.grep_cmds`) calls the same :func:`grep`:
 one search, one output, one set of errors, whichever way in
 (``tests/session/test_grep_lean.py`` holds the two ways equal).
+
+The search itself starts lean too: while the search index's stamp says
+no session's ref file or step log changed since a search read them
+(:mod:`kxen_agent.session.grep_stamp`, ``objects_spec.md`` §11a.2), the
+index files are searched without importing the store or reading a ref;
+anything else (and ``--session`` given a prefix or a name) goes the long
+way, which opens the store, brings the index up to date and writes the
+stamp again.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
-from typing import Any, Optional, Sequence
+TYPE_CHECKING = False  # typing's own value at run time: not imported on the lean start (session/grep_format.py)
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence
 
 from kxen_agent.errors import KxenError, UsageError
 
@@ -47,25 +56,68 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
     if not regex and not ignore_case:
         def find(buf: Any, pos: int, end: int) -> int:
             return buf.find(raw, pos, end)
+        find.literal = raw  # type: ignore[attr-defined]  # the scan calls buf.find itself: no call per line
         return find
+    import re  # here: a plain pattern needs no regular expression (the lean start's cost)
+
     try:
         rx = re.compile(raw if regex else re.escape(raw), re.MULTILINE | (re.IGNORECASE if ignore_case else 0))
     except re.error as e:
         raise UsageError(f"--regex {pattern!r} is not a regular expression: {e}") from None
     search = rx.search
+    prefix = _literal_prefix(raw, re.MULTILINE) if regex and not ignore_case else b""
+    if len(prefix) < 3:
+        def first(buf: Any, pos: int, end: int) -> int:
+            m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+            return -1 if m is None else m.start()
+        return first
+    # Every match begins with ``prefix``: the leftmost match is at the first of its places (bytes.find, faster
+    # than the regex engine's own scan) where the pattern matches. Should the prefix be common and rarely
+    # begin a match, the regex engine scans alone again after a bounded number of misses.
+    at = rx.match
+    misses = 0
 
-    def first(buf: Any, pos: int, end: int) -> int:
-        m = search(buf, pos, end)  # pos is a line's start (or the text's, after its LF): ^ matches there
+    def first_of(buf: Any, pos: int, end: int) -> int:
+        nonlocal misses
+        while misses < _MAX_MISSES:
+            p = buf.find(prefix, pos, end)
+            if p < 0 or at(buf, p, end) is not None:
+                return p
+            misses += 1
+            pos = p + 1
+        m = search(buf, pos, end)
         return -1 if m is None else m.start()
-    return first
+    return first_of
+
+
+#: Places of a regular expression's literal prefix where it did not match, after which its engine scans alone.
+_MAX_MISSES = 2000
+
+
+def _literal_prefix(raw: bytes, flags: int) -> bytes:
+    """The literal bytes every match of the pattern ``raw`` begins with (b"" when none is known: a pattern that
+    begins otherwise, or whose case is ignored, inline flags included)."""
+    try:
+        from re import IGNORECASE, _constants, _parser  # the parser re.compile has just used
+
+        parsed = _parser.parse(raw, flags)
+        if parsed.state.flags & IGNORECASE:
+            return b""
+        out = bytearray()
+        for op, arg in parsed.data:
+            if op is not _constants.LITERAL:
+                break
+            out.append(arg)
+        return bytes(out)
+    except Exception:  # another Python's private parser: no prefix, the engine scans alone
+        return b""
 
 
 def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: Sequence[str] = (),
          session: Sequence[str] = (), since: Optional[str] = None, sessions_only: bool = False,
          json_out: bool = False) -> int:
     """Search and print (see ``grep_cmds.grep_cmd``); 0 when something matched, 1 when nothing did."""
-    from kxen_agent.session.grep_index import NS, ROLES, search
-    from kxen_agent.store import Store
+    from kxen_agent.session.grep_format import ROLES
 
     bad = [r for r in role if r not in ROLES]
     if bad:
@@ -77,25 +129,16 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
         cutoff: int | None = since_ns(since)
     else:
         cutoff = None
-    store = Store.open(namespaces=(NS,))
-    if not store.exists:
-        hits: list = []
-    else:
-        only = None
-        if session:
-            from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+    hits = None
+    if not os.environ.get("KXEN_AGENT_IO_FAULT"):
+        # Nothing changed since a search read the refs (the index's stamp says so): no store, no ref read. (A
+        # fault spec's file operations are the store's seam's to count: the long way, whichever way in.)
+        from kxen_agent.session.grep_stamp import lean_search, state_dir
 
-            sessions = SessionStore(store)
-            only = {sessions.resolve_id(s) for s in session}
-
-        def damaged(group: str, e: Exception) -> None:
-            from ._render import err, term_text as t
-
-            err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
-                "`kxen-agent fsck` checks the state dir")
-
-        hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
-                                sessions_only=sessions_only, on_damaged=damaged)
+        hits = lean_search(state_dir(), match, roles=set(role) or None, since_ns=cutoff, sessions_only=sessions_only,
+                           sessions=tuple(session))
+    if hits is None:
+        hits = _search(match, role=role, session=session, cutoff=cutoff, sessions_only=sessions_only)
     matched = sorted({s for h in hits for s in h.sessions})
     if json_out:
         from ._render import emit_json
@@ -106,19 +149,66 @@ def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: 
     elif sessions_only:
         sys.stdout.write("".join(s + "\n" for s in matched))  # ids: ses_ and letters and digits, nothing to escape
     else:
-        # One write, not an echo per line: a common word can match tens of thousands of lines.
-        dates: dict[int, str] = {0: "-"}
-        lines = []
-        for h in hits:
+        sys.stdout.write(_text(hits))  # one write, not an echo per line: a common word matches thousands
+    sys.stdout.flush()
+    return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+
+
+def _text(hits: list) -> str:
+    """The printed lines of ``hits``: ``SESSIONS MESSAGE ROLE DATE: LINE``, each message's prefix made once."""
+    dates: dict[int, str] = {0: "-"}
+    lines: list[str] = []
+    add = lines.append
+    message = sessions = names = prefix = None
+    for h in hits:
+        if h.message is not message or h.sessions is not sessions:  # the lines of one message share it
+            if h.sessions is not sessions:
+                names = ",".join(h.sessions)
+            message, sessions = h.message, h.sessions
             when = dates.get(h.date_ns)
             if when is None:
                 when = dates[h.date_ns] = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.date_ns / 1e9))
-            # A printable ASCII line is what term_text would return (str.isascii is O(1), isprintable C).
-            line = h.line if h.line.isascii() and h.line.isprintable() else _term(h.line)
-            lines.append(f"{','.join(h.sessions)} msg_{h.message.hex()[:16]} {h.role} {when}: {line}\n")
-        sys.stdout.write("".join(lines))
-    sys.stdout.flush()
-    return 0 if hits else 1  # as grep and rg: 1 when nothing is found
+            prefix = f"{names} msg_{h.message.hex()[:16]} {h.role} {when}: "
+        add(prefix + _safe(h.line) + "\n")  # type: ignore[operator]
+    return "".join(lines)
+
+
+def _safe(line: str) -> str:
+    """``term_text(line, quote=False)``, without importing it for the lines that need no escape or only their
+    tabs escaped (a file shown with line numbers: most matching lines of tool output). Every character term_text
+    escapes is one str.isprintable refuses (tests/session/test_grep_output.py holds it so), so a printable line
+    is its own escape, and a line printable once its tabs are ``\\t`` is term_text's too."""
+    if line.isprintable():
+        return line
+    tabbed = line.replace("\t", "\\t")
+    return tabbed if tabbed.isprintable() else _term(line)
+
+
+def _search(match: Any, *, role: Sequence[str], session: Sequence[str], cutoff: int | None,
+            sessions_only: bool) -> list:
+    """The hits the long way: the store opened, the refs read, the index brought up to date (and stamped)."""
+    from kxen_agent.session.grep_index import NS, search
+    from kxen_agent.store import Store
+
+    store = Store.open(namespaces=(NS,))
+    if not store.exists:
+        return []
+    only = None
+    if session:
+        from kxen_agent.session.sessions import SessionStore  # a warm search without --session reads no object
+
+        sessions = SessionStore(store)
+        only = {sessions.resolve_id(s) for s in session}
+
+    def damaged(group: str, e: Exception) -> None:
+        from ._render import err, term_text as t
+
+        err(f"kxen-agent: warning: not searched: {t(group, quote=False)}: {t(str(e), quote=False)}; "
+            "`kxen-agent fsck` checks the state dir")
+
+    hits, _figures = search(store, match, only=only, roles=set(role) or None, since_ns=cutoff,
+                            sessions_only=sessions_only, on_damaged=damaged)
+    return hits
 
 
 def _term(line: str) -> str:

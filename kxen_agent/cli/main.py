@@ -62,6 +62,52 @@ def _plain_help(cmd: Any) -> None:
         _plain_help(sub)
 
 
+class LazyGroup(_TyperGroup):  # type: ignore[misc, valid-type]
+    """A command group (``session``, ``bundle``) whose subcommands are built from their functions when used.
+
+    typer builds a group by inspecting every subcommand's signature; the
+    ``session`` group has 19, and ``kxen-agent session list`` needs one
+    (bench/startup.py). The group keeps typer's ``CommandInfo`` of each and
+    builds a subcommand the first time it is asked for: the same click
+    command typer would have built, in the same order, with the same help.
+    """
+
+    pending: dict[str, Any]
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.pending)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in self.pending:
+            cmd = typer.main.get_command_from_info(self.pending[cmd_name], pretty_exceptions_short=True,
+                                                   rich_markup_mode=None)
+            _plain_help(cmd)
+            self.commands[cmd_name] = cmd
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.pending:
+            # Not a subcommand (a typo, or an option): typer's "Did you mean"
+            # looks among the built commands, so build them all, as typer would have.
+            for name in self.pending:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
+
+def _lazy_group(app: Any, name: str) -> Any:
+    """``app`` (a Typer with commands and no sub-groups) as a :class:`LazyGroup` named ``name``."""
+    infos = list(app.registered_commands)
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    one.add_typer(app, name=name, cls=LazyGroup)
+    app.registered_commands = []  # the group is built without them: LazyGroup builds each when used
+    try:
+        group = typer.main.get_command(one).get_command(None, name)
+    finally:
+        app.registered_commands = infos
+    group.pending = {i.name or typer.main.get_command_name(i.callback.__name__): i for i in infos}
+    return group
+
+
 def load_command(name: str) -> Any:
     """The click command ``name`` of :data:`COMMANDS`, imported and built now."""
     module, attr, _purpose = COMMANDS[name]
@@ -69,7 +115,9 @@ def load_command(name: str) -> Any:
     # Built as a subcommand of an app of its own, as add_typer/command on the
     # root would build it (no completion options, the same help).
     one = typer.Typer(rich_markup_mode=None, add_completion=False)
-    if isinstance(obj, typer.Typer):
+    if isinstance(obj, typer.Typer) and not obj.registered_groups and len(obj.registered_commands) > 1:
+        cmd = _lazy_group(obj, name)
+    elif isinstance(obj, typer.Typer):
         one.add_typer(obj, name=name)
         cmd = typer.main.get_command(one).get_command(None, name)
     else:

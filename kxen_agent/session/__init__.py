@@ -15,6 +15,8 @@ Modules, one line each:
 - :mod:`.schema` — the shapes of session objects (``objects_spec.md`` §14), checked on the way in;
 - :mod:`.positions` — message ids by position, the cache ``fork --at`` finds a message with (§11a.1);
 - :mod:`.grep_index` — the search index ``session grep`` reads, a cache of message texts (§11a.2);
+- :mod:`.grep_format` — the search index's bytes and its scan, free of the store;
+- :mod:`.grep_stamp` — the index's stamp: a search that reads no ref while the refs' files keep their stats;
 - :mod:`.commit_links` — which tool call made a Git commit, from the checkpoints' recorded ``HEAD``s;
 - :mod:`.status` — every status word of runs and operations;
 - :mod:`.records` — frozen RunState and JournalEntry records;
@@ -35,6 +37,8 @@ Modules, one line each:
 - :mod:`.remote_pull` — ``session pull``;
 - :mod:`.remote_listing` — ``session ls-remote``, incremental (its cache of what each remote's refs said);
 - :mod:`.gitio` — ``git`` as the transport: the state dir's Git mirror and scratch repositories;
+- :mod:`.narrow_push` — a push's remote advertises only the refs it needs (``receive.hideRefs``), where it may;
+- :mod:`.push_pack` — a push's pack and index, its entries compressed by two threads;
 - :mod:`.gitproc` — the one door to the ``git`` executable (safe configuration, timeouts).
 
 It works over any :class:`~kxen_agent.store.protocols.Repository` (the disk
@@ -48,7 +52,7 @@ reached through its module, and a name beginning with ``_`` is nobody's
 business outside this package.
 """
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing's own value at run time, without importing typing (session grep's lean start)
 
 import kxen_agent.lazy
 

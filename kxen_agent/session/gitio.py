@@ -54,9 +54,10 @@ import blake3
 from kxen_agent.errors import KxenError, UsageError
 from kxen_agent.store import OS_IO
 from kxen_agent.store.locks import file_lock
-from kxen_agent.store.gitmap import GitObject, encode_indexed_pack, hex40, kxen_id_of_path
+from kxen_agent.store.gitmap import GitObject, hex40, kxen_id_of_path
 
-from . import gitproc
+from . import gitproc, narrow_push
+from .push_pack import indexed_pack
 from .workspace import normalize_remote_url, strip_credentials
 
 __all__ = [
@@ -451,6 +452,10 @@ class Workbench:
     def __init__(self, remote: Remote, *, mirror: Mirror | None, alternates: Sequence[str] = (),
                  durable: bool = True) -> None:
         self.remote = remote
+        self.mirror = mirror
+        # Refs of the remote whose history a push from here builds on (:meth:`builds_on`), and its push URLs.
+        self._shared: set[str] = set()
+        self._push_urls: list[str] | None = None
         # A listing's workbench is read and thrown away: nothing in it needs an fsync
         # (a fetch of 10,000 tips otherwise fsyncs 10,000 ref files).
         self._config: tuple[str, ...] = () if durable else ("core.fsync=none",)
@@ -489,8 +494,11 @@ class Workbench:
         asks = [["ls-remote", "--get-url", "--", spec]]
         if _REMOTE_NAME.fullmatch(spec) and not _looks_like_url(spec):
             asks += [["remote", "get-url", "--all", "--", spec], ["remote", "get-url", "--push", "--all", "--", spec]]
+            self._push_urls = []  # a remote name: Git's answer below, or none (then no narrowed push)
         for args in asks:
             p = self.git(args, check=False)
+            if args[2] == "--push" and p.returncode == 0:
+                self._push_urls = p.stdout.decode("utf-8", "surrogateescape").splitlines()
             for url in p.stdout.decode("utf-8", "surrogateescape").splitlines():
                 if _runs_command(url):
                     raise UnsafeRemote(f"remote {self.remote.display} resolves to an ext:: command (a URL rewrite in "
@@ -542,7 +550,7 @@ class Workbench:
         """
         if not objects:
             return
-        data, idx = encode_indexed_pack(objects)
+        data, idx = indexed_pack(objects)
         base = os.path.join(self.path, "objects", "pack", f"pack-{data[-20:].hex()}")
         for ext, body in ((".pack", data), (".idx", idx)):
             tmp = base + ext + ".tmp"
@@ -743,29 +751,82 @@ class Workbench:
         refs = self.local_refs("refs/")
         return {n: v for n, v in refs.items() if n in wanted}
 
+    def builds_on(self, refs: Iterable[str]) -> None:
+        """Refs of the remote whose history the next push builds on (a fork's ancestor): they stay advertised."""
+        self._shared.update(refs)
+
     def push(self, updates: Sequence[PushUpdate], *, what: str) -> dict[str, str]:
-        """One atomic push of ``updates``; each ref's summary, or :class:`PushRejected` / :class:`RemoteUnreachable`."""
+        """One atomic push of ``updates``; each ref's summary, or :class:`PushRejected` / :class:`RemoteUnreachable`.
+
+        Where the remote's transport runs a command (a path, ``file://``,
+        ``ssh``), the remote is asked to advertise only the refs the push
+        needs (:mod:`.narrow_push`); a server that refuses that command is
+        asked again, in the same push, with the plain ``receive-pack``.
+        """
         args = ["push", "--atomic", "--porcelain", "--no-verify", "--quiet"]
         specs = []
         for u in updates:
             if u.lease:
                 args.append(f"--force-with-lease={u.ref}:{u.expect.hex() if u.expect else ''}")
             specs.append(f"{u.new.hex() if u.new else ''}:{u.ref}")
-        p = self._at_remote([*args, "--", self.remote.spec, *specs], what)
-        statuses: dict[str, str] = {}
-        rejected = False
-        for line in p.stdout.decode("utf-8", "replace").splitlines():
-            parts = line.split("\t")
-            if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
-                ref = parts[1].rpartition(":")[2]
-                statuses[ref] = parts[2]
-                rejected |= parts[0] == "!"
+        tail = ["--", self.remote.spec, *specs]
+        command = self._narrow_command([u.ref for u in updates])
+        if command is None:
+            p = self._at_remote([*args, *tail], what)
+        else:
+            p = self._at_remote([*args, f"--receive-pack={command}", *tail], what)
+            if p.returncode != 0 and not _push_statuses(p.stdout)[0] and narrow_push.never_spoke(p.stderr):
+                # The server ran nothing (it takes only its own git-receive-pack): nothing was sent.
+                p = self._at_remote([*args, *tail], what)
+                # It reached the remote (landed, or a ref refused: --quiet prints no line on success).
+                if (p.returncode == 0 or _push_statuses(p.stdout)[0]) and self.mirror is not None:
+                    try:  # a cache: a push that landed never fails for want of it
+                        self.mirror.ensure()
+                        narrow_push.remember_plain(self.mirror.path, self.remote.key)
+                    except (OSError, KxenError):
+                        pass
+        statuses, rejected = _push_statuses(p.stdout)
         if p.returncode == 0 and not rejected:
             return statuses
         if not statuses:
             raise RemoteUnreachable(self.remote, _first_line(p.stderr), what)
         worst = next((f"{r}: {s}" for r, s in statuses.items() if "atomic push failed" not in s), None)
         raise PushRejected(self.remote, statuses, scrub(worst or _first_line(p.stderr)))
+
+    def _narrow_command(self, refs: Sequence[str]) -> str | None:
+        """The ``--receive-pack`` command of a narrowed push of ``refs``, or None to push plainly."""
+        allowed = narrow_push.transports()
+        if not allowed:
+            return None
+        shown = narrow_push.refs_to_show(refs, self._shared)
+        if shown is None or narrow_push.remembered_plain(self.mirror.path if self.mirror else None, self.remote.key):
+            return None
+        if self._push_urls is None:
+            # A URL given as such: Git's own answer, every rewrite applied, through a scratch remote of that URL.
+            spec = self.remote.spec
+            if "\n" in spec:
+                return None
+            with open(os.path.join(self.path, "config"), "a", encoding="utf-8") as f:
+                f.write(_config_text([("remote.kxen-push-url.url", spec)]))
+            p = self.git(["remote", "get-url", "--push", "--all", "kxen-push-url"], check=False)
+            self._push_urls = p.stdout.decode("utf-8", "surrogateescape").splitlines() if p.returncode == 0 else []
+        kinds = {narrow_push.transport_of(u) for u in self._push_urls}
+        if not kinds or not kinds <= allowed:
+            return None
+        return narrow_push.receive_pack_command(shown)
+
+
+def _push_statuses(stdout: bytes) -> tuple[dict[str, str], bool]:
+    """Each ref's summary in ``git push --porcelain`` output, and whether any was rejected."""
+    statuses: dict[str, str] = {}
+    rejected = False
+    for line in stdout.decode("utf-8", "replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
+            ref = parts[1].rpartition(":")[2]
+            statuses[ref] = parts[2]
+            rejected |= parts[0] == "!"
+    return statuses, rejected
 
 
 def _config_quote(text: str) -> str:

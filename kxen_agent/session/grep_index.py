@@ -34,41 +34,32 @@ session's entry at that ``seq``, so a file that describes other objects
 is never used. That the texts are the objects' texts is the writer's care
 and fsck's check (:func:`verify_grep`).
 
-Every file call goes through the store's ``FileIO``.
+The bytes of a file, the chain of files and the scan are
+:mod:`.grep_format`'s (no store in it). Each search that reads the refs
+also writes the stamp (:mod:`.grep_stamp`, ``cache/grep/stamp``): the
+stats of every session's ref file and step log, taken before they were
+read, and what the refs said; while those stats hold, a search reads no
+ref (``session grep``'s lean start). Every file call here goes through
+the store's ``FileIO``.
 """
 
 from __future__ import annotations
 
 import os
-import struct
-import sys
-import zlib
-from array import array
-from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from kxen_agent.errors import KxenError
 from kxen_agent.store.caches import CacheKind, replace_cache_file
 
+from .grep_format import (MAGIC, NS, ROLES, BadIndex, Damaged, Hit, IndexFile, base_ok, chain_id, encode_index,
+                          family_order, parse_index, scan)
+from .grep_stamp import (ABSENT, BadStamp, FileStat, GroupStamp, Stamp, encode_stamp, file_stat, group_paths,
+                         parse_stamp, stamp_path, top_paths)
 from .ids import UnknownSession
 
-__all__ = ["GREP", "MAGIC", "Hit", "IndexFile", "Listed", "encode_index", "parse_index", "search", "verify_grep"]
-
-#: The file's first bytes (§11a.2). Version 1 (a digest of the whole text) is read as damage: written anew.
-MAGIC = b"kxen-grep 2\n"
-#: After the magic: the digest; entries, text bytes, base seq (-1: none), base session (NUL-padded), base id,
-#: head id; the session's metadata the file was written with: its id, createdNs, parentId (NUL-padded).
-_DIGEST = struct.Struct("<32s")
-_HEAD = struct.Struct("<IQq48s32s32s32sq48s")
-#: Where the header the digest covers begins, and where the text begins (after an LF).
-_H0 = len(MAGIC) + _DIGEST.size
-_T0 = _H0 + _HEAD.size + 1
-#: One entry of the table: message id, date (ns), seq, CRC-32 of its text, role.
-_REC = struct.Struct("<32sqIIB3x")
-ROLES = ("user", "assistant", "tool", "compaction")
-_ROLE = {r: i for i, r in enumerate(ROLES)}
-NS = "sessions"
+__all__ = ["GREP", "MAGIC", "NS", "ROLES", "Hit", "IndexFile", "Listed", "encode_index", "parse_index", "search",
+           "verify_grep"]
 
 
 def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
@@ -76,121 +67,7 @@ def _verify_store(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 #: The search index as a kind of derived cache (§11a.2): removed with its session, checked by fsck.
-GREP = CacheKind("grep", verify=_verify_store, problem="grep-index", title="search index")
-
-
-class BadIndex(ValueError):
-    """A search index file that does not parse (the reader writes it anew)."""
-
-
-@dataclass
-class IndexFile:
-    """One session's search index, parsed: ``text`` and the entries' offsets into it."""
-
-    ses: str
-    base_ses: str | None
-    base_seq: int  # -1: the file starts at seq 0
-    base_id: bytes
-    head_id: bytes
-    meta_id: bytes  # the session's metadata object this file was written with; then its createdNs and parentId
-    created_ns: int
-    parent: str | None
-    buf: Any  # the file's bytes (a read-only mapping): the text is buf[t0:t0 + offsets[-1]]
-    t0: int
-    offsets: array  # n + 1 offsets into the text
-    table: bytes  # n records of _REC
-    _view: Any = None  # memoryview of buf, made by the first check
-
-    @property
-    def count(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def first_seq(self) -> int:
-        return self.base_seq + 1
-
-    def record(self, i: int) -> tuple[bytes, int, int, str]:
-        """(message id, date ns, seq, role) of entry ``i``."""
-        oid, date, seq, _crc, role = _REC.unpack_from(self.table, i * _REC.size)
-        return oid, date, seq, ROLES[role] if role < len(ROLES) else "?"
-
-    def check(self, i: int) -> None:
-        """:class:`BadIndex` unless entry ``i``'s text is the one its checksum was made of."""
-        crc = _REC.unpack_from(self.table, i * _REC.size)[3]
-        if self._view is None:
-            self._view = memoryview(self.buf)  # slices of it are not copies
-        if zlib.crc32(self._view[self.t0 + self.offsets[i]:self.t0 + self.offsets[i + 1]]) != crc:
-            raise BadIndex(f"entry {i} (seq {self.first_seq + i}) does not match its checksum")
-
-    def id_at_seq(self, seq: int) -> bytes | None:
-        i = seq - self.first_seq
-        if 0 <= i < self.count:
-            return self.table[i * _REC.size:i * _REC.size + 32]
-        return None
-
-    def entries(self) -> Iterator[tuple[bytes, int, int, str, bytes]]:
-        """Every entry with its text, each checked (:class:`BadIndex` at the first that fails)."""
-        t0 = self.t0
-        for i in range(self.count):
-            self.check(i)
-            yield (*self.record(i), bytes(self.buf[t0 + self.offsets[i]:t0 + self.offsets[i + 1]]))
-
-
-def _blake3(data: Iterable[bytes]) -> bytes:
-    import blake3
-
-    h = blake3.blake3()
-    for d in data:
-        h.update(d)
-    return h.digest()
-
-
-def encode_index(entries: list[tuple[bytes, int, int, str, bytes]], *, base_ses: str | None, base_seq: int,
-                 base_id: bytes | None, head_id: bytes | None, meta_id: bytes | None = None, created_ns: int = 0,
-                 parent: str | None = None) -> bytes:
-    """The file's bytes for ``entries`` (message id, date ns, seq, role, text with its final newline);
-    ``meta_id``, ``created_ns``, ``parent``: the session's metadata object and what a search takes of it."""
-    text = b"".join(e[4] for e in entries)
-    offs = array("Q", [0])
-    pos = 0
-    for e in entries:
-        pos += len(e[4])
-        offs.append(pos)
-    if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
-        offs.byteswap()
-    table = b"".join(_REC.pack(e[0], e[1], e[2], zlib.crc32(e[4]), _ROLE.get(e[3], 255)) for e in entries)
-    # An LF before the text: a line-anchored pattern (``^``) matches at the first entry's first line too.
-    head = _HEAD.pack(len(entries), len(text), base_seq, (base_ses or "").encode("ascii"), base_id or bytes(32),
-                      head_id or bytes(32), meta_id or bytes(32), created_ns, (parent or "").encode("ascii")) + b"\n"
-    body = (offs.tobytes(), table)
-    return MAGIC + _blake3((head, *body)) + head + text + b"".join(body)
-
-
-def parse_index(ses: str, data: bytes) -> IndexFile:
-    """The parsed file; :class:`BadIndex` if it is not one, or its digest does not match (the entries'
-    checksums are :meth:`IndexFile.check`'s)."""
-    if len(data) < _T0 or data[:len(MAGIC)] != MAGIC:
-        raise BadIndex("no search index header")
-    (digest,) = _DIGEST.unpack_from(data, len(MAGIC))
-    n, tlen, base_seq, bses, base_id, head_id, meta_id, created_ns, parent = _HEAD.unpack_from(data, _H0)
-    start = _T0
-    if len(data) != start + tlen + 8 * (n + 1) + _REC.size * n or data[start - 1:start] != b"\n":
-        raise BadIndex("length does not match the header")
-    view = memoryview(data)
-    offs, table = view[start + tlen:start + tlen + 8 * (n + 1)], view[start + tlen + 8 * (n + 1):]
-    if _blake3((view[_H0:start], offs, table)) != digest:
-        raise BadIndex("digest does not match")
-    offsets = array("Q")
-    offsets.frombytes(offs)
-    if sys.byteorder != "little":  # pragma: no cover
-        offsets.byteswap()
-    if offsets[0] != 0 or offsets[-1] != tlen:
-        raise BadIndex("offsets do not span the text")
-    name = bses.rstrip(b"\0").decode("ascii", "replace") or None
-    up = parent.rstrip(b"\0").decode("ascii", "replace") or None
-    # The text stays in ``data`` (a mapping of the file: no copy); find/rfind/regex work on it in place.
-    return IndexFile(ses, name, base_seq, base_id, head_id, meta_id, created_ns, up, data, start, offsets,
-                     bytes(table))
+GREP = CacheKind("grep", verify=_verify_store, problem="grep-index", title="search index", files=("stamp",))
 
 
 def _text_of(m: Any) -> bytes:
@@ -223,7 +100,8 @@ class _Builder:
     store: Any  # the disk Store (a Repository with caches and io)
     runs: dict[str, int] | None = None
     written: int = 0
-    loaded: dict[str, IndexFile | None] = field(default_factory=dict)
+    stamped: bool = False
+    loaded: dict[str, IndexFile] = field(default_factory=dict)
     parsed: dict[str, IndexFile | None] = field(default_factory=dict)  # each file read once
     _sessions: Any = None
 
@@ -291,30 +169,20 @@ class _Builder:
                 self.parsed[ses] = None
         return self.parsed[ses]
 
-    def chain_id(self, ses: str | None, seq: int, depth: int = 0) -> bytes | None:
-        """The id of the message of ``seq`` in the history ``ses``'s chain of files holds."""
-        f = self.loaded.get(ses) if ses is not None else None
-        if f is None or depth > 10_000:
-            return None
-        if seq >= f.first_seq:
-            return f.id_at_seq(seq)
-        if f.base_ses is not None and seq <= f.base_seq:
-            return self.chain_id(f.base_ses, seq, depth + 1)
-        return None
-
     def ensure(self, info: Any, *, anew: bool = False) -> IndexFile:
         """``info``'s file, brought up to date with its head (its base session's must be loaded first);
         ``anew``: written from the history whatever the file holds (an entry failed its checksum)."""
         f = None if anew else self.read(info.id)
         head = info.head
-        if f is not None and f.head_id == (head or bytes(32)) and self._base_ok(f) and f.meta_id == info.meta_oid:
+        if (f is not None and f.head_id == (head or bytes(32)) and base_ok(self.loaded, f)
+                and f.meta_id == info.meta_oid):
             self.loaded[info.id] = f
             return f
         if not info.whole:
             info = self._whole(info)
         # Join: the file's last entry an ancestor of the head (a run added messages): keep its entries.
         keep: list = []
-        base = (f.base_ses, f.base_seq, f.base_id) if f is not None and self._base_ok(f) else None
+        base = (f.base_ses, f.base_seq, f.base_id) if f is not None and base_ok(self.loaded, f) else None
         new: list = []
         cur = head
         stop_seq = f.first_seq + f.count - 1 if base is not None and f is not None else None
@@ -361,11 +229,6 @@ class _Builder:
         whole = self.sessions.get(info.id)
         return Listed(info.id, info.head, whole.meta_oid, whole.meta, True)
 
-    def _base_ok(self, f: IndexFile) -> bool:
-        if f.base_ses is None:
-            return f.base_seq == -1
-        return self.chain_id(f.base_ses, f.base_seq) == f.base_id
-
     def _fresh_base(self, info: Any) -> tuple[str, int, bytes] | None:
         """(parent, fork point's seq, its id) when the parent's chain of files holds the fork point."""
         parent, point = info.meta.get("parentId"), info.meta.get("forkPoint")
@@ -376,7 +239,7 @@ class _Builder:
             seq = self.sessions.read_message(oid).seq
         except KxenError:
             return None
-        return (parent, seq, oid) if self.chain_id(parent, seq) == oid else None
+        return (parent, seq, oid) if chain_id(self.loaded, parent, seq) == oid else None
 
     def _write(self, ses: str, data: bytes) -> None:
         io = self.store.io
@@ -386,38 +249,6 @@ class _Builder:
             self.written += 1
         except OSError:
             pass  # unwritable: searched from memory this time, written by the next search
-
-
-class Hit(NamedTuple):
-    """One matching line: the message, the sessions whose history holds it, its role, date and line."""
-
-    message: bytes
-    sessions: tuple[str, ...]
-    role: str
-    date_ns: int
-    seq: int
-    line_no: int  # 1-based, within the message's text
-    line: str
-
-
-def _family_order(infos: list[Any]) -> list[Any]:
-    """Parents before their forks (a fork's file may start after its parent's)."""
-    by_id = {i.id: i for i in infos}
-    out: list[Any] = []
-    seen: set[str] = set()
-
-    def visit(i: Any, depth: int = 0) -> None:
-        if i.id in seen:
-            return
-        seen.add(i.id)
-        p = by_id.get(i.meta.get("parentId"))
-        if p is not None and depth < 10_000:
-            visit(p, depth + 1)
-        out.append(i)
-
-    for i in sorted(infos, key=lambda i: (i.meta["createdNs"], i.id)):
-        visit(i)
-    return out
 
 
 def search(store: Any, match: Callable[[Any, int, int], int], *, only: set[str] | None = None,
@@ -431,126 +262,154 @@ def search(store: Any, match: Callable[[Any, int, int], int], *, only: set[str] 
     reported with these only). ``sessions_only``: a file is left as soon as
     every session it serves has a hit (``-l``: the hits are then the first
     of each). Returns the hits, oldest session's first, and
-    figures (``files``, ``written``, ``bytes``). ``store``: the disk Store
-    (its caches); a warm search reads each session's refs and index file,
-    and no object.
+    figures (``files``, ``written``, ``bytes``, ``stamped``: 1 if it wrote
+    the stamp). ``store``: the disk Store (its caches); a warm search reads
+    each session's refs and index file, and no object. The stamp's stats are
+    taken before the refs are read (:class:`_StampTaker`).
     """
     b = _Builder(store)
-    infos = _family_order(b.listing(on_damaged or (lambda g, e: None)))
-    if only is not None:
-        # A fork's file may lean on its ancestors': load the chain, search only what ``only`` holds.
+    damaged: list[str] = []
+
+    def note(group: str, e: KxenError) -> None:
+        damaged.append(group)
+        if on_damaged is not None:
+            on_damaged(group, e)
+
+    taker = _StampTaker.begin(store)  # before the refs are read: their stats as they were, or older
+    try:
+        listed = b.listing(note)
+        infos = family_order(listed, ident=_ident, parent=_parent, created=_created)
+        if only is not None:
+            # A fork's file may lean on its ancestors': load the chain, search only what ``only`` holds.
+            by_id = {i.id: i for i in infos}
+            need: set[str] = set()
+            for ses in only:
+                cur, depth = by_id.get(ses), 0
+                while cur is not None and cur.id not in need and depth < 10_000:
+                    need.add(cur.id)
+                    cur, depth = by_id.get(cur.meta.get("parentId")), depth + 1
+            infos = [i for i in infos if i.id in need]
+        files: dict[str, IndexFile] = {}
+        for info in infos:
+            try:
+                files[info.id] = b.ensure(info)
+            except KxenError as e:
+                note(info.group, e)
         by_id = {i.id: i for i in infos}
-        need: set[str] = set()
-        for ses in only:
-            cur, depth = by_id.get(ses), 0
-            while cur is not None and cur.id not in need and depth < 10_000:
-                need.add(cur.id)
-                cur, depth = by_id.get(cur.meta.get("parentId")), depth + 1
-        infos = [i for i in infos if i.id in need]
-    files: dict[str, IndexFile] = {}
-    for info in infos:
+        for _round in range(len(files) + 1):
+            try:
+                hits, total = scan(files, match, only=only, roles=roles, since_ns=since_ns,
+                                   sessions_only=sessions_only)
+                break
+            except Damaged as e:
+                # An entry failed its checksum: its file written anew from the history, and every file searched
+                # again (a fork's file may lean on it). A file so written holds what it was made of: no second
+                # round.
+                files[e.ses] = b.ensure(by_id[e.ses], anew=True)
+        else:  # pragma: no cover - each round writes another file anew
+            raise KxenError("the search index keeps failing its checksums; `kxen-agent fsck` checks the state dir")
+        if taker is not None and not damaged:
+            b.stamped = taker.commit(listed)  # what the refs said, for a search that reads none (grep_stamp.py)
+    finally:
+        if taker is not None:
+            taker.discard()
+    return hits, {"files": len(files), "written": b.written, "bytes": total, "stamped": int(b.stamped)}
+
+
+def _ident(i: Listed) -> str:
+    return i.id
+
+
+def _parent(i: Listed) -> str | None:
+    return i.meta.get("parentId")
+
+
+def _created(i: Listed) -> int:
+    return i.meta["createdNs"]
+
+
+class _StampTaker:
+    """The stamp of one search (§11a.2, :mod:`.grep_stamp`), taken in the order that makes it safe: a temp file
+    made first (its modification time is ``m0``, the clock before any stat), then the stats of the top files
+    and of every name's ref file and step log, then (the search) the refs read; written only if the search
+    met no damage and no file recorded changed in ``m0``'s tick."""
+
+    def __init__(self, store: Any, tmp: str, stamp: Stamp) -> None:
+        self.store, self.tmp, self.stamp = store, tmp, stamp
+
+    @classmethod
+    def begin(cls, store: Any) -> "_StampTaker | None":
+        io, root = store.io, store.root
+        path = stamp_path(root)
+        tmp = None
         try:
-            files[info.id] = b.ensure(info)
-        except KxenError as e:
-            if on_damaged is not None:
-                on_damaged(info.group, e)
-    by_id = {i.id: i for i in infos}
-    for _round in range(len(files) + 1):
+            if not store.exists:
+                return None
+            io.makedirs(os.path.dirname(path))
+            tmp = io.write_tmp(os.path.dirname(path), b"", sync=False)
+            m0 = io.stat(tmp).st_mtime_ns
+            top = []
+            for p in top_paths(root):
+                top.append(_io_stat(io, p))
+            names: set[str] = set()
+            for d, st in zip(top_paths(root)[1:], top[1:]):
+                if st.kind == 2:
+                    try:
+                        names.update(io.listdir(d))
+                    except (FileNotFoundError, NotADirectoryError):
+                        pass
+            groups = []
+            for name in sorted(names):
+                ref, log = group_paths(root, name)
+                groups.append(GroupStamp(name, _io_stat(io, ref), _io_stat(io, log), False, None, None))
+        except OSError:
+            if tmp is not None:
+                _unlink(io, tmp)
+            return None
+        return cls(store, tmp, Stamp(m0, tuple(top), tuple(groups)))
+
+    def commit(self, listed: list[Listed]) -> bool:
+        """Write the stamp with ``listed`` (what the search read of the refs) as the sessions searched."""
+        served = {i.id: i for i in listed}
+        stamp = self.stamp
+        if not served.keys() <= {g.name for g in stamp.groups}:
+            return False  # a session came after the names were listed: the next search stamps
+        stamp = stamp._replace(groups=tuple(
+            g._replace(searched=True, head=served[g.name].head, meta=served[g.name].meta_oid) if g.name in served
+            else g for g in stamp.groups))
+        if stamp.racy():
+            return False  # a file changed in m0's tick: the next search stamps
         try:
-            hits, total = _scan(files, match, only=only, roles=roles, since_ns=since_ns, sessions_only=sessions_only)
-            break
-        except _Damaged as e:
-            # An entry failed its checksum: its file written anew from the history, and every file searched
-            # again (a fork's file may lean on it). A file so written holds what it was made of: no second round.
-            files[e.ses] = b.ensure(by_id[e.ses], anew=True)
-    else:  # pragma: no cover - each round writes another file anew
-        raise KxenError("the search index keeps failing its checksums; `kxen-agent fsck` checks the state dir")
-    return _merged(hits), {"files": len(files), "written": b.written, "bytes": total}
+            data = encode_stamp(stamp)
+        except ValueError:
+            return False  # a name that no group has (fsck names it): no stamp for this state dir
+        io = self.store.io
+        try:
+            io.append(self.tmp, data, sync=False)
+            io.rename(self.tmp, stamp_path(self.store.root))  # no fsync: a cache (§11a)
+        except OSError:
+            return False
+        self.tmp = None
+        return True
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            _unlink(self.store.io, self.tmp)
+            self.tmp = None
 
 
-class _Damaged(Exception):
-    """An entry of ``ses``'s file failed its checksum during a scan."""
-
-    def __init__(self, ses: str) -> None:
-        super().__init__(ses)
-        self.ses = ses
-
-
-def _scan(files: dict[str, IndexFile], match: Callable[[Any, int, int], int], *, only: set[str] | None,
-          roles: set[str] | None, since_ns: int | None, sessions_only: bool) -> tuple[list[Hit], int]:
-    """The hits in ``files`` (a message held by two files once from each) and the bytes of text searched."""
-    # Which sessions each file serves, and up to which seq: its own (all), then each fork leaning on it.
-    cover: dict[str, list[tuple[str, int]]] = {s: [] for s in files}
-    for ses, f in files.items():
-        if only is not None and ses not in only:
-            continue
-        cover[ses].append((ses, 1 << 62))
-        limit, cur, depth = f.base_seq, f, 0
-        while cur.base_ses is not None and cur.base_ses in files and depth < 10_000:
-            cover[cur.base_ses].append((ses, limit))
-            cur = files[cur.base_ses]
-            limit, depth = min(limit, cur.base_seq), depth + 1
-    hits: list[Hit] = []
-    total = 0
-    unpack, size = _REC.unpack_from, _REC.size
-    for ses, f in files.items():
-        served = cover[ses]
-        if not served:
-            continue
-        every, below = tuple(s for s, _lim in served), min(lim for _s, lim in served)
-        unseen = set(every)
-        buf, t0, offsets, table = f.buf, f.t0, f.offsets, f.table
-        t1 = t0 + offsets[-1]
-        total += t1 - t0
-        checked = -1  # the entry whose checksum was checked last (matches come in file order)
-        pos = t0
-        # One match per line: after a matching line, the search resumes at the next line.
-        while pos < t1 and (start := match(buf, pos, t1)) >= 0:
-            ls = buf.rfind(b"\n", pos, start) + 1 or pos
-            le = buf.find(b"\n", start, t1)  # every text ends with an LF (unless damaged: its check says so)
-            if le < 0:
-                le = t1
-            pos = le + 1
-            i = bisect_right(offsets, ls - t0) - 1
-            oid, date, seq, _crc, role_no = unpack(table, i * size)
-            role = ROLES[role_no] if role_no < len(ROLES) else "?"
-            if roles is not None and role not in roles:
-                continue
-            if since_ns is not None and date < since_ns:
-                continue
-            owners = every if seq <= below else tuple(s for s, lim in served if seq <= lim)
-            if not owners:
-                continue
-            if sessions_only and unseen.isdisjoint(owners):
-                continue
-            if i != checked:
-                # Before a line of it is reported: a line that damage made is never shown (one that damage
-                # hid is fsck's to find). The entry holds the whole line: its last byte is an LF, checked too.
-                try:
-                    f.check(i)
-                except BadIndex:
-                    raise _Damaged(ses) from None
-                checked = i
-            e0 = t0 + offsets[i]
-            line_no = 1 if ls == e0 else bytes(buf[e0:ls]).count(b"\n") + 1
-            hits.append(Hit(oid, owners, role, date, seq, line_no, bytes(buf[ls:le]).decode("utf-8", "replace")))
-            if sessions_only:
-                unseen.difference_update(owners)
-                if not unseen:
-                    break
-    return hits, total
+def _io_stat(io: Any, path: str) -> FileStat:
+    try:
+        return file_stat(io.stat(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
 
 
-def _merged(hits: list[Hit]) -> list[Hit]:
-    """A message held by two files (a fork whose parent's files could not serve it when its file was
-    written, e.g. a parent deleted then) is still reported once, with all its sessions."""
-    merged: dict[tuple[bytes, int], Hit] = {}
-    for h in hits:
-        key = (h.message, h.line_no)
-        prev = merged.get(key)
-        merged[key] = h if prev is None else Hit(h.message, prev.sessions + tuple(
-            s for s in h.sessions if s not in prev.sessions), h.role, h.date_ns, h.seq, h.line_no, h.line)
-    return list(merged.values())
+def _unlink(io: Any, path: str) -> None:
+    try:
+        io.unlink(path)
+    except OSError:
+        pass
 
 
 def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
@@ -562,6 +421,7 @@ def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
     otherwise, or a head or base that is not the session's. A file for a
     session whose head moved on since is information (the next search
     brings it up to date), as is an entry naming a message gc pruned.
+    The stamp (:func:`verify_stamp`) is checked too.
     """
     from .schema import read
     from .sessions import SessionStore
@@ -572,6 +432,7 @@ def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
     caches = getattr(store, "caches", None)
     if caches is None:
         return problems, notes
+    verify_stamp(store, problems, notes)
     for path in caches.files(GREP, NS):
         ses = os.path.basename(path)
         try:
@@ -615,3 +476,40 @@ def verify_grep(store: Any) -> tuple[list[tuple[str, str]], list[str]]:
         except BadIndex as e:
             problems.append((path, f"search index {e}; delete it: the next search writes it again"))
     return problems, notes
+
+
+def verify_stamp(store: Any, problems: list[tuple[str, str]], notes: list[str]) -> None:
+    """fsck's check of the stamp (§11a.2): one that does not parse is a problem ``grep-index``, and so is one
+    that a search would trust (every file's stats as recorded, none in ``m0``'s tick) but that says other than
+    the refs (a session's ``head`` or ``meta``, or a session it passes over); a stamp behind the state dir is
+    information (the next search that reads the refs writes it again)."""
+    io, root = store.io, store.root
+    path = stamp_path(root)
+    try:
+        stamp = parse_stamp(io.read(path))
+    except FileNotFoundError:
+        return
+    except BadStamp as e:
+        problems.append((path, f"search index stamp does not parse ({e}); delete it: the next search writes it "
+                               "again"))
+        return
+    except OSError as e:
+        problems.append((path, f"cannot read the search index stamp: {e.strerror}"))
+        return
+    current = [_io_stat(io, p) for p in top_paths(root)]
+    for g in stamp.groups:
+        current += [_io_stat(io, p) for p in group_paths(root, g.name)]
+    recorded = [*stamp.top, *(s for g in stamp.groups for s in (g.ref, g.log))]
+    if current != recorded or stamp.racy():
+        notes.append(f"search index stamp {path} is behind the state dir (the next search writes it again)")
+        return
+    for g in stamp.groups:
+        try:
+            state = store.refs.read(f"{NS}/{g.name}")
+        except KxenError:
+            state = None
+        live = state is not None and state.deleted_ns is None and "meta" in state.refs  # as SessionStore.get
+        if g.searched != live or (live and (state.refs.get("head"), state.refs.get("meta")) != (g.head, g.meta)):
+            problems.append((path, f"search index stamp says other than the refs of {NS}/{g.name}; delete it: the "
+                                   "next search writes it again"))
+            return

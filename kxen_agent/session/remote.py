@@ -377,7 +377,14 @@ class RemoteSession:
             moved = {n for n in refs if refs.get(n) != theirs.get(n)}
             if (how == "same" or moved == {"meta"}) and (fence is None or fence == their_fence):
                 return None
-        bases = [seen] if seen is not None else self._fork_bases()
+        if seen is not None:
+            bases = [seen]
+        else:
+            base = self._fork_base()
+            bases = [base[1]] if base is not None else []
+            if base is not None:
+                # The remote must go on advertising that ref: Git finds the shared history from it.
+                self.bench.builds_on([session_ref(base[0])])
         covered = cached[3] if cached is not None else _covered(self.bench, bases)
         new = _new_objects(self.store, refs.values(), covered)
         when = int(time.time()) if now is None else now
@@ -389,21 +396,21 @@ class RemoteSession:
         return GroupPlan(self.ses, seen, gc[-1].oid, made + gc, len(new), refs, gfence,
                          frozenset(covered | {o.id for o in new}))
 
-    def _fork_bases(self) -> list[bytes]:
-        """The last-seen commit, on this remote, of the nearest ancestor session (its history is shared)."""
+    def _fork_base(self) -> tuple[str, bytes] | None:
+        """The nearest ancestor session seen on this remote, and its last-seen commit there (its history is shared)."""
         sessions = SessionStore(self.store)
         cur = sessions.get(self.ses).meta.get("parentId")
         hops = 0
         while cur is not None and hops < 64:
             got = self.mirror.seen(self.remote.key, [f"{NS}/{cur}"]).get(f"{NS}/{cur}")
             if got is not None:
-                return [got]
+                return cur, got
             try:
                 cur = sessions.get(cur, include_deleted=True).meta.get("parentId")
             except KxenError:
-                return []
+                return None
             hops += 1
-        return []
+        return None
 
     def record(self, plans: Sequence[GroupPlan]) -> None:
         """After a push landed: keep its objects in the mirror and remember what the remote holds now."""

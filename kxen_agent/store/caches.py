@@ -56,12 +56,16 @@ class CacheKind:
     ``verify``: fsck's hook, given the store, returning a :data:`CacheCheck`
     (None: the kind's files are not checked). ``problem``: the kind of the
     fsck problems it reports; ``title``: how a note names the kind.
+    ``files``: names of files the kind keeps beside its namespaces, no
+    group's (``cache/<kind>/<name>``: the search index's stamp, §11a.2),
+    which fsck's stray-file listing passes over and ``verify`` checks.
     """
 
     name: str
     verify: Callable[[Any], CacheCheck] | None = None
     problem: str = "cache"
     title: str = "cache"
+    files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_namespace(self.name)  # one segment, as a namespace is (§6.1)
@@ -97,6 +101,10 @@ class Caches:
             return []
         paths = (os.path.join(base, name) for name in names if not name.startswith("tmp_"))
         return [p for p in paths if not self.io.isdir(p)]
+
+    def kind_files(self) -> frozenset[str]:
+        """The paths of the files the kinds keep beside their namespaces (:attr:`CacheKind.files`)."""
+        return frozenset(os.path.join(self.dir, k.name, f) for k in self.kinds for f in k.files)
 
     def remove(self, group: str) -> None:
         """Remove every cache of ``group``, of any kind found on disk (the group is gone).

@@ -464,7 +464,7 @@ def fsck(store: Store, progress: Callable[[int], None] | None = None, schema: Sc
     # 6. Temp files anywhere else (refs/, logs/, objects/pack/, the FORMAT temp file).
     strays.update(_temp_files(store.root, store.io))
     # 7. Names no writer makes, outside objects/ and in objects/pack/: information too.
-    strays.update(_stray_entries(store.root, store.io, set(listed)))
+    strays.update(_stray_entries(store.root, store.io, set(listed), store.caches.kind_files()))
     rep.stray_files = sorted(strays - not_dirs)
 
     # 8. The derived caches of the kinds the store was given (§11a): each kind's own check.
@@ -635,11 +635,12 @@ def _group_name(ns: str, gid: str) -> bool:
     return True
 
 
-def _stray_entries(root: str, io: FileIO, groups: set[str]) -> list[str]:
+def _stray_entries(root: str, io: FileIO, groups: set[str], kept: frozenset[str] = frozenset()) -> list[str]:
     """Entries outside ``objects/``, and in ``objects/pack/``, that no writer makes (§11 step 7).
 
     ``groups``: the groups that exist (§6.2), whose caches ``cache/<kind>/<ns>/<id>`` are the
-    layer above's; ``git/`` is the Git mirror's (§16.7), not looked into.
+    layer above's, as are the files ``kept`` of a kind (``cache/<kind>/<name>``, :attr:`CacheKind.files`);
+    ``git/`` is the Git mirror's (§16.7), not looked into.
 
     ``refs/`` holds namespace directories only (what is in one is a group,
     judged by step 3); ``steps/`` a step log per group (§6.8); ``logs/`` a reflog ``logs/<ns>/<id>`` per group whose
@@ -692,7 +693,8 @@ def _stray_entries(root: str, io: FileIO, groups: set[str]) -> list[str]:
         for ns in ls(k) if io.isdir(k) else [None]:
             d = k if ns is None else os.path.join(k, ns)
             if ns is None or not io.isdir(d):
-                out.append(d)
+                if d not in kept:
+                    out.append(d)
                 continue
             # The group exists as §6.2 says (a ref file, or a generation-0 log with a committed record;
             # a group that fails to read is listed too): a stale or leftover log makes none (§6.9 q. 10).
