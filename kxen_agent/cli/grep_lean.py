@@ -94,23 +94,44 @@ def matcher(pattern: str, *, regex: bool, ignore_case: bool) -> Any:
 _MAX_MISSES = 2000
 
 
-def _literal_prefix(raw: bytes, flags: int) -> bytes:
-    """The literal bytes every match of the pattern ``raw`` begins with (b"" when none is known: a pattern that
-    begins otherwise, or whose case is ignored, inline flags included)."""
-    try:
-        from re import IGNORECASE, _constants, _parser  # the parser re.compile has just used
+#: Bytes that stand for themselves in a pattern outside a class (VERBOSE off): ASCII letters, digits and
+#: punctuation with no meaning to ``re``. Anything else ends a literal prefix.
+_PLAIN = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_ -:;,'\"=<>/@%&!~`#")
+#: Punctuation whose backslash escape is the character itself.
+_ESCAPED = frozenset(b".^$*+?{}[]()|\\/-")
 
-        parsed = _parser.parse(raw, flags)
-        if parsed.state.flags & IGNORECASE:
-            return b""
-        out = bytearray()
-        for op, arg in parsed.data:
-            if op is not _constants.LITERAL:
-                break
-            out.append(arg)
-        return bytes(out)
-    except Exception:  # another Python's private parser: no prefix, the engine scans alone
+
+def _literal_prefix(raw: bytes, flags: int) -> bytes:
+    """The literal bytes every match of the pattern ``raw`` begins with (b"" when none is known).
+
+    A conservative reading of the pattern's text, not of ``re``'s private
+    parser (which another Python may change): plain characters and escaped
+    punctuation up to the first thing that is neither, a character made
+    optional by ``*``, ``?`` or ``{`` is left out, one followed by ``+`` ends
+    the prefix after it. A pattern with ``|`` anywhere, an ignored case or
+    VERBOSE has none.
+    """
+    import re
+
+    if flags & (re.IGNORECASE | re.VERBOSE) or b"|" in raw:
         return b""
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c in _PLAIN:
+            lit, j = c, i + 1
+        elif c == 0x5C and i + 1 < n and raw[i + 1] in _ESCAPED:  # backslash
+            lit, j = raw[i + 1], i + 2
+        else:
+            break
+        if j < n and raw[j] in b"*?{":
+            break
+        out.append(lit)
+        if j < n and raw[j] == 0x2B:  # '+': at least one, then who knows
+            break
+        i = j
+    return bytes(out)
 
 
 def grep(pattern: str, *, regex: bool = False, ignore_case: bool = False, role: Sequence[str] = (),

@@ -43,3 +43,21 @@ def test_a_literal_prefix_finds_what_the_regex_engine_alone_finds(monkeypatch) -
                 want.append(m.start())
                 pos = text.index(b"\n", m.start()) + 1
             assert got == want and want, (pattern, misses)
+
+
+def test_the_literal_prefix_is_one_every_match_begins_with() -> None:
+    """The prefix is read from the pattern's text (not ``re``'s private parser): each match starts with it."""
+    import re
+
+    from kxen_agent.cli.grep_lean import _literal_prefix
+
+    cases = {rb"def test_\w+\(": b"def test_", rb"abc|abd": b"", rb"(?i)abc": b"", rb"ab*c": b"a", rb"ab+c": b"ab",
+             rb"a\(b\)": b"a(b)", rb"a.c": b"a", rb"ab{2}": b"a", rb"x\dy": b"x", rb"\\n": b"\\n", rb"^abc": b"",
+             rb"a?b": b"", rb"ab\+": b"ab+", rb"k=v;": b"k=v;"}
+    text = b"\n".join([b"def test_x(", b"abd abc", b"ABC", b"ac abbbc abc", b"a(b)", b"abb", b"x1y", b"\\n",
+                       b"b", b"ab+", b"k=v;", b"aXc"]) * 3
+    for pattern, want in cases.items():
+        assert _literal_prefix(pattern, re.MULTILINE) == want, pattern
+        for m in re.finditer(pattern, text, re.MULTILINE):
+            assert m.group().startswith(want), (pattern, m.group())
+    assert _literal_prefix(rb"abc", re.MULTILINE | re.IGNORECASE) == b""
