@@ -20,6 +20,8 @@ Beside the layers, used by all of them:
 - :mod:`.errors` — :class:`~kxen_agent.errors.KxenError`, the one base
   class of every error a user can meet (a message and an exit code);
 - :mod:`.lazy` — lazy package surfaces (PEP 562) for a fast CLI start-up;
+- :mod:`.statedir` — where the state dir is when no path is given (the
+  store's rule, also read by ``session grep``'s start, which has no store);
 - :mod:`.__main__` — ``python -m kxen_agent``, the same as ``kxen-agent``;
 - ``examples/demo-agent`` — the scripted agent ``kxen-agent demo`` runs
   (data, not code).

@@ -40,6 +40,8 @@ TYPE_CHECKING = False  # typing's own value at run time: not imported on the lea
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+from kxen_agent.statedir import default_state_dir
+
 from .grep_format import NS, Damaged, Hit, IndexFile, base_ok, blake3_digest, family_order, \
     parse_index, scan
 
@@ -173,14 +175,8 @@ def _stat_record(fields: tuple) -> FileStat:
 
 
 def state_dir() -> str:
-    """The state dir, as the store finds it (``kxen_agent.store.repo.default_state_dir``, which this must follow:
-    tests/session/test_grep_stamp.py holds them equal)."""
-    env = os.environ.get("KXEN_AGENT_STATE_DIR")
-    if env:
-        return os.path.abspath(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "kxen-agent")
+    """The state dir, as the store finds it (one rule for both: :mod:`kxen_agent.statedir`)."""
+    return default_state_dir()
 
 
 #: The shared mode's mark on the root (``store/access.py``): set-group-id and the group's rwx.

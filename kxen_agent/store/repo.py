@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from kxen_agent.errors import KxenError, UsageError
+from kxen_agent.statedir import default_state_dir
 
 from .caches import CacheKind, Caches
 from .fsio import OS_IO, FileIO
@@ -233,13 +234,6 @@ class _DiskSteps:
         return self._store.has(oid)
 
 
-def default_state_dir() -> str:
-    env = os.environ.get("KXEN_AGENT_STATE_DIR")
-    if env:
-        return os.path.abspath(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "kxen-agent")
 
 
 def resolve_object_id(text: str, has: Callable[[ObjectId], bool], with_prefix: Callable[[str], Iterable[ObjectId]],

@@ -251,12 +251,15 @@ def test_the_spec_example_is_the_encoding() -> None:
 
 
 def test_the_state_dir_is_the_stores(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kxen_agent.store.repo import default_state_dir
+    from kxen_agent.store import Store
 
-    for env in ({"KXEN_AGENT_STATE_DIR": "rel/state"}, {"XDG_DATA_HOME": str(tmp_path)}, {"XDG_DATA_HOME": "rel"},
-                {"HOME": str(tmp_path)}):
+    home = tmp_path / "home"
+    for env, want in (({"KXEN_AGENT_STATE_DIR": "rel/state"}, os.path.abspath("rel/state")),
+                      ({"XDG_DATA_HOME": str(tmp_path)}, str(tmp_path / "kxen-agent")),
+                      ({"XDG_DATA_HOME": "rel", "HOME": str(home)}, str(home / ".local/share/kxen-agent")),
+                      ({"HOME": str(home)}, str(home / ".local/share/kxen-agent"))):
         monkeypatch.delenv("KXEN_AGENT_STATE_DIR", raising=False)
         monkeypatch.delenv("XDG_DATA_HOME", raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        assert state_dir() == default_state_dir(), env
+        assert state_dir() == want == Store.open().root, env
