@@ -32,7 +32,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from kxen_agent.errors import KxenError
 
@@ -496,8 +496,13 @@ def encode_pack(objects: Iterable[GitObject], level: int = 1) -> bytes:
     return encode_indexed_pack(objects, level)[0]
 
 
-def encode_indexed_pack(objects: Iterable[GitObject], level: int = 1) -> tuple[bytes, bytes]:
+def encode_indexed_pack(objects: Iterable[GitObject], level: int = 1,
+                        deflate: Callable[[list[GitObject]], Iterable[bytes]] | None = None) -> tuple[bytes, bytes]:
     """A Git pack (version 2) of ``objects`` as :func:`encode_pack` makes it, and its index (``.idx`` version 2).
+
+    ``deflate``: the zlib streams of the (deduplicated) objects' bodies, in
+    their order, made otherwise than one by one here (``session/push_pack``
+    makes them in two threads); the pack is the same bytes.
 
     The index is what ``git index-pack`` would write for this pack: the
     magic ``\\377tOc``, version 2, the 256-entry fan-out of first bytes,
@@ -510,10 +515,11 @@ def encode_indexed_pack(objects: Iterable[GitObject], level: int = 1) -> tuple[b
     objs = list({o.oid: o for o in objects}.values())  # each object once (an index lists every entry)
     out = bytearray(b"PACK" + struct.pack(">II", 2, len(objs)))
     entries: dict[bytes, tuple[int, int]] = {}  # id -> (offset, crc32)
-    for o in objs:
+    bodies = deflate(objs) if deflate is not None else (zlib.compress(o.body, level) for o in objs)
+    for o, body in zip(objs, bodies, strict=True):
         at = len(out)
         out += pack_entry_header(GIT_TYPE_CODES[o.type], len(o.body))
-        out += zlib.compress(o.body, level)
+        out += body
         entries[o.oid] = (at, zlib.crc32(memoryview(out)[at:]))
     pack_sum = hashlib.sha1(out).digest()
     out += pack_sum
