@@ -94,8 +94,8 @@ def _fasteners() -> tuple[type, type]:
         import fasteners
         from fasteners.process_mechanism import _interprocess_reader_writer_mechanism as rw_mechanism
 
-        class _KeptLock(fasteners.InterProcessLock):
-            """``fasteners.InterProcessLock`` whose lock file stays open between holds.
+        class _Kept:
+            """A ``fasteners`` lock whose lock file stays open between holds (mixed into both kinds).
 
             ``fasteners`` opens the file (making its directory) at every
             acquire and closes it at every release; here the first acquire
@@ -103,28 +103,23 @@ def _fasteners() -> tuple[type, type]:
             closes it, when no thread of this process holds it).
             """
 
+            lockfile: Any
+
             def _do_open(self) -> None:
                 if self.lockfile is None or self.lockfile.closed:
-                    super()._do_open()
+                    super()._do_open()  # type: ignore[misc]
 
             def _do_close(self) -> None:
                 pass  # kept: closing any descriptor of the file would drop this process's locks on it anyway
 
             def close_kept(self) -> None:
-                super()._do_close()
+                super()._do_close()  # type: ignore[misc]
 
-        class _KeptReaderWriterLock(fasteners.InterProcessReaderWriterLock):
-            """``fasteners.InterProcessReaderWriterLock`` whose lock file stays open between holds."""
+        class _KeptLock(_Kept, fasteners.InterProcessLock):
+            """``fasteners.InterProcessLock``, its file kept open."""
 
-            def _do_open(self) -> None:
-                if self.lockfile is None or self.lockfile.closed:
-                    super()._do_open()
-
-            def _do_close(self) -> None:
-                pass
-
-            def close_kept(self) -> None:
-                super()._do_close()
+        class _KeptReaderWriterLock(_Kept, fasteners.InterProcessReaderWriterLock):
+            """``fasteners.InterProcessReaderWriterLock``, its file kept open."""
 
             def try_once(self, exclusive: bool) -> bool:
                 """One attempt without waiting, by the mechanism ``fasteners`` retries (its stopwatch and
